@@ -1,0 +1,386 @@
+//! Communicators: point-to-point messages, collectives, and the ULFM failure calls.
+
+use std::ffi::c_int;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::error::{check, MpiError, Result};
+use crate::ffi;
+use crate::request::{RecvRequest, SendRequest};
+use crate::runtime::{other, Runtime};
+
+/// Matches a message from any source (`MPI_ANY_SOURCE`).
+pub const ANY_SOURCE: i32 = -1;
+/// Matches a message with any tag (`MPI_ANY_TAG`).
+pub const ANY_TAG: i32 = -1;
+
+/// What a completed receive or a probe reports: sender, tag and payload length in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Status {
+    pub source: i32,
+    pub tag: i32,
+    pub len: usize,
+}
+
+/// The outcome of [`Comm::agree`]: the bitwise AND of all survivors' flags, and whether some
+/// process failed that this rank had not acknowledged (ULFM reports that, yet the value is
+/// agreed upon by every surviving process either way).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Agreed {
+    pub value: u32,
+    pub unacknowledged_failures: bool,
+}
+
+/// An MPI communicator with `MPI_ERRORS_RETURN`. Freed on drop unless predefined.
+///
+/// All methods may be called from several threads at once (MPI runs `MPI_THREAD_MULTIPLE`).
+#[derive(Debug)]
+pub struct Comm {
+    raw: ffi::MPI_Comm,
+    owned: bool,
+    rank: i32,
+    size: i32,
+    runtime: Arc<Runtime>,
+}
+
+// SAFETY: MPI is initialised with MPI_THREAD_MULTIPLE, so a communicator handle may be used from
+// any thread concurrently; the handle is an immutable pointer owned by this value.
+unsafe impl Send for Comm {}
+// SAFETY: as above; no method mutates Rust-side state.
+unsafe impl Sync for Comm {}
+
+impl Comm {
+    pub(crate) fn predefined(raw: ffi::MPI_Comm, runtime: Arc<Runtime>) -> Comm {
+        let (rank, size) = query_rank_size(raw).unwrap_or((-1, 0));
+        Comm { raw, owned: false, rank, size, runtime }
+    }
+
+    fn owned(raw: ffi::MPI_Comm, runtime: Arc<Runtime>) -> Result<Comm> {
+        let (rank, size) = query_rank_size(raw)?;
+        Ok(Comm { raw, owned: true, rank, size, runtime })
+    }
+
+    pub(crate) fn raw(&self) -> ffi::MPI_Comm {
+        self.raw
+    }
+
+    pub(crate) fn runtime(&self) -> Arc<Runtime> {
+        self.runtime.clone()
+    }
+
+    /// This process's rank in the communicator.
+    pub fn rank(&self) -> i32 {
+        self.rank
+    }
+
+    /// Number of processes in the communicator (dead ones included until a shrink).
+    pub fn size(&self) -> i32 {
+        self.size
+    }
+
+    /// `MPI_Comm_dup`: a new communicator with the same group and its own message space.
+    /// Collective; fails with `ProcFailed` if a member is dead.
+    pub fn dup(&self) -> Result<Comm> {
+        let mut raw = null_comm();
+        // SAFETY: `self.raw` is a valid communicator; `raw` is a valid out-pointer.
+        check(unsafe { ffi::MPI_Comm_dup(self.raw, &mut raw) }, "MPI_Comm_dup")?;
+        Comm::owned(raw, self.runtime.clone())
+    }
+
+    /// `MPI_Barrier`. Returns `ProcFailed` (or `Revoked`) instead of hanging when a member died.
+    pub fn barrier(&self) -> Result<()> {
+        // SAFETY: `self.raw` is a valid communicator.
+        check(unsafe { ffi::MPI_Barrier(self.raw) }, "MPI_Barrier")
+    }
+
+    /// `MPI_Allgather` of `send.len()` bytes per rank; the result holds rank 0's bytes first.
+    /// Every rank must pass the same length.
+    pub fn allgather(&self, send: &[u8]) -> Result<Vec<u8>> {
+        let count = byte_count(send.len(), "MPI_Allgather")?;
+        let mut out = vec![0u8; send.len() * self.size as usize];
+        // SAFETY: `send` holds `count` bytes, `out` holds `count * size` bytes; both outlive the
+        // blocking call.
+        let rc = unsafe {
+            ffi::MPI_Allgather(
+                send.as_ptr().cast(),
+                count,
+                ffi::ftkv_type_byte,
+                out.as_mut_ptr().cast(),
+                count,
+                ffi::ftkv_type_byte,
+                self.raw,
+            )
+        };
+        check(rc, "MPI_Allgather")?;
+        Ok(out)
+    }
+
+    /// Blocking `MPI_Send`. Small messages are buffered (eager): success does **not** prove the
+    /// destination alive. Large messages return `ProcFailed` when the destination died.
+    pub fn send(&self, data: &[u8], dest: i32, tag: i32) -> Result<()> {
+        let count = byte_count(data.len(), "MPI_Send")?;
+        // SAFETY: `data` holds `count` bytes and outlives the blocking call.
+        let rc = unsafe {
+            ffi::MPI_Send(data.as_ptr().cast(), count, ffi::ftkv_type_byte, dest, tag, self.raw)
+        };
+        check(rc, "MPI_Send").map_err(|e| e.with_peer(dest))
+    }
+
+    /// Blocking synchronous send (`MPI_Ssend`): returns once the receive has started, so success
+    /// proves the destination was alive.
+    pub fn ssend(&self, data: &[u8], dest: i32, tag: i32) -> Result<()> {
+        let count = byte_count(data.len(), "MPI_Ssend")?;
+        // SAFETY: `data` holds `count` bytes and outlives the blocking call.
+        let rc = unsafe {
+            ffi::MPI_Ssend(data.as_ptr().cast(), count, ffi::ftkv_type_byte, dest, tag, self.raw)
+        };
+        check(rc, "MPI_Ssend").map_err(|e| e.with_peer(dest))
+    }
+
+    /// Blocking `MPI_Recv` into `buf`; fails with `ProcFailed` when `source` died (it does not hang
+    /// on a dead source, but it does wait forever for a live one that never sends).
+    pub fn recv(&self, buf: &mut [u8], source: i32, tag: i32) -> Result<Status> {
+        let count = byte_count(buf.len(), "MPI_Recv")?;
+        let mut status = ffi::MPI_Status::default();
+        // SAFETY: `buf` holds `count` writable bytes; `status` is a valid out-pointer.
+        let rc = unsafe {
+            ffi::MPI_Recv(
+                buf.as_mut_ptr().cast(),
+                count,
+                ffi::ftkv_type_byte,
+                source,
+                tag,
+                self.raw,
+                &mut status,
+            )
+        };
+        check(rc, "MPI_Recv").map_err(|e| e.with_peer(source))?;
+        status_from(&status)
+    }
+
+    /// Nonblocking send of an owned buffer (`MPI_Isend`).
+    pub fn isend(&self, data: Vec<u8>, dest: i32, tag: i32) -> Result<SendRequest> {
+        SendRequest::start(self.raw, data, dest, tag, false)
+    }
+
+    /// Nonblocking synchronous send (`MPI_Issend`): completes once the receive has started.
+    pub fn issend(&self, data: Vec<u8>, dest: i32, tag: i32) -> Result<SendRequest> {
+        SendRequest::start(self.raw, data, dest, tag, true)
+    }
+
+    /// Nonblocking receive of at most `capacity` bytes (`MPI_Irecv`).
+    pub fn irecv(&self, capacity: usize, source: i32, tag: i32) -> Result<RecvRequest> {
+        RecvRequest::start(self.raw, capacity, source, tag)
+    }
+
+    /// `MPI_Iprobe`: the status of a matching pending message, if any. Makes MPI progress.
+    pub fn iprobe(&self, source: i32, tag: i32) -> Result<Option<Status>> {
+        let mut flag: c_int = 0;
+        let mut status = ffi::MPI_Status::default();
+        // SAFETY: `flag` and `status` are valid out-pointers.
+        let rc = unsafe { ffi::MPI_Iprobe(source, tag, self.raw, &mut flag, &mut status) };
+        check(rc, "MPI_Iprobe")?;
+        if flag == 0 {
+            return Ok(None);
+        }
+        status_from(&status).map(Some)
+    }
+
+    /// A round trip to `dest`: sends an 8-byte ping with `ping_tag` and waits for the answer
+    /// with `pong_tag`, which `dest` gives from [`Comm::answer_pings`]. Returns the round-trip
+    /// time, `ProcFailed` once MPI knows `dest` is dead, or `Timeout` after `timeout`.
+    pub fn ping(&self, dest: i32, ping_tag: i32, pong_tag: i32, timeout: Duration) -> Result<Duration> {
+        let start = Instant::now();
+        let deadline = start + timeout;
+        let pong = self.irecv(8, dest, pong_tag)?;
+        let ping = self.isend(0u64.to_le_bytes().to_vec(), dest, ping_tag)?;
+        ping.wait_until(deadline, timeout).map_err(|e| e.with_peer(dest))?;
+        pong.wait_until(deadline, timeout).map_err(|e| e.with_peer(dest))?;
+        Ok(start.elapsed())
+    }
+
+    /// Answers every pending ping (from any source) with `ping_tag` by a pong with `pong_tag`;
+    /// returns how many were answered. Call it from a helper thread's polling loop.
+    pub fn answer_pings(&self, ping_tag: i32, pong_tag: i32) -> Result<usize> {
+        let mut answered = 0;
+        while let Some(status) = self.iprobe(ANY_SOURCE, ping_tag)? {
+            let mut buf = [0u8; 8];
+            self.recv(&mut buf, status.source, ping_tag)?;
+            self.send(&buf, status.source, pong_tag)?;
+            answered += 1;
+        }
+        Ok(answered)
+    }
+
+    /// `MPIX_Comm_revoke`: every member's pending and future operations on this communicator
+    /// (except shrink, agree, ack and get_failed) fail with `Revoked`. Local, does not block.
+    pub fn revoke(&self) -> Result<()> {
+        // SAFETY: `self.raw` is a valid communicator.
+        check(unsafe { ffi::MPIX_Comm_revoke(self.raw) }, "MPIX_Comm_revoke")
+    }
+
+    /// `MPIX_Comm_is_revoked`.
+    pub fn is_revoked(&self) -> Result<bool> {
+        let mut flag: c_int = 0;
+        // SAFETY: `self.raw` is a valid communicator; `flag` a valid out-pointer.
+        check(unsafe { ffi::MPIX_Comm_is_revoked(self.raw, &mut flag) }, "MPIX_Comm_is_revoked")?;
+        Ok(flag != 0)
+    }
+
+    /// `MPIX_Comm_shrink`: a new communicator of the surviving members (collective over them),
+    /// ranks renumbered in the old order. Works on a revoked communicator.
+    pub fn shrink(&self) -> Result<Comm> {
+        let mut raw = null_comm();
+        // SAFETY: `self.raw` is a valid communicator; `raw` a valid out-pointer.
+        check(unsafe { ffi::MPIX_Comm_shrink(self.raw, &mut raw) }, "MPIX_Comm_shrink")?;
+        Comm::owned(raw, self.runtime.clone())
+    }
+
+    /// `MPIX_Comm_agree`: fault-tolerant consensus on the bitwise AND of `flag` over the
+    /// surviving members. Works on a revoked communicator.
+    pub fn agree(&self, flag: u32) -> Result<Agreed> {
+        let mut value = flag as c_int;
+        // SAFETY: `self.raw` is a valid communicator; `value` a valid in/out pointer.
+        let rc = unsafe { ffi::MPIX_Comm_agree(self.raw, &mut value) };
+        match check(rc, "MPIX_Comm_agree") {
+            Ok(()) => Ok(Agreed { value: value as u32, unacknowledged_failures: false }),
+            Err(MpiError::ProcFailed { .. }) => {
+                Ok(Agreed { value: value as u32, unacknowledged_failures: true })
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The ranks (in this communicator) that this process knows to have failed
+    /// (`MPIX_Comm_get_failed`), sorted; acknowledges them (`MPIX_Comm_ack_failed`) so that
+    /// `ANY_SOURCE` receives and [`Comm::agree`] proceed. Local; the set only grows while MPI makes
+    /// progress on this process.
+    pub fn failed_ranks(&self) -> Result<Vec<i32>> {
+        let mut failed = null_group();
+        // SAFETY: `self.raw` is a valid communicator; `failed` a valid out-pointer.
+        let rc = unsafe { ffi::MPIX_Comm_get_failed(self.raw, &mut failed) };
+        check(rc, "MPIX_Comm_get_failed")?;
+        let failed = Group(failed);
+        let members = failed.size()?;
+        let ranks = failed.translate_into(&self.group()?, members)?;
+        let mut acked: c_int = 0;
+        // SAFETY: `self.raw` is a valid communicator; `acked` a valid out-pointer.
+        let rc = unsafe { ffi::MPIX_Comm_ack_failed(self.raw, members, &mut acked) };
+        check(rc, "MPIX_Comm_ack_failed")?;
+        Ok(ranks)
+    }
+
+    /// Translates `ranks` of this communicator into ranks of `other`; a process that is not in
+    /// `other` maps to `None`.
+    pub fn translate_ranks(&self, ranks: &[i32], other: &Comm) -> Result<Vec<Option<i32>>> {
+        let own = self.group()?;
+        let theirs = other.group()?;
+        let mut out = vec![0 as c_int; ranks.len()];
+        let n = byte_count(ranks.len(), "MPI_Group_translate_ranks")?;
+        // SAFETY: both groups are valid; `ranks` and `out` hold `n` ints each.
+        let rc = unsafe {
+            ffi::MPI_Group_translate_ranks(own.0, n, ranks.as_ptr(), theirs.0, out.as_mut_ptr())
+        };
+        check(rc, "MPI_Group_translate_ranks")?;
+        // SAFETY: reading an immutable constant exported by the C shim.
+        let undefined = unsafe { ffi::ftkv_undefined };
+        Ok(out.into_iter().map(|r| (r != undefined).then_some(r)).collect())
+    }
+
+    fn group(&self) -> Result<Group> {
+        let mut group = null_group();
+        // SAFETY: `self.raw` is a valid communicator; `group` a valid out-pointer.
+        check(unsafe { ffi::MPI_Comm_group(self.raw, &mut group) }, "MPI_Comm_group")?;
+        Ok(Group(group))
+    }
+}
+
+impl Drop for Comm {
+    fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
+        // SAFETY: the communicator was created by this value and is freed exactly once.
+        if let Err(e) = check(unsafe { ffi::MPI_Comm_free(&mut self.raw) }, "MPI_Comm_free") {
+            eprintln!("ftkv-mpi: {e}");
+        }
+    }
+}
+
+/// An owned MPI group, freed on drop.
+struct Group(ffi::MPI_Group);
+
+impl Group {
+    fn size(&self) -> Result<c_int> {
+        let mut size: c_int = 0;
+        // SAFETY: `self.0` is a valid group; `size` a valid out-pointer.
+        check(unsafe { ffi::MPI_Group_size(self.0, &mut size) }, "MPI_Group_size")?;
+        Ok(size)
+    }
+
+    fn translate_into(&self, other: &Group, members: c_int) -> Result<Vec<i32>> {
+        let from: Vec<c_int> = (0..members).collect();
+        let mut to = vec![0 as c_int; members as usize];
+        // SAFETY: both groups are valid; `from` and `to` hold `members` ints each.
+        let rc = unsafe {
+            ffi::MPI_Group_translate_ranks(self.0, members, from.as_ptr(), other.0, to.as_mut_ptr())
+        };
+        check(rc, "MPI_Group_translate_ranks")?;
+        to.sort_unstable();
+        Ok(to)
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        // SAFETY: reading an immutable handle exported by the C shim.
+        if self.0 == unsafe { ffi::ftkv_group_null } {
+            return;
+        }
+        // SAFETY: the group was returned by MPI to this value and is freed exactly once.
+        if let Err(e) = check(unsafe { ffi::MPI_Group_free(&mut self.0) }, "MPI_Group_free") {
+            eprintln!("ftkv-mpi: {e}");
+        }
+    }
+}
+
+fn query_rank_size(raw: ffi::MPI_Comm) -> Result<(i32, i32)> {
+    let (mut rank, mut size): (c_int, c_int) = (0, 0);
+    // SAFETY: `raw` is a valid communicator; both out-pointers are valid.
+    check(unsafe { ffi::MPI_Comm_rank(raw, &mut rank) }, "MPI_Comm_rank")?;
+    // SAFETY: as above.
+    check(unsafe { ffi::MPI_Comm_size(raw, &mut size) }, "MPI_Comm_size")?;
+    Ok((rank, size))
+}
+
+fn null_comm() -> ffi::MPI_Comm {
+    // SAFETY: reading an immutable handle exported by the C shim.
+    unsafe { ffi::ftkv_comm_null }
+}
+
+fn null_group() -> ffi::MPI_Group {
+    // SAFETY: reading an immutable handle exported by the C shim.
+    unsafe { ffi::ftkv_group_null }
+}
+
+pub(crate) fn byte_count(len: usize, op: &'static str) -> Result<c_int> {
+    c_int::try_from(len).map_err(|_| other(op, "buffer longer than 2^31 - 1 elements"))
+}
+
+pub(crate) fn status_from(status: &ffi::MPI_Status) -> Result<Status> {
+    let mut count: c_int = 0;
+    // SAFETY: `status` was filled by MPI; `count` a valid out-pointer.
+    let rc = unsafe { ffi::MPI_Get_count(status, ffi::ftkv_type_byte, &mut count) };
+    check(rc, "MPI_Get_count")?;
+    Ok(Status { source: status.source, tag: status.tag, len: count.max(0) as usize })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn wildcards_match_mpi_h() {
+        // SAFETY: reading immutable constants exported by the C shim.
+        let (source, tag) = unsafe { (super::ffi::ftkv_any_source, super::ffi::ftkv_any_tag) };
+        assert_eq!((super::ANY_SOURCE, super::ANY_TAG), (source, tag));
+    }
+}

@@ -1,0 +1,105 @@
+//! Named failure points: a process kills itself with SIGKILL where a test asks it to.
+//!
+//! `FTKV_FAILPOINT` holds `;`-separated entries `name` or `name@r1,r2,...` (world ranks, read from
+//! `OMPI_COMM_WORLD_RANK`), optionally with `#n` to fire on the n-th hit only (1-based), e.g.
+//! `after_put@1#3;in_recovery@2`. An unset variable costs one relaxed atomic load per hit.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Entry {
+    name: String,
+    ranks: Option<Vec<i32>>,
+    nth: Option<u64>,
+}
+
+fn parse(spec: &str) -> Vec<Entry> {
+    spec.split(';').filter(|s| !s.trim().is_empty()).filter_map(parse_entry).collect()
+}
+
+fn parse_entry(entry: &str) -> Option<Entry> {
+    let (rest, nth) = match entry.trim().split_once('#') {
+        Some((rest, n)) => (rest, Some(n.parse().ok()?)),
+        None => (entry.trim(), None),
+    };
+    let (name, ranks) = match rest.split_once('@') {
+        Some((name, ranks)) => {
+            (name, Some(ranks.split(',').map(|r| r.trim().parse()).collect::<Result<_, _>>().ok()?))
+        }
+        None => (rest, None),
+    };
+    Some(Entry { name: name.to_owned(), ranks, nth })
+}
+
+struct Armed {
+    entries: Vec<Entry>,
+    rank: i32,
+    hits: Mutex<HashMap<String, u64>>,
+}
+
+fn armed() -> &'static Option<Armed> {
+    static ARMED: OnceLock<Option<Armed>> = OnceLock::new();
+    ARMED.get_or_init(|| {
+        let spec = std::env::var("FTKV_FAILPOINT").ok()?;
+        let rank = std::env::var("OMPI_COMM_WORLD_RANK").ok().and_then(|r| r.parse().ok());
+        Some(Armed { entries: parse(&spec), rank: rank.unwrap_or(-1), hits: Mutex::default() })
+    })
+}
+
+/// Kills this process with SIGKILL if the failure point `name` is armed for this rank (and this
+/// is the armed hit). Prints `failpoint <name> fired` to stderr first.
+pub fn hit(name: &str) {
+    let Some(armed) = armed() else { return };
+    let Some(entry) = armed.entries.iter().find(|e| e.name == name && matches_rank(e, armed.rank))
+    else {
+        return;
+    };
+    let count = {
+        let mut hits = armed.hits.lock().unwrap_or_else(|p| p.into_inner());
+        let n = hits.entry(name.to_owned()).or_insert(0);
+        *n += 1;
+        *n
+    };
+    if entry.nth.is_none_or(|nth| nth == count) {
+        eprintln!("failpoint {name} fired on rank {}", armed.rank);
+        kill_self();
+    }
+}
+
+fn matches_rank(entry: &Entry, rank: i32) -> bool {
+    entry.ranks.as_ref().is_none_or(|ranks| ranks.contains(&rank))
+}
+
+/// Ends this process at once with SIGKILL: a fail-stop failure, no clean-up, no MPI_Finalize.
+pub fn kill_self() -> ! {
+    // SAFETY: raise(3) has no memory-safety preconditions.
+    unsafe { libc::raise(libc::SIGKILL) };
+    unreachable!("SIGKILL cannot be caught")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_names_ranks_and_counts() {
+        let table = [
+            ("a", vec![Entry { name: "a".into(), ranks: None, nth: None }]),
+            ("a@1,3", vec![Entry { name: "a".into(), ranks: Some(vec![1, 3]), nth: None }]),
+            ("b@2#4", vec![Entry { name: "b".into(), ranks: Some(vec![2]), nth: Some(4) }]),
+            (
+                "a#2; b@0",
+                vec![
+                    Entry { name: "a".into(), ranks: None, nth: Some(2) },
+                    Entry { name: "b".into(), ranks: Some(vec![0]), nth: None },
+                ],
+            ),
+            ("a@x", vec![]),
+            ("", vec![]),
+        ];
+        for (spec, want) in table {
+            assert_eq!(parse(spec), want, "spec {spec:?}");
+        }
+    }
+}

@@ -1,0 +1,1 @@
+//! The resilient store: key space, placement, slots, put/get/delete, recovery (DESIGN.md §2).

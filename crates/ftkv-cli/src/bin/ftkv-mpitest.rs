@@ -1,1 +1,205 @@
-fn main() {}
+//! Rank programs for the multi-rank tests: `ftkv-mpitest <case>` under `mpirun`. Each rank prints
+//! `key=value` words that the tests check rank by rank.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context, Result};
+use ftkv_mpi::{failpoint, Comm, LockedWindow, Mpi, Window};
+
+const PING: i32 = 101;
+const PONG: i32 = 102;
+const RING: i32 = 103;
+
+fn main() {
+    let case = std::env::args().nth(1).unwrap_or_default();
+    if let Err(e) = run(&case) {
+        println!("error={}", e.to_string().replace(' ', "_"));
+        eprintln!("ftkv-mpitest {case}: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(case: &str) -> Result<()> {
+    let mpi = Mpi::init()?;
+    let world = Arc::new(mpi.world().dup()?);
+    match case {
+        "hello" => hello(&world)?,
+        "sendrecv" => sendrecv(&world)?,
+        "rma" => rma(&world)?,
+        "detect" => detect(&world)?,
+        "shrink" => shrink(&world)?,
+        other => bail!("unknown case {other:?}"),
+    }
+    drop(world);
+    mpi.finalize()?;
+    println!("finalized=yes");
+    Ok(())
+}
+
+fn hello(world: &Comm) -> Result<()> {
+    world.barrier()?;
+    println!("rank={} size={}", world.rank(), world.size());
+    Ok(())
+}
+
+/// Answers pings on a helper thread until stopped, acknowledging failures it runs into.
+struct Responder {
+    stop: Arc<AtomicBool>,
+    handle: Option<JoinHandle<Result<()>>>,
+}
+
+impl Responder {
+    fn start(comm: Arc<Comm>) -> Responder {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let handle = std::thread::spawn(move || {
+            while !flag.load(Ordering::Relaxed) {
+                if let Err(e) = comm.answer_pings(PING, PONG) {
+                    ensure!(e.is_failure(), "responder: {e}");
+                    comm.failed_ranks()?;
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            Ok(())
+        });
+        Responder { stop, handle: Some(handle) }
+    }
+
+    fn stop(mut self) -> Result<()> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.handle.take().expect("joined once").join().expect("responder thread panicked")
+    }
+}
+
+fn sendrecv(world: &Arc<Comm>) -> Result<()> {
+    let (rank, size) = (world.rank(), world.size());
+    let next = (rank + 1) % size;
+    let prev = (rank + size - 1) % size;
+    let pending = world.irecv(64, prev, RING)?;
+    world.send(format!("from {rank}").as_bytes(), next, RING)?;
+    let (bytes, status) = pending.wait_until(deadline(5), Duration::from_secs(5))?;
+    ensure!(status.source == prev, "ring message from {} not {prev}", status.source);
+    ensure!(bytes == format!("from {prev}").into_bytes(), "ring payload {bytes:?}");
+    println!("ring_from={prev}");
+    let responder = Responder::start(world.clone());
+    world.barrier()?;
+    let rtt = world.ping(next, PING, PONG, Duration::from_secs(5))?;
+    println!("ping_us={}", rtt.as_micros());
+    world.barrier()?;
+    responder.stop()
+}
+
+fn deadline(secs: u64) -> Instant {
+    Instant::now() + Duration::from_secs(secs)
+}
+
+const WINDOW_BYTES: usize = 4096;
+const COUNTER: i64 = 4000;
+
+fn rma(world: &Comm) -> Result<()> {
+    let (rank, size) = (world.rank(), world.size());
+    let win = Window::allocate(world, WINDOW_BYTES)?.lock_all()?;
+    world.barrier()?;
+    let next = (rank + 1) % size;
+    let payload = vec![rank as u8 + 1; 256];
+    win.scope(|s| s.put(next, 256 * rank as i64, &payload))?;
+    win.fetch_and_add(0, COUNTER, Some(1))?;
+    world.barrier()?;
+    check_neighbour_wrote(&win, rank, size)?;
+    check_get_back(&win, rank, next, &payload)?;
+    world.barrier()?;
+    if rank == 0 {
+        check_counter(&win, size)?;
+    }
+    world.barrier()?;
+    println!("rma=ok");
+    win.unlock_all()?.free()?;
+    Ok(())
+}
+
+fn check_neighbour_wrote(win: &LockedWindow, rank: i32, size: i32) -> Result<()> {
+    let prev = (rank + size - 1) % size;
+    win.sync()?;
+    let mut local = vec![0u8; 256];
+    win.window().read_local(256 * prev as usize, &mut local)?;
+    ensure!(local.iter().all(|&b| b == prev as u8 + 1), "rank {prev}'s put did not arrive");
+    Ok(())
+}
+
+fn check_get_back(win: &LockedWindow, rank: i32, next: i32, payload: &[u8]) -> Result<()> {
+    let mut fetched = vec![0u8; payload.len()];
+    win.scope(|s| s.get(next, 256 * rank as i64, &mut fetched))?;
+    ensure!(fetched == payload, "get from {next} did not return what this rank put there");
+    Ok(())
+}
+
+fn check_counter(win: &LockedWindow, size: i32) -> Result<()> {
+    let count = win.fetch_and_add(0, COUNTER, None)?;
+    ensure!(count == size as u64, "counter {count} != {size}");
+    let old = win.compare_and_swap(0, COUNTER, size as u64, 1000)?;
+    ensure!(old == size as u64, "CAS saw {old}");
+    let unchanged = win.compare_and_swap(0, COUNTER, 0, 7)?;
+    ensure!(unchanged == 1000, "CAS with a wrong compare value swapped ({unchanged})");
+    let replaced = win.swap(0, COUNTER, 5)?;
+    ensure!(replaced == 1000 && win.fetch_and_add(0, COUNTER, None)? == 5, "swap failed");
+    println!("atomics=ok");
+    Ok(())
+}
+
+/// Every rank answers pings; the rank armed by `FTKV_FAILPOINT=detect_kill@R` dies after the
+/// barrier; rank 0 pings it until MPI reports the failure and prints how long that took.
+fn detect(world: &Arc<Comm>) -> Result<()> {
+    let responder = Responder::start(world.clone());
+    world.barrier()?;
+    let killed_at = Instant::now();
+    failpoint::hit("detect_kill");
+    if world.rank() == 0 {
+        let victim: i32 = std::env::var("FTKV_VICTIM").context("FTKV_VICTIM")?.parse()?;
+        let detected = ping_until_failed(world, victim, killed_at)?;
+        println!("detected_ms={}", detected.as_millis());
+    }
+    responder.stop()?;
+    let shrunk = revoke_and_shrink(world)?;
+    println!("survivors={}", shrunk.size());
+    Ok(())
+}
+
+fn ping_until_failed(world: &Comm, victim: i32, since: Instant) -> Result<Duration> {
+    while since.elapsed() < Duration::from_secs(10) {
+        match world.ping(victim, PING, PONG, Duration::from_millis(500)) {
+            Ok(_) => std::thread::sleep(Duration::from_millis(1)),
+            Err(e) if e.is_failure() => return Ok(since.elapsed()),
+            Err(e) => bail!("ping {victim}: {e}"),
+        }
+    }
+    bail!("rank {victim} not reported failed within 10 s")
+}
+
+fn revoke_and_shrink(world: &Comm) -> Result<Comm> {
+    world.revoke()?;
+    let shrunk = world.shrink()?;
+    shrunk.barrier()?;
+    Ok(shrunk)
+}
+
+/// The rank armed by `FTKV_FAILPOINT=shrink_kill@R` dies after the window exists; survivors
+/// notice, revoke, shrink, agree and run the RMA ring again on the shrunk communicator.
+fn shrink(world: &Arc<Comm>) -> Result<()> {
+    let win = Window::allocate(world, WINDOW_BYTES)?;
+    world.barrier()?;
+    failpoint::hit("shrink_kill");
+    // A collective that meets a failure may fail with any error class on some members and
+    // succeed on others; revoking makes every member leave it.
+    let barrier = world.barrier();
+    println!("barrier_failed={}", barrier.is_err());
+    world.revoke()?;
+    let shrunk = world.shrink()?;
+    let agreed = shrunk.agree(1)?;
+    ensure!(agreed.value == 1, "agree returned {}", agreed.value);
+    println!("shrunk_size={} failed={:?}", shrunk.size(), world.failed_ranks()?);
+    drop(win);
+    rma(&shrunk)
+}

@@ -1,0 +1,41 @@
+//! Every environment variable ftkv reads, with its default. The README's table mirrors this.
+//!
+//! | variable | default | meaning |
+//! |---|---|---|
+//! | `FTKV_MPIRUN` | `<venv>/bin/mpirun` | the `mpirun` that launches ranks |
+//! | `FTKV_VENV` | `<workspace>/.venv` | the venv `scripts/setup.sh` creates (Open MPI from PyPI) |
+//! | `FTKV_FAILPOINT` | unset | `name[@ranks][#n]` entries: SIGKILL a rank at a named point |
+//! | `OMPI_MCA_btl` | `^ofi` | set by ftkv when unset: skips probing for absent fabrics |
+//! | `OMPI_MCA_osc` | `^ucx` | set by ftkv when unset: skips probing for absent fabrics |
+//! | `OMPI_COMM_WORLD_SIZE` | set by `mpirun` | present: ftkv runs as a rank, absent: it launches itself |
+
+use std::path::PathBuf;
+
+/// The workspace this binary was built from (where `scripts/setup.sh` puts the venv).
+pub fn workspace_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The project venv: `FTKV_VENV` or `<workspace>/.venv`.
+pub fn venv_dir() -> PathBuf {
+    std::env::var_os("FTKV_VENV").map_or_else(|| workspace_dir().join(".venv"), PathBuf::from)
+}
+
+/// The `mpirun` to use: `FTKV_MPIRUN` or the venv's.
+pub fn mpirun() -> PathBuf {
+    std::env::var_os("FTKV_MPIRUN").map_or_else(|| venv_dir().join("bin/mpirun"), PathBuf::from)
+}
+
+/// MCA defaults ftkv applies unless the user set them: the PyPI build probes for OFI and UCX
+/// hardware that this kind of machine lacks, which costs ~1 s per start-up.
+pub const MCA_DEFAULTS: [(&str, &str); 2] = [("OMPI_MCA_btl", "^ofi"), ("OMPI_MCA_osc", "^ucx")];
+
+/// Whether this process was started by `mpirun` as one rank of a job.
+pub fn running_under_mpirun() -> bool {
+    std::env::var_os("OMPI_COMM_WORLD_SIZE").is_some()
+}
+
+/// The world rank given by `mpirun`, if any.
+pub fn world_rank() -> Option<i32> {
+    std::env::var("OMPI_COMM_WORLD_RANK").ok()?.parse().ok()
+}

@@ -1,0 +1,294 @@
+//! Running a program as an MPI job under `mpirun --with-ft ulfm`, with a hard timeout and
+//! per-rank output.
+//!
+//! Under `--with-ft ulfm`, `mpirun` exits 0 even when ranks were killed, so callers judge a job
+//! by each rank's own output ([`JobOutput::rank_lines`]). Lines reach us through
+//! `--output tag` (`[job,rank]<stdout>: text`).
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+use crate::env;
+
+/// A job to start: program, arguments, rank count, environment, MCA parameters and timeout.
+#[derive(Debug, Clone)]
+pub struct Launch {
+    program: PathBuf,
+    args: Vec<String>,
+    ranks: usize,
+    env: Vec<(String, String)>,
+    mca: Vec<(String, String)>,
+    timeout: Duration,
+}
+
+impl Launch {
+    /// A job of `ranks` copies of `program`, killed after 60 s unless [`Launch::timeout`] says
+    /// otherwise.
+    pub fn new(program: impl AsRef<Path>, ranks: usize) -> Launch {
+        Launch {
+            program: program.as_ref().to_owned(),
+            args: Vec::new(),
+            ranks,
+            env: Vec::new(),
+            mca: Vec::new(),
+            timeout: Duration::from_secs(60),
+        }
+    }
+
+    pub fn args<I: IntoIterator<Item = S>, S: Into<String>>(mut self, args: I) -> Launch {
+        self.args.extend(args.into_iter().map(Into::into));
+        self
+    }
+
+    /// An environment variable for every rank (exported with `-x`).
+    pub fn env(mut self, key: &str, value: &str) -> Launch {
+        self.env.push((key.to_owned(), value.to_owned()));
+        self
+    }
+
+    /// An MCA parameter (`--mca key value`).
+    pub fn mca(mut self, key: &str, value: &str) -> Launch {
+        self.mca.push((key.to_owned(), value.to_owned()));
+        self
+    }
+
+    pub fn timeout(mut self, timeout: Duration) -> Launch {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The `mpirun` command line (without the environment).
+    pub fn command(&self) -> Command {
+        let mut cmd = Command::new(env::mpirun());
+        cmd.args(mpirun_flags(self.ranks));
+        for (key, value) in &self.mca {
+            cmd.args(["--mca", key, value]);
+        }
+        for (key, value) in &self.env {
+            cmd.env(key, value).args(["-x", key]);
+        }
+        for (key, value) in env::MCA_DEFAULTS {
+            if std::env::var_os(key).is_none() {
+                cmd.env(key, value);
+            }
+        }
+        cmd.arg(&self.program).args(&self.args);
+        cmd
+    }
+
+    /// Runs the job to completion or until the timeout (then the whole process group is
+    /// SIGKILLed and `timed_out` is set). Removes shared-memory segments the job left behind.
+    pub fn run(&self) -> Result<JobOutput> {
+        let _serial = job_slot();
+        let shm_before = shm_segments();
+        let start = Instant::now();
+        let mut child = spawn(self.command())?;
+        let mut stdout = child.stdout.take().context("mpirun stdout")?;
+        let mut stderr = child.stderr.take().context("mpirun stderr")?;
+        let out_reader = std::thread::spawn(move || read_all(&mut stdout));
+        let err_reader = std::thread::spawn(move || read_all(&mut stderr));
+        let (status, timed_out) = wait_with_timeout(&mut child, self.timeout)?;
+        let stdout = out_reader.join().unwrap_or_default();
+        let stderr = err_reader.join().unwrap_or_default();
+        remove_new_shm_segments(&shm_before);
+        Ok(JobOutput::parse(&stdout, stderr, status, timed_out, start.elapsed()))
+    }
+}
+
+/// The flags every ftkv job runs with.
+pub fn mpirun_flags(ranks: usize) -> Vec<String> {
+    let mut flags: Vec<String> =
+        ["--with-ft", "ulfm", "--oversubscribe", "--output", "tag"].map(String::from).into();
+    if is_root() {
+        flags.push("--allow-run-as-root".into());
+    }
+    flags.extend(["-n".to_owned(), ranks.to_string()]);
+    flags
+}
+
+fn is_root() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
+}
+
+/// Jobs of one process run one at a time: concurrent jobs on 2 cores distort each other's timing
+/// and the shared-memory clean-up must not touch a running job's segments.
+fn job_slot() -> std::sync::MutexGuard<'static, ()> {
+    static SLOT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SLOT.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn spawn(mut cmd: Command) -> Result<Child> {
+    use std::os::unix::process::CommandExt;
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0);
+    cmd.spawn().with_context(|| format!("cannot start {:?} (run scripts/setup.sh)", env::mpirun()))
+}
+
+fn read_all(pipe: &mut impl Read) -> String {
+    let mut bytes = Vec::new();
+    if let Err(e) = pipe.read_to_end(&mut bytes) {
+        return format!("<output unreadable: {e}>");
+    }
+    String::from_utf8_lossy(&bytes).replace('\0', "")
+}
+
+fn wait_with_timeout(child: &mut Child, timeout: Duration) -> Result<(Option<ExitStatus>, bool)> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok((Some(status), false));
+        }
+        if Instant::now() >= deadline {
+            kill_process_group(child.id())?;
+            child.wait()?;
+            return Ok((None, true));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// SIGKILLs every process of the job's process group (mpirun, its daemon and the ranks).
+pub fn kill_process_group(pgid: u32) -> Result<()> {
+    let status = Command::new("kill").args(["-KILL", "--", &format!("-{pgid}")]).status()?;
+    if !status.success() {
+        bail!("kill -KILL -{pgid} failed: {status}");
+    }
+    Ok(())
+}
+
+/// SIGKILLs one process.
+pub fn kill_pid(pid: u32) -> Result<()> {
+    let status = Command::new("kill").args(["-KILL", &pid.to_string()]).status()?;
+    if !status.success() {
+        bail!("kill -KILL {pid} failed: {status}");
+    }
+    Ok(())
+}
+
+const SHM_DIR: &str = "/dev/shm";
+
+fn shm_segments() -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(SHM_DIR) else { return Vec::new() };
+    entries
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|name| name.starts_with("sm_segment."))
+        .collect()
+}
+
+fn remove_new_shm_segments(before: &[String]) {
+    for name in shm_segments().into_iter().filter(|n| !before.contains(n)) {
+        // A segment that vanished meanwhile needs no removal; anything else is worth a warning.
+        if let Err(e) = std::fs::remove_file(Path::new(SHM_DIR).join(&name)) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                eprintln!("ftkv: cannot remove {SHM_DIR}/{name}: {e}");
+            }
+        }
+    }
+}
+
+/// What a job printed, split by rank, and how it ended.
+#[derive(Debug, Clone)]
+pub struct JobOutput {
+    by_rank: BTreeMap<usize, Vec<String>>,
+    pub untagged: Vec<String>,
+    pub stderr: String,
+    pub status: Option<ExitStatus>,
+    pub timed_out: bool,
+    pub elapsed: Duration,
+}
+
+impl JobOutput {
+    fn parse(
+        stdout: &str,
+        stderr: String,
+        status: Option<ExitStatus>,
+        timed_out: bool,
+        elapsed: Duration,
+    ) -> JobOutput {
+        let mut by_rank: BTreeMap<usize, Vec<String>> = BTreeMap::new();
+        let mut untagged = Vec::new();
+        for line in stdout.lines() {
+            match parse_tagged(line) {
+                Some((rank, text)) => by_rank.entry(rank).or_default().push(text.to_owned()),
+                None => untagged.push(line.to_owned()),
+            }
+        }
+        JobOutput { by_rank, untagged, stderr, status, timed_out, elapsed }
+    }
+
+    /// The stdout lines rank `rank` printed (empty if it printed nothing).
+    pub fn rank_lines(&self, rank: usize) -> &[String] {
+        self.by_rank.get(&rank).map_or(&[], Vec::as_slice)
+    }
+
+    /// The value `v` of the first `key=v` word that rank `rank` printed.
+    pub fn rank_value(&self, rank: usize, key: &str) -> Option<&str> {
+        let prefix = format!("{key}=");
+        self.rank_lines(rank)
+            .iter()
+            .flat_map(|line| line.split_whitespace())
+            .find_map(|word| word.strip_prefix(prefix.as_str()))
+    }
+
+    /// All output, for failure messages.
+    pub fn transcript(&self) -> String {
+        let mut text = String::new();
+        for (rank, lines) in &self.by_rank {
+            for line in lines {
+                text.push_str(&format!("[rank {rank}] {line}\n"));
+            }
+        }
+        for line in &self.untagged {
+            text.push_str(&format!("[mpirun] {line}\n"));
+        }
+        text.push_str(&format!("[stderr]\n{}", self.stderr));
+        text
+    }
+}
+
+/// `[1,3]<stdout>: text` → `(3, "text")`.
+fn parse_tagged(line: &str) -> Option<(usize, &str)> {
+    let rest = line.strip_prefix('[')?;
+    let (ids, rest) = rest.split_once(']')?;
+    let rank = ids.split_once(',')?.1.parse().ok()?;
+    let text = rest.strip_prefix("<stdout>:")?;
+    Some((rank, text.strip_prefix(' ').unwrap_or(text)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tagged_lines_are_split_by_rank() {
+        let table = [
+            ("[1,3]<stdout>: hello 3", Some((3, "hello 3"))),
+            ("[12,0]<stdout>: a=b c", Some((0, "a=b c"))),
+            ("[1,0]<stdout>:", Some((0, ""))),
+            ("plain", None),
+            ("[1,x]<stdout>: bad", None),
+        ];
+        for (line, want) in table {
+            assert_eq!(parse_tagged(line), want, "{line:?}");
+        }
+    }
+
+    #[test]
+    fn rank_value_finds_the_first_key() {
+        let out = JobOutput::parse(
+            "[1,2]<stdout>: size=4 x=1\n[1,2]<stdout>: x=2\n",
+            String::new(),
+            None,
+            false,
+            Duration::ZERO,
+        );
+        assert_eq!(out.rank_value(2, "x"), Some("1"));
+        assert_eq!(out.rank_value(2, "size"), Some("4"));
+        assert_eq!(out.rank_value(1, "x"), None);
+    }
+}

@@ -1,0 +1,6 @@
+//! Library half of the `ftkv` command: launching jobs under Open MPI's `mpirun` (also used by the
+//! multi-rank tests) and the subcommands' implementations.
+
+pub mod env;
+pub mod launch;
+pub mod probe;

@@ -23,7 +23,8 @@ fn main() {
     for lib in &libs {
         println!("cargo:rustc-link-lib={lib}");
     }
-    println!("cargo:mpicc={}", mpicc.display());
+    // Crates that link binaries against this one read it as DEP_MPI_LIBDIRS for their rpath.
+    println!("cargo:libdirs={}", lib_dirs.join(":"));
 }
 
 fn find_mpicc() -> PathBuf {

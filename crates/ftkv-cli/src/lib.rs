@@ -3,4 +3,5 @@
 
 pub mod env;
 pub mod launch;
+pub mod ping;
 pub mod probe;

@@ -1,1 +1,128 @@
-fn main() {}
+//! The `ftkv` command.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use ftkv_cli::{env, launch, probe};
+
+#[derive(Parser)]
+#[command(name = "ftkv", version, about = "ftkv: a resilient in-memory key-value store on MPI RMA and ULFM")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Which MPI calls report a dead peer: one-sided calls per window kind, and two-sided calls.
+    #[command(long_about = PROBE_HELP)]
+    Probe {
+        /// Also write the outcomes as JSON: [{"window", "call", "outcome"}].
+        #[arg(long, value_name = "FILE")]
+        json: Option<PathBuf>,
+        /// Seconds after which a call that has not returned counts as `hang`.
+        #[arg(long, default_value_t = 5.0, value_name = "SECS")]
+        hang_after: f64,
+        /// Run only these cases: `window:call[:known|unknown]` (e.g. `allocate:put`) or a call.
+        #[arg(long = "case", value_name = "CASE")]
+        cases: Vec<String>,
+    },
+    /// Two-sided round-trip times from rank 0 to every other rank (the cost of a ping).
+    Ping {
+        /// Number of ranks (ftkv starts itself under mpirun when run without it).
+        #[arg(short = 'n', long = "ranks", default_value_t = DEFAULT_RANKS)]
+        ranks: usize,
+        /// Round trips per peer.
+        #[arg(long, default_value_t = 1000)]
+        count: usize,
+    },
+    /// One probe case on the ranks of an mpirun job (used by `ftkv probe`).
+    #[command(hide = true)]
+    ProbeCase {
+        window: String,
+        call: String,
+        failure: String,
+        #[arg(long, default_value_t = 5.0)]
+        hang_after: f64,
+    },
+}
+
+/// Ranks of a job when `-n` is not given: 4, so that ranks outnumber the cores of a 2-core
+/// machine, as they do on every busy node.
+const DEFAULT_RANKS: usize = 4;
+
+const PROBE_HELP: &str = "\
+Reproduces, with ftkv's own MPI layer, the experiment that shows Open MPI's ULFM does not \
+cover one-sided communication.
+
+For each window kind (MPI_Win_allocate, MPI_Win_create_dynamic) and each one-sided call (lock \
+exclusive/shared, lock_all, put, get, accumulate, compare-and-swap, fetch-and-op, flush, unlock, \
+fence, free) the target process is SIGKILLed first; once the caller's ULFM lists it as failed, \
+the call is made (failure `known`); in a second run of each case the caller makes no MPI call \
+for 300 ms after the kill and then calls (failure `unknown`: dead, but not yet noticed). The *_held cases lock a live target whose exclusive lock a dead process held. \
+The two-sided cases send to (eager 8 B, 4 MiB, synchronous) or receive/probe from the dead rank.
+
+Each case runs in its own mpirun, so a hang cannot block the others. Outcomes: ok (the call \
+returned success: silent success against a dead process), proc_failed, revoked, error:<class>, \
+hang (no return within --hang-after seconds), abort (the job ended without a report).
+
+Why it matters: ftkv's data path is one-sided. A call that hangs must be bounded by a watchdog, \
+a call that silently succeeds must not count as a live copy, and only the calls reported here \
+as proc_failed can serve as failure detectors.";
+
+fn main() {
+    let cli = Cli::parse();
+    if let Err(e) = run(cli.command) {
+        eprintln!("ftkv: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(command: Command) -> Result<()> {
+    match command {
+        Command::Probe { json, hang_after, cases } => run_probe(json, hang_after, &cases),
+        Command::Ping { ranks, count } => {
+            launch_under_mpirun(ranks)?;
+            ftkv_cli::ping::rank_main(count)
+        }
+        Command::ProbeCase { window, call, failure, hang_after } => {
+            let failure = probe::Knowledge::parse(&failure)?;
+            probe::rank_main(&window, &call, failure, Duration::from_secs_f64(hang_after))
+        }
+    }
+}
+
+fn run_probe(json: Option<PathBuf>, hang_after: f64, filters: &[String]) -> Result<()> {
+    anyhow::ensure!(hang_after > 0.0, "--hang-after must be positive");
+    let cases = probe::select_cases(filters)?;
+    let exe = std::env::current_exe().context("locating the ftkv binary")?;
+    let outcomes = probe::run_cases(&exe, &cases, Duration::from_secs_f64(hang_after))?;
+    print!("{}", probe::markdown(&outcomes));
+    if let Some(path) = json {
+        let text = serde_json::to_string_pretty(&outcomes)?;
+        std::fs::write(&path, text + "\n").with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// Outside `mpirun`, replaces this process by `mpirun -n <ranks> <this binary> <same args>`;
+/// under `mpirun`, returns at once.
+fn launch_under_mpirun(ranks: usize) -> Result<()> {
+    if env::running_under_mpirun() {
+        return Ok(());
+    }
+    anyhow::ensure!(ranks >= 1, "-n must be at least 1");
+    use std::os::unix::process::CommandExt;
+    let exe = std::env::current_exe().context("locating the ftkv binary")?;
+    let mut cmd = std::process::Command::new(env::mpirun());
+    cmd.args(launch::mpirun_flags(ranks)).arg(exe).args(std::env::args_os().skip(1));
+    for (key, value) in env::MCA_DEFAULTS {
+        if std::env::var_os(key).is_none() {
+            cmd.env(key, value);
+        }
+    }
+    let error = cmd.exec();
+    Err(error).with_context(|| format!("cannot start {} (run scripts/setup.sh)", env::mpirun().display()))
+}

@@ -1,1 +1,437 @@
-//! `ftkv probe`: which one-sided and two-sided MPI calls report a dead peer.
+//! `ftkv probe`: what Open MPI's one-sided and two-sided calls do when their target is dead.
+//!
+//! Each case runs as its own `mpirun` job of 2 ranks (3 for the dead-lock-holder cases): rank 1
+//! (or the lock holder, rank 2) SIGKILLs itself after a barrier; rank 0 waits until ULFM lists
+//! it as failed, then makes the call under test. A watchdog thread reports `hang` when the call
+//! has not returned after the bound and ends the rank; a job that ends without a report is an
+//! `abort`.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use ftkv_mpi::{failpoint, Comm, LockKind, LockedWindow, Mpi, MpiError, Window};
+use serde::Serialize;
+
+use crate::launch::Launch;
+
+/// The window kinds and call groups a case belongs to.
+pub const RMA_WINDOWS: [&str; 2] = ["allocate", "create_dynamic"];
+/// Pseudo window name of the two-sided cases.
+pub const TWO_SIDED: &str = "two_sided";
+
+/// One-sided calls, each made against the dead target (`*_held`: against a live target whose
+/// lock a dead rank held).
+pub const RMA_CALLS: [&str; 14] = [
+    "lock_exclusive",
+    "lock_shared",
+    "lock_all",
+    "put",
+    "get",
+    "accumulate",
+    "compare_and_swap",
+    "fetch_and_op",
+    "flush",
+    "unlock",
+    "fence",
+    "free",
+    "lock_exclusive_held",
+    "lock_shared_held",
+];
+
+/// Two-sided calls to (or from) the dead rank.
+pub const TWO_SIDED_CALLS: [&str; 5] = ["eager_send", "large_send", "ssend", "recv", "iprobe"];
+
+const PROBER: i32 = 0;
+const TARGET: i32 = 1;
+const HOLDER: i32 = 2;
+const DONE_TAG: i32 = 7;
+const WINDOW_BYTES: usize = 4096;
+const LARGE_SEND_BYTES: usize = 4 << 20;
+
+/// Whether the caller's MPI already lists the dead target as failed when it makes the call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Knowledge {
+    /// The caller made MPI progress until `MPIX_Comm_get_failed` listed the target.
+    Known,
+    /// The caller made no MPI call for 300 ms after the target died, so nothing told it yet.
+    Unknown,
+}
+
+impl Knowledge {
+    pub fn name(self) -> &'static str {
+        match self {
+            Knowledge::Known => "known",
+            Knowledge::Unknown => "unknown",
+        }
+    }
+
+    pub fn parse(text: &str) -> Result<Knowledge> {
+        match text {
+            "known" => Ok(Knowledge::Known),
+            "unknown" => Ok(Knowledge::Unknown),
+            other => bail!("failure knowledge must be `known` or `unknown`, not {other:?}"),
+        }
+    }
+}
+
+/// One probe case: a call on a window kind (or two-sided), with the failure known or not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Case {
+    pub window: &'static str,
+    pub call: &'static str,
+    pub failure: Knowledge,
+}
+
+/// One measured case.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Outcome {
+    pub window: String,
+    pub call: String,
+    pub outcome: String,
+    /// Whether the caller knew of the failure when it called (see [`Knowledge`]).
+    pub failure: Knowledge,
+}
+
+/// Every case of the probe.
+pub fn all_cases() -> Vec<Case> {
+    let rma = RMA_WINDOWS.iter().flat_map(|w| RMA_CALLS.iter().map(move |c| (*w, *c)));
+    let pairs = rma.chain(TWO_SIDED_CALLS.iter().map(|c| (TWO_SIDED, *c)));
+    pairs
+        .flat_map(|(window, call)| {
+            [Knowledge::Known, Knowledge::Unknown].map(|failure| Case { window, call, failure })
+        })
+        .collect()
+}
+
+/// Parses filters `window:call[:known|unknown]` (`allocate:put`, `two_sided:ssend:unknown`), or
+/// a bare call name that matches every window. Unknown names are an error.
+pub fn select_cases(filters: &[String]) -> Result<Vec<Case>> {
+    if filters.is_empty() {
+        return Ok(all_cases());
+    }
+    let mut chosen = Vec::new();
+    for filter in filters {
+        let matching: Vec<Case> = all_cases().into_iter().filter(|c| matches(filter, c)).collect();
+        if matching.is_empty() {
+            bail!("no probe case matches {filter:?} (see `ftkv probe --help` for the names)");
+        }
+        chosen.extend(matching);
+    }
+    Ok(chosen)
+}
+
+fn matches(filter: &str, case: &Case) -> bool {
+    let parts: Vec<&str> = filter.split(':').collect();
+    match parts.as_slice() {
+        [call] => *call == case.call,
+        [window, call] => *window == case.window && *call == case.call,
+        [window, call, knowledge] => {
+            *window == case.window && *call == case.call && *knowledge == case.failure.name()
+        }
+        _ => false,
+    }
+}
+
+fn ranks_for(call: &str) -> usize {
+    if call.ends_with("_held") {
+        3
+    } else {
+        2
+    }
+}
+
+/// Runs each case in its own `mpirun` job of the program `exe` (which must understand
+/// `probe-case WINDOW CALL KNOWLEDGE --hang-after SECS`), reporting progress on stderr.
+pub fn run_cases(exe: &std::path::Path, cases: &[Case], hang_after: Duration) -> Result<Vec<Outcome>> {
+    let mut outcomes = Vec::new();
+    for (i, case) in cases.iter().enumerate() {
+        let started = Instant::now();
+        let outcome = run_case(exe, case, hang_after)?;
+        eprintln!(
+            "[{:>2}/{}] {:<14} {:<20} {:<8} {outcome:<14} ({:.1} s)",
+            i + 1,
+            cases.len(),
+            case.window,
+            case.call,
+            case.failure.name(),
+            started.elapsed().as_secs_f64()
+        );
+        outcomes.push(Outcome {
+            window: case.window.to_owned(),
+            call: case.call.to_owned(),
+            outcome,
+            failure: case.failure,
+        });
+    }
+    Ok(outcomes)
+}
+
+fn run_case(exe: &std::path::Path, case: &Case, hang_after: Duration) -> Result<String> {
+    let bound = hang_after.as_secs_f64().to_string();
+    let args = ["probe-case", case.window, case.call, case.failure.name(), "--hang-after", &bound];
+    let job = Launch::new(exe, ranks_for(case.call))
+        .args(args)
+        .timeout(hang_after + Duration::from_secs(20));
+    let out = job.run()?;
+    if let Some(outcome) = out.rank_value(PROBER as usize, "outcome") {
+        return Ok(outcome.to_owned());
+    }
+    Ok(if out.timed_out { "hang".into() } else { "abort".into() })
+}
+
+/// The Markdown report: one matrix for the one-sided calls, one for the two-sided ones; each
+/// column is a window kind with the failure known or unknown to the caller.
+pub fn markdown(outcomes: &[Outcome]) -> String {
+    let find = |w: &str, c: &str, k: Knowledge| {
+        outcomes
+            .iter()
+            .find(|o| o.window == w && o.call == c && o.failure == k)
+            .map_or("–", |o| o.outcome.as_str())
+    };
+    let columns: Vec<(&str, Knowledge)> = RMA_WINDOWS
+        .iter()
+        .flat_map(|w| [(*w, Knowledge::Known), (*w, Knowledge::Unknown)])
+        .collect();
+    let mut md = String::from("| one-sided call |");
+    for (w, k) in &columns {
+        md += &format!(" {w} ({}) |", k.name());
+    }
+    md += &format!("\n|---|{}\n", "---|".repeat(columns.len()));
+    for call in RMA_CALLS {
+        let cells: Vec<&str> = columns.iter().map(|(w, k)| find(w, call, *k)).collect();
+        if cells.iter().any(|c| *c != "–") {
+            md += &format!("| {call} | {} |\n", cells.join(" | "));
+        }
+    }
+    md += "\n| two-sided call | known | unknown |\n|---|---|---|\n";
+    for call in TWO_SIDED_CALLS {
+        let (known, unknown) =
+            (find(TWO_SIDED, call, Knowledge::Known), find(TWO_SIDED, call, Knowledge::Unknown));
+        if known != "–" || unknown != "–" {
+            md += &format!("| {call} | {known} | {unknown} |\n");
+        }
+    }
+    md
+}
+
+/// The rank side of one case (run under `mpirun`). Rank 0 prints `outcome=<x>`.
+pub fn rank_main(window: &str, call: &str, failure: Knowledge, hang_after: Duration) -> Result<()> {
+    let mpi = Mpi::init()?;
+    let world = mpi.world();
+    let probe = Probe { failure, hang_after };
+    if window == TWO_SIDED {
+        return two_sided_case(&world, call, probe);
+    }
+    rma_case(&world, window, call, probe)
+}
+
+/// How the prober makes its call: after learning of the failure or not, and with which bound.
+#[derive(Debug, Clone, Copy)]
+struct Probe {
+    failure: Knowledge,
+    hang_after: Duration,
+}
+
+fn victim(call: &str) -> i32 {
+    if call.ends_with("_held") {
+        HOLDER
+    } else {
+        TARGET
+    }
+}
+
+/// The window under test and the displacement of the target's memory in it.
+struct TestWindow {
+    window: Window,
+    target_disp: i64,
+}
+
+fn create_window(world: &Comm, kind: &str) -> Result<TestWindow> {
+    match kind {
+        "allocate" => Ok(TestWindow { window: Window::allocate(world, WINDOW_BYTES)?, target_disp: 0 }),
+        "create_dynamic" => {
+            let mut window = Window::create_dynamic(world)?;
+            let address = window.attach(WINDOW_BYTES)?;
+            let all = world.allgather(&address.to_le_bytes())?;
+            let at = TARGET as usize * 8;
+            let target_disp = i64::from_le_bytes(all[at..at + 8].try_into().expect("8 bytes"));
+            Ok(TestWindow { window, target_disp })
+        }
+        other => bail!("unknown window kind {other:?}"),
+    }
+}
+
+fn rma_case(world: &Comm, kind: &str, call: &str, probe: Probe) -> Result<()> {
+    let test = create_window(world, kind)?;
+    let rank = world.rank();
+    if rank == PROBER {
+        return prober_rma(world, test, call, probe);
+    }
+    if rank == victim(call) {
+        let _held = if rank == HOLDER { Some(hold_target_lock(&test.window, test.target_disp)?) } else { None };
+        world.barrier()?;
+        failpoint::kill_self();
+    }
+    world.barrier()?;
+    wait_for_prober(world, probe.hang_after)
+}
+
+/// Rank 0 prepares what the call needs while everybody lives (an epoch, a lock), passes the
+/// barrier after which the victim dies, waits until it knows, and makes the call.
+fn prober_rma(world: &Comm, test: TestWindow, call: &str, probe: Probe) -> Result<()> {
+    let disp = test.target_disp;
+    let dead = victim(call);
+    if needs_epoch(call) {
+        let epoch = test.window.lock_all()?;
+        world.barrier()?;
+        await_failure(world, dead, probe.failure)?;
+        return report(probe.hang_after, || epoch_call(&epoch, call, disp));
+    }
+    if call == "unlock" {
+        let lock = lock_and_put(&test.window, disp)?;
+        world.barrier()?;
+        await_failure(world, dead, probe.failure)?;
+        return report(probe.hang_after, || lock.unlock());
+    }
+    world.barrier()?;
+    await_failure(world, dead, probe.failure)?;
+    report(probe.hang_after, || plain_call(test.window, call))
+}
+
+fn needs_epoch(call: &str) -> bool {
+    matches!(call, "put" | "get" | "accumulate" | "compare_and_swap" | "fetch_and_op" | "flush")
+}
+
+/// Rank 2 of a `*_held` case takes an exclusive lock on the target and makes sure it is really
+/// acquired (a put and a flush), then dies holding it.
+fn hold_target_lock(window: &Window, disp: i64) -> Result<ftkv_mpi::TargetLock<'_>> {
+    let lock = window.lock(TARGET, LockKind::Exclusive)?;
+    let data = [1u8; 8];
+    lock.scope(|s| s.put(TARGET, disp, &data))?;
+    Ok(lock)
+}
+
+fn lock_and_put(window: &Window, disp: i64) -> Result<ftkv_mpi::TargetLock<'_>> {
+    let lock = window.lock(TARGET, LockKind::Exclusive)?;
+    let data = [2u8; 8];
+    lock.scope(|s| s.put(TARGET, disp, &data))?;
+    Ok(lock)
+}
+
+fn epoch_call(epoch: &LockedWindow, call: &str, disp: i64) -> std::result::Result<(), MpiError> {
+    let data = [3u8; 64];
+    let mut out = [0u8; 64];
+    let values = [1u64; 8];
+    match call {
+        "put" => epoch.scope(|s| report_now(s.put(TARGET, disp, &data))),
+        "get" => epoch.scope(|s| report_now(s.get(TARGET, disp, &mut out))),
+        "accumulate" => epoch.scope(|s| report_now(s.accumulate_sum(TARGET, disp, &values))),
+        "compare_and_swap" => epoch.compare_and_swap(TARGET, disp, 0, 1).map(drop),
+        "fetch_and_op" => epoch.fetch_and_add(TARGET, disp, Some(1)).map(drop),
+        "flush" => {
+            epoch.scope(|s| s.put(TARGET, disp, &data)).map_err(|e| e.with_peer(TARGET))?;
+            epoch.flush(TARGET)
+        }
+        other => unreachable!("{other} needs no epoch"),
+    }
+}
+
+/// Reports the outcome of a call that only queues an operation, as soon as it returns (the
+/// completing flush that follows is not what the case measures).
+fn report_now(result: std::result::Result<(), MpiError>) -> std::result::Result<(), MpiError> {
+    print_outcome(&result);
+    failpoint::exit_now(0)
+}
+
+fn plain_call(window: Window, call: &str) -> std::result::Result<(), MpiError> {
+    match call {
+        "lock_all" => window.lock_all().map(std::mem::forget),
+        "free" => window.free(),
+        "lock_exclusive" | "lock_exclusive_held" => {
+            window.lock(TARGET, LockKind::Exclusive).map(std::mem::forget)
+        }
+        "lock_shared" | "lock_shared_held" => window.lock(TARGET, LockKind::Shared).map(std::mem::forget),
+        "fence" => window.fence(),
+        other => unreachable!("{other} is handled elsewhere"),
+    }
+}
+
+fn two_sided_case(world: &Comm, call: &str, probe: Probe) -> Result<()> {
+    world.barrier()?;
+    if world.rank() == TARGET {
+        failpoint::kill_self();
+    }
+    await_failure(world, TARGET, probe.failure)?;
+    report(probe.hang_after, || match call {
+        "eager_send" => world.send(&[0u8; 8], TARGET, 1),
+        "large_send" => world.send(&vec![0u8; LARGE_SEND_BYTES], TARGET, 1),
+        "ssend" => world.ssend(&[0u8; 8], TARGET, 1),
+        "recv" => world.recv(&mut [0u8; 8], TARGET, 1).map(drop),
+        "iprobe" => world.iprobe(TARGET, 1).map(drop),
+        other => unreachable!("unknown two-sided call {other}"),
+    })
+}
+
+/// `Known`: waits (making MPI progress) until this rank's ULFM lists `rank` as failed, at most
+/// 3 s, and prints `detected_ms=` (or `detected_ms=none`). `Unknown`: sleeps 300 ms without any
+/// MPI call, so the target is dead but nothing has told this rank.
+fn await_failure(world: &Comm, rank: i32, failure: Knowledge) -> Result<()> {
+    if failure == Knowledge::Unknown {
+        std::thread::sleep(Duration::from_millis(300));
+        return Ok(());
+    }
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(3) {
+        if world.failed_ranks()?.contains(&rank) {
+            println!("detected_ms={}", start.elapsed().as_millis());
+            return Ok(());
+        }
+        if let Err(e) = world.iprobe(ftkv_mpi::ANY_SOURCE, ftkv_mpi::ANY_TAG) {
+            if !e.is_failure() {
+                return Err(e.into());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    println!("detected_ms=none");
+    Ok(())
+}
+
+/// Runs `call` under a watchdog and prints its outcome, then leaves without finalising (MPI may
+/// be wedged after a call against a dead process).
+fn report(hang_after: Duration, call: impl FnOnce() -> std::result::Result<(), MpiError>) -> Result<()> {
+    let returned = Arc::new(AtomicBool::new(false));
+    let flag = returned.clone();
+    std::thread::spawn(move || {
+        std::thread::sleep(hang_after);
+        if !flag.load(Ordering::SeqCst) {
+            println!("outcome=hang");
+            failpoint::exit_now(0);
+        }
+    });
+    let result = call();
+    returned.store(true, Ordering::SeqCst);
+    print_outcome(&result);
+    failpoint::exit_now(0)
+}
+
+fn print_outcome(result: &std::result::Result<(), MpiError>) {
+    match result {
+        Ok(()) => println!("outcome=ok"),
+        Err(e) => println!("outcome={} detail={}", e.kind_name(), e.to_string().replace(' ', "_")),
+    }
+}
+
+/// Ranks other than the prober stay alive (and hold their window memory) until the prober is
+/// gone or the bound passed.
+fn wait_for_prober(world: &Comm, hang_after: Duration) -> Result<()> {
+    let bound = hang_after + Duration::from_secs(10);
+    let done = world.irecv(1, PROBER, DONE_TAG).context("waiting for the prober")?;
+    match done.wait_until(Instant::now() + bound, bound) {
+        Ok(_) | Err(MpiError::ProcFailed { .. }) | Err(MpiError::Timeout { .. }) => failpoint::exit_now(0),
+        Err(e) => Err(e.into()),
+    }
+}

@@ -78,6 +78,18 @@ pub fn kill_self() -> ! {
     unreachable!("SIGKILL cannot be caught")
 }
 
+/// Leaves the process at once with `code` (`_exit`): no destructors, no atexit handlers, no
+/// `MPI_Finalize`. For a rank whose MPI state is wedged (a call that never returns).
+pub fn exit_now(code: i32) -> ! {
+    use std::io::Write;
+    let flushed = std::io::stdout().flush().and(std::io::stderr().flush());
+    if let Err(e) = flushed {
+        eprintln!("exit_now: cannot flush output: {e}");
+    }
+    // SAFETY: _exit(2) has no memory-safety preconditions.
+    unsafe { libc::_exit(code) }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,70 @@
+//! `ftkv probe` on the cases whose Open MPI behaviour ftkv's design rests on.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+fn probe(cases: &[&str]) -> Vec<(String, String, String, String)> {
+    let json = std::env::temp_dir().join(format!("ftkv-probe-test-{}.json", std::process::id()));
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ftkv"));
+    cmd.args(["probe", "--hang-after", "2", "--json"]).arg(&json);
+    for case in cases {
+        cmd.args(["--case", case]);
+    }
+    let out = cmd.output().expect("ftkv probe runs");
+    assert!(out.status.success(), "probe failed: {}", String::from_utf8_lossy(&out.stderr));
+    let text = std::fs::read_to_string(&json).expect("probe wrote its JSON");
+    std::fs::remove_file(&json).expect("remove the JSON");
+    let rows: Vec<Value> = serde_json::from_str(&text).expect("valid JSON");
+    rows.iter()
+        .map(|r| {
+            let field = |k: &str| r[k].as_str().expect("string field").to_owned();
+            (field("window"), field("call"), field("failure"), field("outcome"))
+        })
+        .collect()
+}
+
+#[test]
+fn probe_reports_the_behaviour_the_design_rests_on() {
+    let cases = [
+        "allocate:put:known",
+        "allocate:flush:known",
+        "fence:known",
+        "allocate:lock_exclusive_held:known",
+        "create_dynamic:flush:known",
+        "two_sided:eager_send",
+        "two_sided:large_send:known",
+        "two_sided:ssend:unknown",
+        "two_sided:recv:unknown",
+    ];
+    let rows = probe(&cases);
+    let want = [
+        ("allocate", "put", "known", "ok"),
+        ("allocate", "flush", "known", "ok"),
+        ("allocate", "fence", "known", "proc_failed"),
+        ("create_dynamic", "fence", "known", "proc_failed"),
+        ("allocate", "lock_exclusive_held", "known", "hang"),
+        ("create_dynamic", "flush", "known", "hang"),
+        ("two_sided", "eager_send", "unknown", "ok"),
+        ("two_sided", "eager_send", "known", "proc_failed"),
+        ("two_sided", "large_send", "known", "proc_failed"),
+        ("two_sided", "ssend", "unknown", "proc_failed"),
+        ("two_sided", "recv", "unknown", "proc_failed"),
+    ];
+    assert_eq!(rows.len(), want.len(), "one row per selected case: {rows:?}");
+    for (window, call, failure, outcome) in want {
+        let row = rows.iter().find(|(w, c, f, _)| w == window && c == call && f == failure);
+        let got = row.map(|(_, _, _, o)| o.as_str());
+        assert_eq!(got, Some(outcome), "{window}:{call}:{failure} in {rows:?}");
+    }
+}
+
+#[test]
+fn probe_rejects_unknown_cases() {
+    let out = Command::new(env!("CARGO_BIN_EXE_ftkv"))
+        .args(["probe", "--case", "allocate:teleport"])
+        .output()
+        .expect("ftkv runs");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no probe case matches"));
+}

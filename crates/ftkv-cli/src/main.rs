@@ -8,7 +8,11 @@ use clap::{Parser, Subcommand};
 use ftkv_cli::{env, launch, probe};
 
 #[derive(Parser)]
-#[command(name = "ftkv", version, about = "ftkv: a resilient in-memory key-value store on MPI RMA and ULFM")]
+#[command(
+    name = "ftkv",
+    version,
+    about = "ftkv: a resilient in-memory key-value store on MPI RMA and ULFM"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -102,7 +106,8 @@ fn run_probe(json: Option<PathBuf>, hang_after: f64, filters: &[String]) -> Resu
     print!("{}", probe::markdown(&outcomes));
     if let Some(path) = json {
         let text = serde_json::to_string_pretty(&outcomes)?;
-        std::fs::write(&path, text + "\n").with_context(|| format!("writing {}", path.display()))?;
+        std::fs::write(&path, text + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
 }
@@ -124,5 +129,6 @@ fn launch_under_mpirun(ranks: usize) -> Result<()> {
         }
     }
     let error = cmd.exec();
-    Err(error).with_context(|| format!("cannot start {} (run scripts/setup.sh)", env::mpirun().display()))
+    Err(error)
+        .with_context(|| format!("cannot start {} (run scripts/setup.sh)", env::mpirun().display()))
 }

@@ -41,10 +41,7 @@ fn measure(world: &Comm, peer: i32, count: usize) -> Result<Vec<Duration>> {
         .collect()
 }
 
-fn spawn_responder(
-    world: Arc<Comm>,
-    stop: Arc<AtomicBool>,
-) -> std::thread::JoinHandle<Result<()>> {
+fn spawn_responder(world: Arc<Comm>, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<Result<()>> {
     std::thread::spawn(move || {
         while !stop.load(Ordering::Relaxed) {
             world.answer_pings(PING, PONG)?;

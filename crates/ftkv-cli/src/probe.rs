@@ -106,8 +106,9 @@ pub fn all_cases() -> Vec<Case> {
         .collect()
 }
 
-/// Parses filters `window:call[:known|unknown]` (`allocate:put`, `two_sided:ssend:unknown`), or
-/// a bare call name that matches every window. Unknown names are an error.
+/// Selects the cases matching any filter; a filter is `:`-separated names of a window kind, a
+/// call and/or `known`/`unknown`, all of which a case must have (`allocate:put`, `fence:known`,
+/// `two_sided:ssend:unknown`, `flush`). A filter that matches nothing is an error.
 pub fn select_cases(filters: &[String]) -> Result<Vec<Case>> {
     if filters.is_empty() {
         return Ok(all_cases());
@@ -124,15 +125,8 @@ pub fn select_cases(filters: &[String]) -> Result<Vec<Case>> {
 }
 
 fn matches(filter: &str, case: &Case) -> bool {
-    let parts: Vec<&str> = filter.split(':').collect();
-    match parts.as_slice() {
-        [call] => *call == case.call,
-        [window, call] => *window == case.window && *call == case.call,
-        [window, call, knowledge] => {
-            *window == case.window && *call == case.call && *knowledge == case.failure.name()
-        }
-        _ => false,
-    }
+    let names = [case.window, case.call, case.failure.name()];
+    filter.split(':').all(|part| names.contains(&part))
 }
 
 fn ranks_for(call: &str) -> usize {
@@ -145,7 +139,11 @@ fn ranks_for(call: &str) -> usize {
 
 /// Runs each case in its own `mpirun` job of the program `exe` (which must understand
 /// `probe-case WINDOW CALL KNOWLEDGE --hang-after SECS`), reporting progress on stderr.
-pub fn run_cases(exe: &std::path::Path, cases: &[Case], hang_after: Duration) -> Result<Vec<Outcome>> {
+pub fn run_cases(
+    exe: &std::path::Path,
+    cases: &[Case],
+    hang_after: Duration,
+) -> Result<Vec<Outcome>> {
     let mut outcomes = Vec::new();
     for (i, case) in cases.iter().enumerate() {
         let started = Instant::now();
@@ -251,7 +249,9 @@ struct TestWindow {
 
 fn create_window(world: &Comm, kind: &str) -> Result<TestWindow> {
     match kind {
-        "allocate" => Ok(TestWindow { window: Window::allocate(world, WINDOW_BYTES)?, target_disp: 0 }),
+        "allocate" => {
+            Ok(TestWindow { window: Window::allocate(world, WINDOW_BYTES)?, target_disp: 0 })
+        }
         "create_dynamic" => {
             let mut window = Window::create_dynamic(world)?;
             let address = window.attach(WINDOW_BYTES)?;
@@ -271,7 +271,11 @@ fn rma_case(world: &Comm, kind: &str, call: &str, probe: Probe) -> Result<()> {
         return prober_rma(world, test, call, probe);
     }
     if rank == victim(call) {
-        let _held = if rank == HOLDER { Some(hold_target_lock(&test.window, test.target_disp)?) } else { None };
+        let _held = if rank == HOLDER {
+            Some(hold_target_lock(&test.window, test.target_disp)?)
+        } else {
+            None
+        };
         world.barrier()?;
         failpoint::kill_self();
     }
@@ -353,7 +357,9 @@ fn plain_call(window: Window, call: &str) -> std::result::Result<(), MpiError> {
         "lock_exclusive" | "lock_exclusive_held" => {
             window.lock(TARGET, LockKind::Exclusive).map(std::mem::forget)
         }
-        "lock_shared" | "lock_shared_held" => window.lock(TARGET, LockKind::Shared).map(std::mem::forget),
+        "lock_shared" | "lock_shared_held" => {
+            window.lock(TARGET, LockKind::Shared).map(std::mem::forget)
+        }
         "fence" => window.fence(),
         other => unreachable!("{other} is handled elsewhere"),
     }
@@ -402,7 +408,10 @@ fn await_failure(world: &Comm, rank: i32, failure: Knowledge) -> Result<()> {
 
 /// Runs `call` under a watchdog and prints its outcome, then leaves without finalising (MPI may
 /// be wedged after a call against a dead process).
-fn report(hang_after: Duration, call: impl FnOnce() -> std::result::Result<(), MpiError>) -> Result<()> {
+fn report(
+    hang_after: Duration,
+    call: impl FnOnce() -> std::result::Result<(), MpiError>,
+) -> Result<()> {
     let returned = Arc::new(AtomicBool::new(false));
     let flag = returned.clone();
     std::thread::spawn(move || {
@@ -431,7 +440,33 @@ fn wait_for_prober(world: &Comm, hang_after: Duration) -> Result<()> {
     let bound = hang_after + Duration::from_secs(10);
     let done = world.irecv(1, PROBER, DONE_TAG).context("waiting for the prober")?;
     match done.wait_until(Instant::now() + bound, bound) {
-        Ok(_) | Err(MpiError::ProcFailed { .. }) | Err(MpiError::Timeout { .. }) => failpoint::exit_now(0),
+        Ok(_) | Err(MpiError::ProcFailed { .. }) | Err(MpiError::Timeout { .. }) => {
+            failpoint::exit_now(0)
+        }
         Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn filters_select_cases_by_window_call_and_knowledge() {
+        let table: [(&str, usize); 7] = [
+            ("allocate:put", 2),
+            ("put", 4),
+            ("fence:known", 2),
+            ("two_sided:ssend:unknown", 1),
+            ("known", all_cases().len() / 2),
+            ("allocate:eager_send", 0),
+            ("teleport", 0),
+        ];
+        for (filter, count) in table {
+            let found = all_cases().iter().filter(|c| matches(filter, c)).count();
+            assert_eq!(found, count, "filter {filter:?}");
+        }
+        assert!(select_cases(&["teleport".into()]).is_err());
+        assert_eq!(all_cases().len(), 2 * (2 * RMA_CALLS.len() + TWO_SIDED_CALLS.len()));
     }
 }

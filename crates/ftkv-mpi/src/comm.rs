@@ -189,7 +189,13 @@ impl Comm {
     /// A round trip to `dest`: sends an 8-byte ping with `ping_tag` and waits for the answer
     /// with `pong_tag`, which `dest` gives from [`Comm::answer_pings`]. Returns the round-trip
     /// time, `ProcFailed` once MPI knows `dest` is dead, or `Timeout` after `timeout`.
-    pub fn ping(&self, dest: i32, ping_tag: i32, pong_tag: i32, timeout: Duration) -> Result<Duration> {
+    pub fn ping(
+        &self,
+        dest: i32,
+        ping_tag: i32,
+        pong_tag: i32,
+        timeout: Duration,
+    ) -> Result<Duration> {
         let start = Instant::now();
         let deadline = start + timeout;
         let pong = self.irecv(8, dest, pong_tag)?;

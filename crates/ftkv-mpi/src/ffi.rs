@@ -163,8 +163,11 @@ extern "C" {
     pub fn MPI_Test(request: *mut MPI_Request, flag: *mut c_int, status: *mut MPI_Status) -> c_int;
     pub fn MPI_Cancel(request: *mut MPI_Request) -> c_int;
     pub fn MPI_Request_free(request: *mut MPI_Request) -> c_int;
-    pub fn MPI_Get_count(status: *const MPI_Status, datatype: MPI_Datatype, count: *mut c_int)
-        -> c_int;
+    pub fn MPI_Get_count(
+        status: *const MPI_Status,
+        datatype: MPI_Datatype,
+        count: *mut c_int,
+    ) -> c_int;
 
     pub fn MPIX_Comm_revoke(comm: MPI_Comm) -> c_int;
     pub fn MPIX_Comm_is_revoked(comm: MPI_Comm, flag: *mut c_int) -> c_int;

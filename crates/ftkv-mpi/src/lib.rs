@@ -11,8 +11,8 @@
 
 mod comm;
 mod error;
-mod ffi;
 pub mod failpoint;
+mod ffi;
 mod request;
 mod runtime;
 mod window;

@@ -72,7 +72,8 @@ impl Mpi {
             return Err(other("MPI_Init_thread", "MPI_THREAD_MULTIPLE is not provided"));
         }
         // SAFETY: MPI is initialised; both handles are valid predefined handles.
-        let rc = unsafe { ffi::MPI_Comm_set_errhandler(ffi::ftkv_comm_world, ffi::ftkv_errors_return) };
+        let rc =
+            unsafe { ffi::MPI_Comm_set_errhandler(ffi::ftkv_comm_world, ffi::ftkv_errors_return) };
         check(rc, "MPI_Comm_set_errhandler")?;
         Ok(Mpi { runtime })
     }

@@ -251,7 +251,10 @@ impl LockedWindow {
     /// Runs `issue` with a scope for put/get/accumulate, then flushes every target the scope
     /// touched (`MPI_Win_flush`; `MPI_Win_flush_all` past 8 targets). When this returns `Ok`,
     /// all operations are complete at their targets. The flush runs even when `issue` fails.
-    pub fn scope<'buf, R>(&self, issue: impl FnOnce(&mut RmaScope<'buf>) -> Result<R>) -> Result<R> {
+    pub fn scope<'buf, R>(
+        &self,
+        issue: impl FnOnce(&mut RmaScope<'buf>) -> Result<R>,
+    ) -> Result<R> {
         let mut scope = RmaScope::new(self.window().ops());
         let issued = issue(&mut scope);
         let flushed = scope.flush();
@@ -323,7 +326,10 @@ pub struct TargetLock<'w> {
 
 impl TargetLock<'_> {
     /// Like [`LockedWindow::scope`], restricted to the locked target by MPI.
-    pub fn scope<'buf, R>(&self, issue: impl FnOnce(&mut RmaScope<'buf>) -> Result<R>) -> Result<R> {
+    pub fn scope<'buf, R>(
+        &self,
+        issue: impl FnOnce(&mut RmaScope<'buf>) -> Result<R>,
+    ) -> Result<R> {
         let mut scope = RmaScope::new(self.win.ops());
         let issued = issue(&mut scope);
         let flushed = scope.flush();
@@ -490,7 +496,13 @@ impl Ops {
 
     fn fetch_and_op(self, target: i32, disp: i64, add: Option<u64>) -> Result<u64> {
         // SAFETY: reading immutable handles exported by the C shim.
-        let op = unsafe { if add.is_some() { ffi::ftkv_op_sum } else { ffi::ftkv_op_no_op } };
+        let op = unsafe {
+            if add.is_some() {
+                ffi::ftkv_op_sum
+            } else {
+                ffi::ftkv_op_no_op
+            }
+        };
         self.fetch_with(target, disp, add.unwrap_or(0), op, "MPI_Fetch_and_op")
     }
 

@@ -65,7 +65,7 @@ impl Launch {
     /// The `mpirun` command line (without the environment).
     pub fn command(&self) -> Command {
         let mut cmd = Command::new(env::mpirun());
-        cmd.args(mpirun_flags(self.ranks));
+        cmd.args(mpirun_flags(self.ranks)).args(["--output", "tag"]);
         for (key, value) in &self.mca {
             cmd.args(["--mca", key, value]);
         }
@@ -102,8 +102,7 @@ impl Launch {
 
 /// The flags every ftkv job runs with.
 pub fn mpirun_flags(ranks: usize) -> Vec<String> {
-    let mut flags: Vec<String> =
-        ["--with-ft", "ulfm", "--oversubscribe", "--output", "tag"].map(String::from).into();
+    let mut flags: Vec<String> = ["--with-ft", "ulfm", "--oversubscribe"].map(String::from).into();
     if is_root() {
         flags.push("--allow-run-as-root".into());
     }

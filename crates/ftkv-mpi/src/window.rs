@@ -55,8 +55,10 @@ unsafe impl Send for Window {}
 unsafe impl Sync for Window {}
 
 impl Window {
-    /// `MPI_Win_allocate` of `len` bytes on each rank (zeroed), displacement unit 1.
-    /// Collective; fails with `ProcFailed` if a member of `comm` is dead.
+    /// `MPI_Win_allocate` of `len` bytes on this rank, displacement unit 1. The contents are
+    /// unspecified (fresh shared memory reads as zero, and pages become resident only when first
+    /// written, so a large window costs address space until used). Collective; fails with
+    /// `ProcFailed` if a member of `comm` is dead.
     pub fn allocate(comm: &Comm, len: usize) -> Result<Window> {
         let mut base: *mut u8 = ptr::null_mut();
         let mut raw = null_win();
@@ -74,11 +76,7 @@ impl Window {
             )
         };
         check(rc, "MPI_Win_allocate")?;
-        let win = Window::wrap(raw, WindowKind::Allocate, base, len, comm)?;
-        // SAFETY: `base` points to `len` bytes of window memory that no peer writes yet (the
-        // window has just been created and no epoch is open).
-        unsafe { ptr::write_bytes(base, 0, len) };
-        Ok(win)
+        Window::wrap(raw, WindowKind::Allocate, base, len, comm)
     }
 
     /// `MPI_Win_create_dynamic`: a window without memory; add regions with [`Window::attach`].

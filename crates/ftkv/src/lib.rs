@@ -1,1 +1,42 @@
-//! The resilient store: key space, placement, slots, put/get/delete, recovery (DESIGN.md §2).
+//! ftkv: a resilient, replicated in-memory key-value store for task-level checkpointing on MPI.
+//!
+//! ```text
+//! let mut store = Store::create(&world, Config::new(["checkpoint", "loot"], 2))?;
+//! let key = store.own_key("checkpoint")?;
+//! store.put(key, &bytes)?;            // returns when both holders have the value
+//! match store.put(key, &more) {
+//!     Err(e) if e.needs_recovery() => { store.recover()?; }   // on every survivor
+//!     other => other?,
+//! }
+//! let dead_workers_value = store.get(Key::new(dead, 0))?;    // a buddy reads it
+//! ```
+//!
+//! - **Keys** are `(owner, kind)`; the owner is the worker's rank in the communicator the store
+//!   was created on. Copies are placed by [`placement::holders`], never on the owner.
+//! - **put / delete** are blocking: `Ok` means every holder has the new version, flushed. The
+//!   data path is passive-target RMA into `MPI_Win_allocate` windows in one `lock_all` epoch:
+//!   data and header to every holder, then one flush per holder. No holder's CPU is involved.
+//! - **Torn writes** cannot be read: each copy is a double buffer of checksummed halves
+//!   ([`slot`]); a reader takes the newest half whose header and data hashes match.
+//! - **Value growth**: every slot reserves the configured maximum as address space; memory
+//!   becomes resident only as values grow into it, so no window enlargement (and no dynamic
+//!   window, whose flush hangs against a dead target) is needed.
+//! - **Failure detection** never hangs: a detector thread publishes ULFM's failed set to the put
+//!   path, and a watchdog turns a one-sided call that never returns into a fail-stop exit.
+//!   [`Detection::Ping`] adds the reference paper's per-put ping.
+//! - **Recovery** ([`Store::recover`]) is global: revoke, shrink, new windows, newest surviving
+//!   version of every key copied to its new holders. Up to `copies − 1` failures between two
+//!   recoveries lose no acknowledged write.
+
+mod detector;
+mod error;
+mod key;
+pub mod layout;
+pub mod placement;
+mod recovery;
+pub mod slot;
+mod store;
+
+pub use error::{Error, Result};
+pub use key::{Config, Detection, Key};
+pub use store::{RecoveryReport, Store};

@@ -1,0 +1,177 @@
+//! Failure knowledge for the put path, kept fresh by a detector thread per rank.
+//!
+//! Failures are noticed only while MPI makes progress, so the thread polls `MPI_Iprobe` on its
+//! own communicator every poll interval, reads ULFM's failed set and publishes it in an atomic
+//! bitmap of worker ids. It also notices a revoked communicator (another rank started
+//! recovery). The put path reads the bitmap: a few relaxed atomic loads, no system call.
+//!
+//! The same thread is the watchdog: the put path marks the start and end of every data-path MPI
+//! call in a counter (odd while inside). A call that stays inside longer than the watchdog
+//! bound, which is what one-sided calls do against some dead targets, ends the process with
+//! SIGKILL after a message: a fail-stop failure that the survivors recover from.
+//!
+//! In [`Detection::Ping`](crate::Detection::Ping) mode it also answers the two-sided pings that
+//! writers send before every put, polling without sleeping (the reference paper's helper).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use ftkv_mpi::{failpoint, Comm, ANY_SOURCE};
+
+pub(crate) const PING_TAG: i32 = 901;
+pub(crate) const PONG_TAG: i32 = 902;
+
+/// What the detector publishes and the watchdog watches.
+#[derive(Debug)]
+pub(crate) struct Health {
+    failed: Vec<AtomicU64>,
+    alarm: AtomicBool,
+    in_call: AtomicU64,
+}
+
+impl Health {
+    pub fn new(workers: usize) -> Health {
+        Health {
+            failed: (0..workers.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
+            alarm: AtomicBool::new(false),
+            in_call: AtomicU64::new(0),
+        }
+    }
+
+    /// Whether worker `id` is known to have failed.
+    #[inline]
+    pub fn is_failed(&self, id: i32) -> bool {
+        let word = self.failed[id as usize / 64].load(Ordering::Acquire);
+        word & (1 << (id % 64)) != 0
+    }
+
+    pub fn mark_failed(&self, id: i32) {
+        self.failed[id as usize / 64].fetch_or(1 << (id % 64), Ordering::AcqRel);
+        self.alarm.store(true, Ordering::Release);
+    }
+
+    /// Whether a failure or a revocation happened since the last recovery.
+    #[inline]
+    pub fn alarmed(&self) -> bool {
+        self.alarm.load(Ordering::Acquire)
+    }
+
+    pub fn raise_alarm(&self) {
+        self.alarm.store(true, Ordering::Release);
+    }
+
+    pub fn clear_alarm(&self) {
+        self.alarm.store(false, Ordering::Release);
+    }
+
+    /// Marks the start of a bounded data-path call.
+    #[inline]
+    pub fn enter_call(&self) {
+        self.in_call.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Marks its end.
+    #[inline]
+    pub fn leave_call(&self) {
+        self.in_call.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
+/// The running detector thread; stopped and joined on drop.
+pub(crate) struct Detector {
+    stop: Arc<AtomicBool>,
+    handle: Option<JoinHandle<()>>,
+}
+
+/// What the detector thread needs.
+pub(crate) struct Watch {
+    pub comm: Arc<Comm>,
+    pub live: Vec<i32>,
+    pub health: Arc<Health>,
+    pub poll_interval: Duration,
+    pub watchdog: Duration,
+    pub answer_pings: bool,
+}
+
+impl Detector {
+    pub fn start(watch: Watch) -> Detector {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let handle = std::thread::Builder::new()
+            .name("ftkv-detector".into())
+            .spawn(move || run(watch, &flag))
+            .expect("spawning the detector thread");
+        Detector { stop, handle: Some(handle) }
+    }
+}
+
+impl Drop for Detector {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(handle) = self.handle.take() {
+            if handle.join().is_err() {
+                eprintln!("ftkv: the detector thread panicked");
+            }
+        }
+    }
+}
+
+fn run(watch: Watch, stop: &AtomicBool) {
+    let mut stuck = StuckCall::default();
+    while !stop.load(Ordering::Acquire) {
+        poll_once(&watch);
+        stuck.check(&watch.health, watch.watchdog);
+        if watch.answer_pings {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(watch.poll_interval);
+        }
+    }
+}
+
+/// One round of progress and failure queries. MPI errors here are failures to report, never a
+/// reason to stop watching.
+fn poll_once(watch: &Watch) {
+    let progressed = if watch.answer_pings {
+        watch.comm.answer_pings(PING_TAG, PONG_TAG).map(drop)
+    } else {
+        watch.comm.iprobe(ANY_SOURCE, PING_TAG).map(drop)
+    };
+    if progressed.as_ref().is_err_and(|e| !e.is_failure()) {
+        eprintln!("ftkv: detector: {}", progressed.unwrap_err());
+    }
+    match watch.comm.failed_ranks() {
+        Ok(ranks) => ranks.iter().for_each(|&r| watch.health.mark_failed(watch.live[r as usize])),
+        Err(e) => eprintln!("ftkv: detector: {e}"),
+    }
+    if watch.comm.is_revoked().unwrap_or(true) {
+        watch.health.raise_alarm();
+    }
+}
+
+/// The watchdog's memory of the call it saw last.
+#[derive(Default)]
+struct StuckCall {
+    seen: u64,
+    since: Option<Instant>,
+}
+
+impl StuckCall {
+    fn check(&mut self, health: &Health, bound: Duration) {
+        let now = health.in_call.load(Ordering::Acquire);
+        if now % 2 == 0 || now != self.seen {
+            self.seen = now;
+            self.since = (now % 2 == 1).then(Instant::now);
+            return;
+        }
+        if self.since.is_some_and(|t| t.elapsed() > bound) {
+            eprintln!(
+                "ftkv: a one-sided MPI call has not returned for {bound:?} (its target is presumably \
+                 dead and Open MPI does not report it); ending this process so the others recover"
+            );
+            failpoint::kill_self();
+        }
+    }
+}

@@ -1,0 +1,44 @@
+//! The store's errors.
+
+use crate::key::Key;
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// Everything a store call can fail with. Input errors ([`UnknownKind`](Error::UnknownKind),
+/// [`ValueTooLarge`](Error::ValueTooLarge), [`ForeignOwner`](Error::ForeignOwner),
+/// [`UnknownOwner`](Error::UnknownOwner)) change nothing anywhere. Failure errors
+/// ([`RecoveryNeeded`](Error::RecoveryNeeded)) mean: the operation may or may not have reached
+/// its holders; call [`Store::recover`](crate::Store::recover) on every survivor, then retry.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("unknown key kind {0:?}")]
+    UnknownKind(String),
+    #[error("kind index {0} is not configured")]
+    UnknownKindIndex(u16),
+    #[error("owner {0} is not a worker of this store")]
+    UnknownOwner(i32),
+    #[error("value of {len} bytes exceeds the maximum of {max} bytes")]
+    ValueTooLarge { len: usize, max: usize },
+    #[error("key {key} belongs to worker {}, not to this worker {me}; use put_handed for a key handed to it", key.owner)]
+    ForeignOwner { key: Key, me: i32 },
+    #[error("invalid configuration: {0}")]
+    InvalidConfig(String),
+    #[error("configuration differs between ranks (ranks {ranks:?} disagree with rank 0)")]
+    ConfigMismatch { ranks: Vec<i32> },
+    #[error("the store is closed")]
+    Closed,
+    #[error("workers {failed:?} failed: call recover() on every survivor")]
+    RecoveryNeeded { failed: Vec<i32> },
+    #[error("every copy of key {0} was lost")]
+    KeyLost(Key),
+    #[error("MPI: {0}")]
+    Mpi(#[from] ftkv_mpi::MpiError),
+}
+
+impl Error {
+    /// Whether the error reports a process failure (recover, then retry) rather than bad input.
+    pub fn needs_recovery(&self) -> bool {
+        matches!(self, Error::RecoveryNeeded { .. })
+            || matches!(self, Error::Mpi(e) if e.is_failure())
+    }
+}

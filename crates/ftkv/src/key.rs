@@ -1,0 +1,111 @@
+//! Keys and the store's configuration.
+
+use crate::error::{Error, Result};
+
+/// A key: the owning worker's stable id (its world rank, unchanged by shrinking) and the index
+/// of a kind in [`Config::kinds`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Key {
+    pub owner: i32,
+    pub kind: u16,
+}
+
+impl Key {
+    pub fn new(owner: i32, kind: u16) -> Key {
+        Key { owner, kind }
+    }
+}
+
+impl std::fmt::Display for Key {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "({}, kind {})", self.owner, self.kind)
+    }
+}
+
+/// How the put path learns that a holder died.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Detection {
+    /// A detector thread keeps MPI progressing and publishes ULFM's failed set in a bitmap that
+    /// every put reads (two atomic loads per holder); a watchdog bounds every data-path call.
+    Bitmap,
+    /// As `Bitmap`, plus the reference paper's two-sided ping to every holder before each put.
+    Ping,
+}
+
+/// The collective configuration of a [`Store`](crate::Store); every rank must pass the same.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Names of the key kinds each worker owns (e.g. `checkpoint`, `loot`).
+    pub kinds: Vec<String>,
+    /// Holders per key (master + replicas), ≥ 1, at most `ranks − 1`. Copies never live on the
+    /// owner.
+    pub copies: usize,
+    /// Capacity per slot that is expected to be used; memory beyond it is reserved as address
+    /// space and becomes resident only when a value grows into it.
+    pub initial_capacity: usize,
+    /// Largest value a put accepts.
+    pub max_value: usize,
+    pub detection: Detection,
+    /// A data-path MPI call that has not returned after this long ends the process (fail-stop).
+    pub watchdog: std::time::Duration,
+    /// How often the detector thread polls MPI for failures.
+    pub poll_interval: std::time::Duration,
+}
+
+impl Config {
+    /// A configuration with the given kinds and copies, 64 KiB initial and 64 MiB maximum
+    /// value size, bitmap detection, 2 s watchdog and 1 ms polling.
+    pub fn new<S: Into<String>>(kinds: impl IntoIterator<Item = S>, copies: usize) -> Config {
+        Config {
+            kinds: kinds.into_iter().map(Into::into).collect(),
+            copies,
+            initial_capacity: 64 << 10,
+            max_value: 64 << 20,
+            detection: Detection::Bitmap,
+            watchdog: std::time::Duration::from_secs(2),
+            poll_interval: std::time::Duration::from_millis(1),
+        }
+    }
+
+    /// Checks the configuration on its own and against the number of ranks.
+    pub fn validate(&self, ranks: usize) -> Result<()> {
+        let invalid = |why: String| Err(Error::InvalidConfig(why));
+        if self.kinds.is_empty() || self.kinds.len() > u16::MAX as usize {
+            return invalid(format!("needs 1..=65535 kinds, got {}", self.kinds.len()));
+        }
+        if self.copies == 0 || self.copies >= ranks.max(1) {
+            return invalid(format!("copies must be in 1..{ranks} (never on the owner), got {}", self.copies));
+        }
+        if self.initial_capacity > self.max_value {
+            return invalid(format!(
+                "initial capacity {} exceeds the maximum value size {}",
+                self.initial_capacity, self.max_value
+            ));
+        }
+        if self.watchdog.is_zero() || self.poll_interval.is_zero() {
+            return invalid("watchdog and poll interval must be positive".into());
+        }
+        Ok(())
+    }
+
+    /// A canonical byte encoding, compared across ranks at creation.
+    pub(crate) fn fingerprint(&self) -> u64 {
+        let text = format!(
+            "{:?}|{}|{}|{}|{:?}|{:?}|{:?}",
+            self.kinds,
+            self.copies,
+            self.initial_capacity,
+            self.max_value,
+            self.detection,
+            self.watchdog,
+            self.poll_interval
+        );
+        xxhash_rust::xxh3::xxh3_64(text.as_bytes())
+    }
+
+    /// The index of the kind called `name`.
+    pub fn kind(&self, name: &str) -> Result<u16> {
+        let index = self.kinds.iter().position(|k| k == name);
+        index.map(|i| i as u16).ok_or_else(|| Error::UnknownKind(name.to_owned()))
+    }
+}

@@ -1,0 +1,115 @@
+//! Recovery planning: which surviving copy of each key is the newest, and who sends it where.
+
+use std::collections::HashMap;
+
+use ftkv_mpi::Comm;
+
+use crate::error::Result;
+use crate::key::Key;
+use crate::layout::Layout;
+
+/// A surviving copy: key, version, and the rank (in the shrunk communicator) that holds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Record {
+    pub key: Key,
+    pub version: u64,
+    pub source: i32,
+}
+
+const RECORD_LEN: usize = 18;
+
+impl Record {
+    fn encode(&self) -> [u8; RECORD_LEN] {
+        let mut out = [0u8; RECORD_LEN];
+        out[0..4].copy_from_slice(&self.key.owner.to_le_bytes());
+        out[4..6].copy_from_slice(&self.key.kind.to_le_bytes());
+        out[6..14].copy_from_slice(&self.version.to_le_bytes());
+        out[14..18].copy_from_slice(&self.source.to_le_bytes());
+        out
+    }
+
+    fn decode(b: &[u8]) -> Record {
+        let owner = i32::from_le_bytes(b[0..4].try_into().expect("4 bytes"));
+        let kind = u16::from_le_bytes(b[4..6].try_into().expect("2 bytes"));
+        let version = u64::from_le_bytes(b[6..14].try_into().expect("8 bytes"));
+        let source = i32::from_le_bytes(b[14..18].try_into().expect("4 bytes"));
+        Record { key: Key::new(owner, kind), version, source }
+    }
+}
+
+/// Every survivor's records, on every survivor (two allgathers: counts, then padded records).
+pub fn exchange(comm: &Comm, mine: &[Record]) -> Result<Vec<Record>> {
+    let counts = comm.allgather(&(mine.len() as u64).to_le_bytes())?;
+    let max = counts.chunks(8).map(|c| u64::from_le_bytes(c.try_into().expect("8"))).max();
+    let max = max.unwrap_or(0) as usize;
+    let mut padded = vec![0u8; max * RECORD_LEN + 8];
+    padded[..8].copy_from_slice(&(mine.len() as u64).to_le_bytes());
+    for (i, r) in mine.iter().enumerate() {
+        padded[8 + i * RECORD_LEN..8 + (i + 1) * RECORD_LEN].copy_from_slice(&r.encode());
+    }
+    let all = comm.allgather(&padded)?;
+    let mut records = Vec::new();
+    for chunk in all.chunks(padded.len()) {
+        let n = u64::from_le_bytes(chunk[..8].try_into().expect("8")) as usize;
+        records.extend((0..n).map(|i| Record::decode(&chunk[8 + i * RECORD_LEN..])));
+    }
+    Ok(records)
+}
+
+/// What one rank does in a recovery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    /// Keys whose newest version this rank sends to all the key's new holders.
+    pub sends: Vec<Key>,
+    /// Keys with a surviving version.
+    pub recovered: usize,
+    /// Keys without any surviving copy.
+    pub lost_candidates: Vec<Key>,
+}
+
+/// For every key the newest surviving version wins; of the ranks holding it the lowest sends.
+pub fn plan(records: &[Record], layout: &Layout, me: i32) -> Plan {
+    let mut best: HashMap<Key, (u64, i32)> = HashMap::new();
+    for r in records {
+        let entry = best.entry(r.key).or_insert((r.version, r.source));
+        if (r.version, -r.source) > (entry.0, -entry.1) {
+            *entry = (r.version, r.source);
+        }
+    }
+    let mut sends: Vec<Key> = best.iter().filter(|(_, (_, s))| *s == me).map(|(k, _)| *k).collect();
+    sends.sort_unstable();
+    let lost_candidates = layout.keys().filter(|k| !best.contains_key(k)).collect();
+    Plan { sends, recovered: best.len(), lost_candidates }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::slot::SlotGeometry;
+
+    #[test]
+    fn newest_version_wins_and_the_lowest_holder_sends_it() {
+        let layout = Layout::compute(&[0, 2, 3], 4, 1, 2, SlotGeometry::new(64), 0);
+        let k = |o| Key::new(o, 0);
+        let records = [
+            Record { key: k(0), version: 4, source: 1 },
+            Record { key: k(0), version: 5, source: 2 },
+            Record { key: k(1), version: 9, source: 2 },
+            Record { key: k(1), version: 9, source: 0 },
+            Record { key: k(3), version: 1, source: 1 },
+        ];
+        let table = [(0, vec![k(1)]), (1, vec![k(3)]), (2, vec![k(0)])];
+        for (me, sends) in table {
+            let p = plan(&records, &layout, me);
+            assert_eq!(p.sends, sends, "rank {me}");
+            assert_eq!(p.recovered, 3);
+            assert_eq!(p.lost_candidates, vec![k(2)]);
+        }
+    }
+
+    #[test]
+    fn records_round_trip() {
+        let r = Record { key: Key::new(7, 3), version: u64::MAX - 1, source: 5 };
+        assert_eq!(Record::decode(&r.encode()), r);
+    }
+}

@@ -1,0 +1,567 @@
+//! The store: collective creation, the put/get/delete data path, global recovery.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ftkv_mpi::{failpoint, Comm, LockedWindow, MpiError, Window};
+
+use crate::detector::{Detector, Health, Watch, PING_TAG, PONG_TAG};
+use crate::error::{Error, Result};
+use crate::key::{Config, Detection, Key};
+use crate::layout::{Copy, Layout};
+use crate::recovery::{self, Record};
+use crate::slot::{newest, Committed, Header, SlotGeometry, State, HEADER_LEN};
+
+/// What [`Store::recover`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecoveryReport {
+    /// Workers that failed since the previous recovery (stable ids).
+    pub failed: Vec<i32>,
+    /// Keys whose newest surviving version was copied to their new holders.
+    pub keys_recovered: usize,
+    /// Keys of which no copy survived (never written, or lost to too many failures).
+    pub keys_lost: Vec<Key>,
+    /// Recovery attempts (more than 1 when a failure interrupted recovery).
+    pub attempts: usize,
+    pub duration: Duration,
+}
+
+/// A window of an earlier epoch, kept until a recovery commits.
+struct Retained {
+    window: LockedWindow,
+    layout: Layout,
+}
+
+/// A resilient, replicated key-value store over the members of a communicator.
+///
+/// Keys are `(owner, kind)`; the owner is a worker's rank in the communicator the store was
+/// created on (stable across shrinking). Each key has `copies` holders, none the owner. Calls are
+/// made by one thread at a time (`&mut self`); the detector thread runs beside it.
+pub struct Store {
+    config: Config,
+    geometry: SlotGeometry,
+    me: i32,
+    workers: usize,
+    origin: Comm,
+    comm: Arc<Comm>,
+    window: Option<LockedWindow>,
+    layout: Layout,
+    epoch: u64,
+    versions: Vec<u64>,
+    handed: HashMap<Key, u64>,
+    health: Arc<Health>,
+    detector: Option<Detector>,
+    lost: Vec<Key>,
+    recovered_failed: Vec<i32>,
+}
+
+impl Store {
+    /// Creates the store collectively on every member of `comm`.
+    ///
+    /// Every rank must pass an equal `config`; a rank whose config is invalid gets
+    /// [`Error::InvalidConfig`], and if configs differ every rank gets
+    /// [`Error::ConfigMismatch`] (no rank hangs). A dead member makes creation fail with an MPI
+    /// failure error.
+    pub fn create(comm: &Comm, config: Config) -> Result<Store> {
+        let workers = comm.size() as usize;
+        let valid = config.validate(workers);
+        agree_on_config(comm, &config, valid.is_ok())?;
+        valid?;
+        let origin = comm.dup()?;
+        let geometry = SlotGeometry::new(config.max_value);
+        let live: Vec<i32> = (0..comm.size()).collect();
+        let me = comm.rank();
+        let layout = Layout::compute(&live, workers, config.kinds.len(), config.copies, geometry, me);
+        let store_comm = Arc::new(comm.dup()?);
+        let window = open_window(&store_comm, &layout, geometry)?;
+        let mut store = Store {
+            versions: vec![0; config.kinds.len()],
+            config,
+            geometry,
+            me,
+            workers,
+            origin,
+            comm: store_comm,
+            window: Some(window),
+            layout,
+            epoch: 0,
+            handed: HashMap::new(),
+            health: Arc::new(Health::new(workers)),
+            detector: None,
+            lost: Vec::new(),
+            recovered_failed: Vec::new(),
+        };
+        store.start_detector()?;
+        Ok(store)
+    }
+
+    /// This worker's stable id.
+    pub fn worker(&self) -> i32 {
+        self.me
+    }
+
+    /// The live workers' ids.
+    pub fn live(&self) -> &[i32] {
+        &self.layout.live
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The key of this worker's kind `name`.
+    pub fn own_key(&self, name: &str) -> Result<Key> {
+        Ok(Key::new(self.me, self.config.kind(name)?))
+    }
+
+    /// Writes `value` under this worker's own `key` and returns when every holder has it.
+    ///
+    /// Completion: `Ok` means the new version is flushed to every copy's holder (all of them
+    /// live, as far as this rank knows when the flush returned). Failure: input errors change
+    /// nothing; [`Error::RecoveryNeeded`] means a process failed: the new version may be on some
+    /// holders, all, or none, and the previous version is intact on every live holder; after
+    /// [`Store::recover`] a get returns one of the two.
+    pub fn put(&mut self, key: Key, value: &[u8]) -> Result<()> {
+        self.check_own(key)?;
+        self.check_value(value)?;
+        let version = self.next_own_version(key);
+        self.write(key, Header::for_value(value, version, self.epoch), value)
+    }
+
+    /// Deletes this worker's own `key`; same completion and failure semantics as [`Store::put`].
+    pub fn delete(&mut self, key: Key) -> Result<()> {
+        self.check_own(key)?;
+        let version = self.next_own_version(key);
+        self.write(key, Header::for_delete(version, self.epoch), &[])
+    }
+
+    /// Writes a key owned by another worker that the application handed to this one (a thief
+    /// writing its victim's data). The application guarantees a single writer per key at a time;
+    /// the first handed write reads the key's current version from its holders.
+    pub fn put_handed(&mut self, key: Key, value: &[u8]) -> Result<()> {
+        self.check_key(key)?;
+        self.check_value(value)?;
+        let version = self.next_handed_version(key)?;
+        self.write(key, Header::for_value(value, version, self.epoch), value)
+    }
+
+    /// Deletes a handed key (see [`Store::put_handed`]).
+    pub fn delete_handed(&mut self, key: Key) -> Result<()> {
+        self.check_key(key)?;
+        let version = self.next_handed_version(key)?;
+        self.write(key, Header::for_delete(version, self.epoch), &[])
+    }
+
+    /// The newest committed value of `key` on any live holder, `None` if it was deleted or never
+    /// written. Reads with one-sided gets (the holders are not interrupted); used in recovery.
+    /// [`Error::KeyLost`] if no copy survived the last recovery.
+    pub fn get(&mut self, key: Key) -> Result<Option<Vec<u8>>> {
+        Ok(self.read_newest(key)?.and_then(|c| (c.header.state == State::Value).then_some(c.data)))
+    }
+
+    fn check_key(&self, key: Key) -> Result<()> {
+        if key.kind as usize >= self.config.kinds.len() {
+            return Err(Error::UnknownKindIndex(key.kind));
+        }
+        if key.owner < 0 || key.owner as usize >= self.workers {
+            return Err(Error::UnknownOwner(key.owner));
+        }
+        Ok(())
+    }
+
+    fn check_own(&self, key: Key) -> Result<()> {
+        self.check_key(key)?;
+        if key.owner != self.me {
+            return Err(Error::ForeignOwner { key, me: self.me });
+        }
+        Ok(())
+    }
+
+    fn check_value(&self, value: &[u8]) -> Result<()> {
+        if value.len() > self.config.max_value {
+            return Err(Error::ValueTooLarge { len: value.len(), max: self.config.max_value });
+        }
+        Ok(())
+    }
+
+    /// Versions always advance, also past an attempt that failed, so two different values
+    /// never carry the same version.
+    fn next_own_version(&mut self, key: Key) -> u64 {
+        let v = &mut self.versions[key.kind as usize];
+        *v += 1;
+        *v
+    }
+
+    fn next_handed_version(&mut self, key: Key) -> Result<u64> {
+        let current = match self.handed.get(&key) {
+            Some(&v) => v,
+            None => self.read_newest(key)?.map_or(0, |c| c.header.version),
+        };
+        self.handed.insert(key, current + 1);
+        Ok(current + 1)
+    }
+
+    fn ensure_healthy(&self) -> Result<()> {
+        if self.window.is_none() {
+            return Err(Error::Closed);
+        }
+        if self.health.alarmed() {
+            return Err(Error::RecoveryNeeded { failed: self.newly_failed() });
+        }
+        Ok(())
+    }
+
+    fn newly_failed(&self) -> Vec<i32> {
+        let live = &self.layout.live;
+        live.iter().copied().filter(|&w| self.health.is_failed(w)).collect()
+    }
+
+    fn ensure_alive(&self, route: &[Copy]) -> Result<()> {
+        if route.iter().any(|c| self.health.is_failed(c.worker)) {
+            self.health.raise_alarm();
+            return Err(Error::RecoveryNeeded { failed: self.newly_failed() });
+        }
+        Ok(())
+    }
+
+    fn route(&self, key: Key) -> Result<&[Copy]> {
+        if self.lost.contains(&key) {
+            return Err(Error::KeyLost(key));
+        }
+        self.layout.route(key).ok_or(Error::UnknownOwner(key.owner))
+    }
+
+    /// The fast path: header and data to the version's half on every holder, one flush per
+    /// holder, failure knowledge checked before and after.
+    fn write(&mut self, key: Key, header: Header, data: &[u8]) -> Result<()> {
+        self.ensure_healthy()?;
+        let route = self.route(key)?;
+        self.ensure_alive(route)?;
+        if self.config.detection == Detection::Ping {
+            self.ping_all(route)?;
+        }
+        let encoded = header.encode();
+        let half = self.geometry.half_offset(header.version) as i64;
+        let window = self.window.as_ref().ok_or(Error::Closed)?;
+        self.health.enter_call();
+        let issued = window.scope(|s| {
+            for copy in route {
+                s.put(copy.rank, copy.disp + half + HEADER_LEN as i64, data)?;
+                s.put(copy.rank, copy.disp + half, &encoded)?;
+            }
+            Ok(())
+        });
+        self.health.leave_call();
+        issued.map_err(|e| self.failure(e))?;
+        self.ensure_alive(route)
+    }
+
+    fn ping_all(&self, route: &[Copy]) -> Result<()> {
+        for copy in route {
+            let ping = self.comm.ping(copy.rank, PING_TAG, PONG_TAG, self.config.watchdog);
+            if let Err(e) = ping {
+                self.health.mark_failed(copy.worker);
+                return Err(self.failure(e));
+            }
+        }
+        Ok(())
+    }
+
+    fn failure(&self, e: MpiError) -> Error {
+        if e.is_failure() || matches!(e, MpiError::Timeout { .. }) {
+            self.health.raise_alarm();
+            return Error::RecoveryNeeded { failed: self.newly_failed() };
+        }
+        Error::Mpi(e)
+    }
+
+    fn read_newest(&self, key: Key) -> Result<Option<Committed>> {
+        self.ensure_healthy()?;
+        let route = self.route(key)?;
+        let window = self.window.as_ref().ok_or(Error::Closed)?;
+        let mut best: Option<Committed> = None;
+        for copy in route.iter().filter(|c| !self.health.is_failed(c.worker)) {
+            self.health.enter_call();
+            let found = read_copy(window, copy, self.geometry);
+            self.health.leave_call();
+            let found = found.map_err(|e| self.failure(e))?;
+            if found.as_ref().map(|c| c.header.version) > best.as_ref().map(|c| c.header.version) {
+                best = found;
+            }
+        }
+        self.ensure_alive(route)?;
+        Ok(best)
+    }
+
+    fn start_detector(&mut self) -> Result<()> {
+        let comm = Arc::new(self.comm.dup()?);
+        self.detector = Some(Detector::start(Watch {
+            comm,
+            live: self.layout.live.clone(),
+            health: self.health.clone(),
+            poll_interval: self.config.poll_interval,
+            watchdog: self.config.watchdog,
+            answer_pings: self.config.detection == Detection::Ping,
+        }));
+        Ok(())
+    }
+
+    /// Whether a failure (or another rank's recovery) was noticed since the last recovery.
+    pub fn needs_recovery(&self) -> bool {
+        self.health.alarmed()
+    }
+
+    /// Collective over the survivors: revokes the communicator, shrinks it, builds new windows
+    /// on the survivors, recomputes placement and copies the newest surviving version of every
+    /// key to its new holders, restoring the copy count (as far as enough ranks live).
+    ///
+    /// A failure during recovery restarts it. With `copies = c`, up to `c − 1` failures between
+    /// two recoveries lose no acknowledged write. Every survivor must call it once it saw
+    /// [`Error::RecoveryNeeded`] (or [`Store::needs_recovery`]); a rank that does not, hangs the
+    /// others' recovery until it does.
+    pub fn recover(&mut self) -> Result<RecoveryReport> {
+        let started = Instant::now();
+        self.detector = None;
+        let retained = match self.window.take() {
+            Some(window) => Retained { window, layout: self.layout.clone() },
+            None => return Err(Error::Closed),
+        };
+        for attempt in 1..=MAX_RECOVERY_ATTEMPTS {
+            if let Some(recovered) = self.recover_once(&retained)? {
+                retained.window.unlock_all()?.free()?;
+                return self.finish_recovery(recovered, attempt, started);
+            }
+            eprintln!("ftkv: worker {}: recovery attempt {attempt} met a failure, retrying", self.me);
+        }
+        self.window = Some(retained.window);
+        Err(Error::RecoveryNeeded { failed: self.newly_failed() })
+    }
+
+    fn finish_recovery(
+        &mut self,
+        recovered: Recovered,
+        attempts: usize,
+        started: Instant,
+    ) -> Result<RecoveryReport> {
+        let failed: Vec<i32> = (0..self.workers as i32)
+            .filter(|w| !self.layout.live.contains(w) && !self.recovered_failed.contains(w))
+            .collect();
+        self.recovered_failed.extend(&failed);
+        self.lost = recovered.lost.clone();
+        self.handed.clear();
+        self.health.clear_alarm();
+        self.start_detector()?;
+        Ok(RecoveryReport {
+            failed,
+            keys_recovered: recovered.keys,
+            keys_lost: recovered.lost,
+            attempts,
+            duration: started.elapsed(),
+        })
+    }
+
+    /// One attempt. `Ok(None)`: a failure interrupted it (uniformly known through the final
+    /// agreement), try again.
+    fn recover_once(&mut self, retained: &Retained) -> Result<Option<Recovered>> {
+        if let Err(e) = self.comm.revoke() {
+            return Err(Error::Mpi(e));
+        }
+        let shrunk = match self.comm.shrink() {
+            Ok(c) => Arc::new(c),
+            Err(e) if e.is_failure() => return Ok(None),
+            Err(e) => return Err(Error::Mpi(e)),
+        };
+        self.comm = shrunk.clone();
+        let live = self.live_ids(&shrunk)?;
+        self.layout = Layout::compute(
+            &live,
+            self.workers,
+            self.config.kinds.len(),
+            self.config.copies,
+            self.geometry,
+            self.me,
+        );
+        self.epoch += 1;
+        failpoint::hit("recovery_after_shrink");
+        let attempt = self.rebuild(&shrunk, retained);
+        let ok = attempt.is_ok();
+        if !ok {
+            let revoked = shrunk.revoke();
+            if let Err(e) = revoked {
+                eprintln!("ftkv: revoke during recovery: {e}");
+            }
+        }
+        let agreed = shrunk.agree(ok as u32)?;
+        if agreed.value == 1 && !agreed.unacknowledged_failures {
+            let (window, recovered) = attempt.expect("agreement implies local success");
+            self.window = Some(window);
+            return Ok(Some(recovered));
+        }
+        if let Err(e) = shrunk.failed_ranks() {
+            eprintln!("ftkv: acknowledging failures: {e}");
+        }
+        Ok(None)
+    }
+
+    fn live_ids(&self, shrunk: &Comm) -> Result<Vec<i32>> {
+        let ranks: Vec<i32> = (0..shrunk.size()).collect();
+        let ids = shrunk.translate_ranks(&ranks, &self.origin)?;
+        Ok(ids.into_iter().map(|id| id.expect("survivors are members of the origin")).collect())
+    }
+
+    /// New window, exchange of surviving versions, copies to the new holders. A window of an
+    /// attempt that fails is left allocated: freeing is collective, and the survivors may not
+    /// all have it.
+    fn rebuild(&self, shrunk: &Comm, retained: &Retained) -> Result<(LockedWindow, Recovered)> {
+        let window = open_window(shrunk, &self.layout, self.geometry)?;
+        match self.fill(shrunk, retained, &window) {
+            Ok(recovered) => Ok((window, recovered)),
+            Err(e) => {
+                std::mem::forget(window);
+                Err(e)
+            }
+        }
+    }
+
+    fn fill(&self, shrunk: &Comm, retained: &Retained, window: &LockedWindow) -> Result<Recovered> {
+        let local = scan_local(retained, self.geometry)?;
+        let records: Vec<Record> = local
+            .iter()
+            .map(|(key, c)| Record { key: *key, version: c.header.version, source: shrunk.rank() })
+            .collect();
+        let all = recovery::exchange(shrunk, &records)?;
+        let plan = recovery::plan(&all, &self.layout, shrunk.rank());
+        failpoint::hit("recovery_mid_copy");
+        copy_out(window, &self.layout, &plan.sends, &local, self.geometry)?;
+        shrunk.barrier()?;
+        let lost = plan.lost_candidates.into_iter().filter(|k| self.possibly_written(*k)).collect();
+        Ok(Recovered { keys: plan.recovered, lost })
+    }
+
+    /// A key without surviving copy counts as lost unless its live owner never wrote it.
+    fn possibly_written(&self, key: Key) -> bool {
+        key.owner != self.me || self.versions[key.kind as usize] > 0
+    }
+}
+
+const MAX_RECOVERY_ATTEMPTS: usize = 16;
+
+/// The outcome of a successful rebuild.
+struct Recovered {
+    keys: usize,
+    lost: Vec<Key>,
+}
+
+/// Every rank learns whether all configs are valid and equal before anyone acts on its own.
+fn agree_on_config(comm: &Comm, config: &Config, valid: bool) -> Result<()> {
+    let mut mine = config.fingerprint().to_le_bytes().to_vec();
+    mine.push(valid as u8);
+    let all = comm.allgather(&mine)?;
+    let reference = &all[..9];
+    let differing: Vec<i32> = all
+        .chunks(9)
+        .enumerate()
+        .filter(|(_, c)| c[..8] != reference[..8] || c[8] == 0)
+        .map(|(r, _)| r as i32)
+        .collect();
+    if differing.is_empty() || (!valid && differing.contains(&comm.rank())) {
+        return Ok(());
+    }
+    Err(Error::ConfigMismatch { ranks: differing })
+}
+
+/// Allocates the window of `layout`, empties this rank's slot headers, opens the lock_all epoch
+/// and waits until every rank did, so no put can land before the headers are cleared.
+fn open_window(comm: &Comm, layout: &Layout, geometry: SlotGeometry) -> Result<LockedWindow> {
+    let window = Window::allocate(comm, layout.window_len)?;
+    let empty = [0u8; HEADER_LEN];
+    for &(_, disp) in &layout.local {
+        for half in [0, geometry.half_len] {
+            window.write_local(disp as usize + half, &empty)?;
+        }
+    }
+    let locked = window.lock_all()?;
+    comm.barrier()?;
+    Ok(locked)
+}
+
+/// Reads both halves of one remote copy and returns its newest complete version.
+fn read_copy(
+    window: &LockedWindow,
+    copy: &Copy,
+    geometry: SlotGeometry,
+) -> std::result::Result<Option<Committed>, MpiError> {
+    let mut headers = [[0u8; HEADER_LEN]; 2];
+    let [h0, h1] = &mut headers;
+    let half = geometry.half_len as i64;
+    window.scope(|s| {
+        s.get(copy.rank, copy.disp, h0)?;
+        s.get(copy.rank, copy.disp + half, h1)
+    })?;
+    let mut halves = Vec::new();
+    for (i, bytes) in headers.iter().enumerate() {
+        let Some(header) = Header::decode(bytes) else { continue };
+        let mut data = vec![0u8; header.len.min(geometry.half_len as u64) as usize];
+        let at = copy.disp + i as i64 * half + HEADER_LEN as i64;
+        window.scope(|s| s.get(copy.rank, at, &mut data))?;
+        halves.push((bytes.to_vec(), data));
+    }
+    Ok(newest(halves))
+}
+
+/// The newest complete version of every slot this rank hosts in the previous epoch's window.
+fn scan_local(retained: &Retained, geometry: SlotGeometry) -> Result<HashMap<Key, Committed>> {
+    retained.window.sync()?;
+    let mut found = HashMap::new();
+    for &(key, disp) in &retained.layout.local {
+        if let Some(committed) = read_local_slot(retained.window.window(), disp as usize, geometry)? {
+            found.insert(key, committed);
+        }
+    }
+    Ok(found)
+}
+
+fn read_local_slot(window: &Window, disp: usize, geometry: SlotGeometry) -> Result<Option<Committed>> {
+    let mut halves = Vec::with_capacity(2);
+    for half in [0, geometry.half_len] {
+        let mut header = vec![0u8; HEADER_LEN];
+        window.read_local(disp + half, &mut header)?;
+        let Some(h) = Header::decode(&header) else { continue };
+        let len = (h.len as usize).min(geometry.half_len - HEADER_LEN);
+        let mut data = vec![0u8; len];
+        window.read_local(disp + half + HEADER_LEN, &mut data)?;
+        halves.push((header, data));
+    }
+    Ok(newest(halves))
+}
+
+/// Writes the versions this rank is the source of to their new holders.
+fn copy_out(
+    window: &LockedWindow,
+    layout: &Layout,
+    sends: &[Key],
+    local: &HashMap<Key, Committed>,
+    geometry: SlotGeometry,
+) -> Result<()> {
+    for key in sends {
+        let committed = &local[key];
+        let header = committed.header.encode();
+        let half = geometry.half_offset(committed.header.version) as i64;
+        let route = layout.route(*key).expect("planned keys are routed");
+        window.scope(|s| {
+            for copy in route {
+                s.put(copy.rank, copy.disp + half + HEADER_LEN as i64, &committed.data)?;
+                s.put(copy.rank, copy.disp + half, &header)?;
+            }
+            Ok(())
+        })?;
+    }
+    Ok(())
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        self.detector = None;
+    }
+}

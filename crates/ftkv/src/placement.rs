@@ -28,7 +28,7 @@ mod tests {
             (0, 0, vec![0, 1, 2, 3], 2, vec![1, 2]),
             (0, 1, vec![0, 1, 2, 3], 2, vec![2, 3]),
             (3, 0, vec![0, 1, 2, 3], 2, vec![0, 1]),
-            (3, 2, vec![0, 1, 2, 3], 3, vec![0, 1, 2]),
+            (3, 2, vec![0, 1, 2, 3], 3, vec![2, 0, 1]),
             (2, 0, all8.clone(), 3, vec![3, 4, 5]),
             (7, 1, all8.clone(), 3, vec![1, 2, 3]),
             // owner 2 died: its keys stay placed on the ring after it

@@ -248,7 +248,9 @@ impl Store {
         let issued = window.scope(|s| {
             for copy in route {
                 s.put(copy.rank, copy.disp + half + HEADER_LEN as i64, data)?;
+                failpoint::hit("put_before_header");
                 s.put(copy.rank, copy.disp + half, &encoded)?;
+                failpoint::hit("put_between_copies");
             }
             Ok(())
         });
@@ -268,8 +270,15 @@ impl Store {
         Ok(())
     }
 
+    /// Classifies an MPI error of a store call. Besides ULFM's own failure classes, Open MPI's
+    /// collectives can return `MPI_ERR_OTHER` on members that meet a failure indirectly; any
+    /// error while the communicator is revoked or has failed members counts as a failure.
     fn failure(&self, e: MpiError) -> Error {
-        if e.is_failure() || matches!(e, MpiError::Timeout { .. }) {
+        let caused_by_failure = e.is_failure()
+            || matches!(e, MpiError::Timeout { .. })
+            || self.comm.is_revoked().unwrap_or(true)
+            || self.comm.failed_ranks().map_or(true, |f| !f.is_empty());
+        if caused_by_failure {
             self.health.raise_alarm();
             return Error::RecoveryNeeded { failed: self.newly_failed() };
         }
@@ -305,6 +314,13 @@ impl Store {
             answer_pings: self.config.detection == Detection::Ping,
         }));
         Ok(())
+    }
+
+    /// A barrier over the live workers. [`Error::RecoveryNeeded`] if a failure interrupts it or
+    /// was noticed before; then every survivor must [`Store::recover`].
+    pub fn sync(&mut self) -> Result<()> {
+        self.ensure_healthy()?;
+        self.comm.barrier().map_err(|e| self.failure(e))
     }
 
     /// Whether a failure (or another rank's recovery) was noticed since the last recovery.

@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context, Result};
 use ftkv_mpi::{failpoint, Comm, LockedWindow, Mpi, Window};
 
+mod store_cases;
+
 const PING: i32 = 101;
 const PONG: i32 = 102;
 const RING: i32 = 103;
@@ -16,22 +18,31 @@ const RING: i32 = 103;
 fn main() {
     let case = std::env::args().nth(1).unwrap_or_default();
     if let Err(e) = run(&case) {
-        println!("error={}", e.to_string().replace(' ', "_"));
-        eprintln!("ftkv-mpitest {case}: {e:#}");
-        std::process::exit(1);
+        fail(&case, &e);
     }
+}
+
+/// Reports the error and leaves without MPI_Finalize, which waits for peers that may never come.
+fn fail(case: &str, e: &anyhow::Error) -> ! {
+    println!("error={}", e.to_string().replace(' ', "_"));
+    eprintln!("ftkv-mpitest {case}: {e:#}");
+    failpoint::exit_now(1)
 }
 
 fn run(case: &str) -> Result<()> {
     let mpi = Mpi::init()?;
     let world = Arc::new(mpi.world().dup()?);
-    match case {
-        "hello" => hello(&world)?,
-        "sendrecv" => sendrecv(&world)?,
-        "rma" => rma(&world)?,
-        "detect" => detect(&world)?,
-        "shrink" => shrink(&world)?,
-        other => bail!("unknown case {other:?}"),
+    let outcome = match case {
+        "hello" => hello(&world),
+        "sendrecv" => sendrecv(&world),
+        "rma" => rma(&world),
+        "detect" => detect(&world),
+        "shrink" => shrink(&world),
+        store if store.starts_with("store-") => store_cases::run(store, &world),
+        other => Err(anyhow::anyhow!("unknown case {other:?}")),
+    };
+    if let Err(e) = outcome {
+        fail(case, &e);
     }
     drop(world);
     mpi.finalize()?;

@@ -1,0 +1,176 @@
+//! Store scenarios for the multi-rank tests (`ftkv-mpitest store-<case>`).
+//!
+//! Rounds run in lockstep: every worker puts its checkpoint for round `r` (and writes and
+//! deletes its loot), then all sync. A failure anywhere sends every survivor into recovery,
+//! after which the round is retried if its put was not acknowledged. At the end every survivor
+//! reads every worker's checkpoint and prints `final owner=<w> round=<r>` (or `round=none`,
+//! `round=torn`).
+
+use anyhow::{bail, ensure, Result};
+use ftkv::{Config, Error, Key, Store};
+use ftkv_mpi::{failpoint, Comm};
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// A value that names its owner and round and can be checked for completeness.
+pub fn value(owner: i32, round: u32, len: usize) -> Vec<u8> {
+    let len = len.max(12);
+    let mut v = Vec::with_capacity(len);
+    v.extend_from_slice(&(owner as u32).to_le_bytes());
+    v.extend_from_slice(&round.to_le_bytes());
+    v.extend_from_slice(&(len as u32).to_le_bytes());
+    v.extend((12..len).map(|i| pattern(owner, round, i)));
+    v
+}
+
+fn pattern(owner: i32, round: u32, i: usize) -> u8 {
+    (owner as usize * 31 + round as usize * 7 + i * 13) as u8
+}
+
+/// `(owner, round)` of a complete value, `None` if it is torn or foreign.
+pub fn check_value(v: &[u8]) -> Option<(i32, u32)> {
+    let word = |at: usize| Some(u32::from_le_bytes(v.get(at..at + 4)?.try_into().ok()?));
+    let (owner, round, len) = (word(0)? as i32, word(4)?, word(8)? as usize);
+    let intact = v.len() == len && v[12..].iter().enumerate().all(|(i, &b)| b == pattern(owner, round, i + 12));
+    intact.then_some((owner, round))
+}
+
+fn round_len(round: u32) -> usize {
+    if std::env::var_os("STORE_GROWTH").is_some() {
+        1024usize << (round - 1).min(12)
+    } else {
+        1024
+    }
+}
+
+fn config(ranks: usize) -> Config {
+    let mut config = Config::new(["checkpoint", "loot"], env_usize("STORE_COPIES", 2).min(ranks - 1));
+    config.initial_capacity = 1024;
+    config.max_value = 4 << 20;
+    config
+}
+
+pub fn run(case: &str, world: &Comm) -> Result<()> {
+    match case {
+        "store-rounds" => rounds(world),
+        "store-bad-input" => bad_input(world),
+        "store-mismatch" => mismatch(world),
+        other => bail!("unknown store case {other:?}"),
+    }
+}
+
+fn rounds(world: &Comm) -> Result<()> {
+    let mut store = Store::create(world, config(world.size() as usize))?;
+    let total = env_usize("STORE_ROUNDS", 5) as u32;
+    let mut round = 1;
+    while round <= total {
+        match one_round(&mut store, round) {
+            Ok(()) => round += 1,
+            Err(RoundError::Unacked(e)) => recover(&mut store, e)?,
+            Err(RoundError::Acked(e)) => {
+                recover(&mut store, e)?;
+                round += 1;
+            }
+        }
+    }
+    finish(&mut store)?;
+    report_all(&mut store, world.size())
+}
+
+enum RoundError {
+    Unacked(Error),
+    Acked(Error),
+}
+
+fn one_round(store: &mut Store, round: u32) -> std::result::Result<(), RoundError> {
+    let me = store.worker();
+    let checkpoint = Key::new(me, 0);
+    let loot = Key::new(me, 1);
+    store.put(checkpoint, &value(me, round, round_len(round))).map_err(RoundError::Unacked)?;
+    failpoint::hit("store_round");
+    store.put(loot, &value(me, round, 64)).map_err(RoundError::Acked)?;
+    store.delete(loot).map_err(RoundError::Acked)?;
+    store.sync().map_err(RoundError::Acked)
+}
+
+fn recover(store: &mut Store, cause: Error) -> Result<()> {
+    ensure!(cause.needs_recovery(), "store call failed: {cause}");
+    let report = store.recover()?;
+    println!(
+        "recovered failed={:?} attempts={} keys={} lost={} ms={:.1}",
+        report.failed,
+        report.attempts,
+        report.keys_recovered,
+        report.keys_lost.len(),
+        report.duration.as_secs_f64() * 1e3
+    );
+    Ok(())
+}
+
+fn finish(store: &mut Store) -> Result<()> {
+    loop {
+        match store.sync() {
+            Ok(()) => return Ok(()),
+            Err(e) => recover(store, e)?,
+        }
+    }
+}
+
+fn report_all(store: &mut Store, workers: i32) -> Result<()> {
+    for owner in 0..workers {
+        let round = match store.get(Key::new(owner, 0))? {
+            None => "none".to_string(),
+            Some(v) => match check_value(&v) {
+                Some((o, r)) if o == owner => r.to_string(),
+                _ => "torn".to_string(),
+            },
+        };
+        let loot = store.get(Key::new(owner, 1))?;
+        println!("final owner={owner} round={round} loot={}", if loot.is_some() { "present" } else { "deleted" });
+    }
+    println!("live={:?}", store.live());
+    Ok(())
+}
+
+fn expect_err(result: ftkv::Result<()>, what: &str, matches: impl Fn(&Error) -> bool) -> Result<()> {
+    match result {
+        Err(e) if matches(&e) => Ok(()),
+        other => bail!("{what}: expected a rejection, got {other:?}"),
+    }
+}
+
+fn bad_input(world: &Comm) -> Result<()> {
+    let mut store = Store::create(world, config(world.size() as usize))?;
+    let me = store.worker();
+    let next = (me + 1) % world.size();
+    expect_err(store.own_key("nonsense").map(drop), "unknown kind", |e| matches!(e, Error::UnknownKind(_)))?;
+    expect_err(store.put(Key::new(me, 9), b"x"), "kind index", |e| matches!(e, Error::UnknownKindIndex(9)))?;
+    expect_err(store.put(Key::new(next, 0), b"x"), "foreign", |e| matches!(e, Error::ForeignOwner { .. }))?;
+    expect_err(store.put(Key::new(99, 0), b"x"), "owner", |e| matches!(e, Error::UnknownOwner(99)))?;
+    let huge = vec![0u8; (4 << 20) + 1];
+    expect_err(store.put(Key::new(me, 0), &huge), "too large", |e| matches!(e, Error::ValueTooLarge { .. }))?;
+    store.put(Key::new(me, 0), &value(me, 1, 100))?;
+    store.sync()?;
+    let theirs = store.get(Key::new(next, 0))?.map(|v| check_value(&v));
+    ensure!(theirs == Some(Some((next, 1))), "neighbour's value after bad input: {theirs:?}");
+    println!("bad_input=ok");
+    Ok(())
+}
+
+fn mismatch(world: &Comm) -> Result<()> {
+    let mut config = config(world.size() as usize);
+    let odd = env_usize("STORE_ODD_RANK", 1) as i32;
+    if world.rank() == odd {
+        config.copies = env_usize("STORE_ODD_COPIES", 1);
+    }
+    match Store::create(world, config) {
+        Ok(_) => bail!("a store was created from mismatched configs"),
+        Err(e @ (Error::ConfigMismatch { .. } | Error::InvalidConfig(_))) => {
+            println!("rejected={}", if matches!(e, Error::InvalidConfig(_)) { "invalid" } else { "mismatch" });
+            Ok(())
+        }
+        Err(e) => bail!("unexpected error {e}"),
+    }
+}

@@ -1,0 +1,152 @@
+//! The store on real `mpirun --with-ft ulfm` jobs: round trips, bad input, and SIGKILLed owners,
+//! holders, writers mid-put and ranks in recovery. Every run has a hard timeout and every
+//! survivor's own output is checked. `FTKV_TEST_BTL=tcp` runs the same jobs over `btl self,tcp`.
+
+use std::time::Duration;
+
+use ftkv_cli::launch::{JobOutput, Launch};
+
+const TEST_PROGRAM: &str = env!("CARGO_BIN_EXE_ftkv-mpitest");
+
+fn job(case: &str, ranks: usize) -> Launch {
+    let launch = Launch::new(TEST_PROGRAM, ranks).args([case]).timeout(Duration::from_secs(60));
+    match std::env::var("FTKV_TEST_BTL").as_deref() {
+        Ok("tcp") => launch.mca("btl", "self,tcp"),
+        _ => launch,
+    }
+}
+
+fn run(launch: Launch) -> JobOutput {
+    let out = launch.run().expect("mpirun starts");
+    assert!(!out.timed_out, "job hung:\n{}", out.transcript());
+    out
+}
+
+/// `final owner=<w> round=<r>` lines of one survivor, as (owner, round) pairs.
+fn finals(out: &JobOutput, rank: usize) -> Vec<(i32, String)> {
+    out.rank_lines(rank)
+        .iter()
+        .filter_map(|l| {
+            let mut words = l.split_whitespace();
+            (words.next()? == "final").then_some(())?;
+            let owner = words.next()?.strip_prefix("owner=")?.parse().ok()?;
+            let round = words.next()?.strip_prefix("round=")?.to_owned();
+            Some((owner, round))
+        })
+        .collect()
+}
+
+/// Every survivor finished and read, for every owner, a round allowed by `allowed(owner)`.
+fn assert_survivors_read(
+    out: &JobOutput,
+    ranks: usize,
+    dead: &[usize],
+    allowed: impl Fn(i32) -> Vec<&'static str>,
+) {
+    for rank in (0..ranks).filter(|r| !dead.contains(r)) {
+        let got = finals(out, rank);
+        assert_eq!(got.len(), ranks, "rank {rank} read every key:\n{}", out.transcript());
+        for (owner, round) in got {
+            let ok = allowed(owner);
+            assert!(ok.contains(&round.as_str()), "rank {rank} owner {owner} round {round}, want {ok:?}\n{}", out.transcript());
+        }
+        assert_eq!(out.rank_value(rank, "finalized"), Some("yes"), "rank {rank}:\n{}", out.transcript());
+    }
+    for rank in dead {
+        assert!(finals(out, *rank).is_empty(), "killed rank {rank} reported");
+    }
+}
+
+fn assert_recovered(out: &JobOutput, ranks: usize, dead: &[usize], failed: &str) {
+    for rank in (0..ranks).filter(|r| !dead.contains(r)) {
+        assert_eq!(out.rank_value(rank, "failed"), Some(failed), "rank {rank}:\n{}", out.transcript());
+        assert_eq!(out.rank_value(rank, "lost"), Some("0"), "rank {rank}:\n{}", out.transcript());
+    }
+}
+
+#[test]
+fn put_get_delete_round_trip_on_2_to_8_ranks() {
+    for ranks in [2, 3, 5, 8] {
+        let out = run(job("store-rounds", ranks));
+        assert_survivors_read(&out, ranks, &[], |_| vec!["5"]);
+        for rank in 0..ranks {
+            let deleted = out.rank_lines(rank).iter().filter(|l| l.contains("loot=deleted")).count();
+            assert_eq!(deleted, ranks, "rank {rank} sees every loot deleted");
+        }
+    }
+}
+
+#[test]
+fn bad_input_is_rejected_and_harms_nobody() {
+    let out = run(job("store-bad-input", 4));
+    for rank in 0..4 {
+        assert_eq!(out.rank_value(rank, "bad_input"), Some("ok"), "rank {rank}:\n{}", out.transcript());
+    }
+}
+
+#[test]
+fn mismatched_or_invalid_configs_fail_on_every_rank() {
+    let out = run(job("store-mismatch", 4).env("STORE_ODD_RANK", "2").env("STORE_ODD_COPIES", "1"));
+    for rank in 0..4 {
+        assert_eq!(out.rank_value(rank, "rejected"), Some("mismatch"), "rank {rank}:\n{}", out.transcript());
+    }
+    let out = run(job("store-mismatch", 4).env("STORE_ODD_RANK", "1").env("STORE_ODD_COPIES", "0"));
+    assert_eq!(out.rank_value(1, "rejected"), Some("invalid"), "{}", out.transcript());
+    for rank in [0, 2, 3] {
+        assert_eq!(out.rank_value(rank, "rejected"), Some("mismatch"), "rank {rank}:\n{}", out.transcript());
+    }
+}
+
+#[test]
+fn killed_owner_keeps_its_last_acknowledged_value() {
+    let out = run(job("store-rounds", 4).env("FTKV_FAILPOINT", "store_round@2#3"));
+    assert_recovered(&out, 4, &[2], "[2]");
+    assert_survivors_read(&out, 4, &[2], |owner| if owner == 2 { vec!["3"] } else { vec!["5"] });
+}
+
+#[test]
+fn killed_holder_loses_nothing() {
+    // Owner 0's checkpoint lives on 1 and 2 (copies = 2 of 4): kill holder 1.
+    let out = run(job("store-rounds", 4).env("FTKV_FAILPOINT", "store_round@1#2"));
+    assert_recovered(&out, 4, &[1], "[1]");
+    assert_survivors_read(&out, 4, &[1], |owner| if owner == 1 { vec!["2"] } else { vec!["5"] });
+}
+
+#[test]
+fn writer_killed_between_copies_leaves_old_or_new_never_torn() {
+    let out = run(job("store-rounds", 4).env("FTKV_FAILPOINT", "put_between_copies@3#5"));
+    assert_recovered(&out, 4, &[3], "[3]");
+    assert_survivors_read(&out, 4, &[3], |owner| if owner == 3 { vec!["2", "3"] } else { vec!["5"] });
+}
+
+#[test]
+fn writer_killed_between_data_and_header_leaves_old_or_new_never_torn() {
+    let out = run(job("store-rounds", 4).env("FTKV_FAILPOINT", "put_before_header@1#5"));
+    assert_recovered(&out, 4, &[1], "[1]");
+    assert_survivors_read(&out, 4, &[1], |owner| if owner == 1 { vec!["2", "3"] } else { vec!["5"] });
+}
+
+#[test]
+fn two_simultaneous_kills_with_three_copies_lose_nothing() {
+    let out = run(job("store-rounds", 6).env("STORE_COPIES", "3").env("FTKV_FAILPOINT", "store_round@1,4#3"));
+    assert_recovered(&out, 6, &[1, 4], "[1, 4]");
+    assert_survivors_read(&out, 6, &[1, 4], |owner| if [1, 4].contains(&owner) { vec!["3"] } else { vec!["5"] });
+}
+
+#[test]
+fn a_rank_killed_during_recovery_restarts_it() {
+    let spec = "store_round@1#3;recovery_after_shrink@3";
+    let out = run(job("store-rounds", 5).env("STORE_COPIES", "3").env("FTKV_FAILPOINT", spec));
+    for rank in [0, 2, 4] {
+        let attempts: usize = out.rank_value(rank, "attempts").expect("attempts").parse().unwrap();
+        assert!(attempts >= 2, "rank {rank} restarted recovery:\n{}", out.transcript());
+        assert_eq!(out.rank_value(rank, "lost"), Some("0"));
+    }
+    assert_survivors_read(&out, 5, &[1, 3], |owner| if [1, 3].contains(&owner) { vec!["3"] } else { vec!["5"] });
+}
+
+#[test]
+fn values_grow_from_1_kib_to_4_mib() {
+    let out = run(job("store-rounds", 4).env("STORE_GROWTH", "1").env("STORE_ROUNDS", "13"));
+    assert_survivors_read(&out, 4, &[], |_| vec!["13"]);
+}

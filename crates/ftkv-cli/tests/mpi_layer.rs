@@ -27,7 +27,7 @@ fn every_rank_sees_the_world() {
     for rank in 0..4 {
         assert_rank(&out, rank, "rank", &rank.to_string());
         assert_rank(&out, rank, "size", "4");
-        assert_rank(&out, rank, "finalized", "yes");
+        assert_rank(&out, rank, "done", "yes");
     }
 }
 
@@ -38,7 +38,7 @@ fn send_recv_and_ping_round_trip() {
         assert_rank(&out, rank, "ring_from", &((rank + 3) % 4).to_string());
         let rtt: u64 = out.rank_value(rank, "ping_us").expect("ping_us").parse().unwrap();
         assert!(rtt < 1_000_000, "ping took {rtt} µs");
-        assert_rank(&out, rank, "finalized", "yes");
+        assert_rank(&out, rank, "done", "yes");
     }
 }
 
@@ -48,7 +48,7 @@ fn rma_put_get_and_atomics_round_trip() {
     assert_rank(&out, 0, "atomics", "ok");
     for rank in 0..4 {
         assert_rank(&out, rank, "rma", "ok");
-        assert_rank(&out, rank, "finalized", "yes");
+        assert_rank(&out, rank, "done", "yes");
     }
 }
 
@@ -59,7 +59,7 @@ fn killed_rank_is_reported_to_a_ping_within_one_second() {
     assert!(ms < 1000, "detection took {ms} ms");
     for rank in [0, 1, 3] {
         assert_rank(&out, rank, "survivors", "3");
-        assert_rank(&out, rank, "finalized", "yes");
+        assert_rank(&out, rank, "done", "yes");
     }
     assert!(out.rank_lines(2).is_empty(), "the killed rank printed:\n{}", out.transcript());
 }
@@ -71,7 +71,7 @@ fn revoke_shrink_and_a_new_window_on_the_survivors() {
         assert_rank(&out, rank, "shrunk_size", "3");
         assert_rank(&out, rank, "failed", "[1]");
         assert_rank(&out, rank, "rma", "ok");
-        assert_rank(&out, rank, "finalized", "yes");
+        assert_rank(&out, rank, "done", "yes");
     }
     assert_rank(&out, 0, "atomics", "ok");
 }

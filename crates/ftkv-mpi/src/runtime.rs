@@ -84,6 +84,25 @@ impl Mpi {
         Comm::predefined(unsafe { ffi::ftkv_comm_world }, self.runtime.clone())
     }
 
+    /// Like [`Mpi::finalize`], but leaves the process with exit code 0 if `MPI_Finalize` has not
+    /// returned after `bound`: after process failures Open MPI's ULFM finalisation (an internal
+    /// shrink and agreement) sometimes never returns, although every survivor called it. Call
+    /// it when all results are out.
+    pub fn finalize_bounded(self, bound: std::time::Duration) -> Result<()> {
+        let done = Arc::new(AtomicBool::new(false));
+        let flag = done.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(bound);
+            if !flag.load(Ordering::SeqCst) {
+                eprintln!("ftkv-mpi: MPI_Finalize has not returned after {bound:?}; exiting");
+                crate::failpoint::exit_now(0);
+            }
+        });
+        let result = self.finalize();
+        done.store(true, Ordering::SeqCst);
+        result
+    }
+
     /// Finalises MPI now and reports its return code. Fails without finalising if a [`Comm`] or
     /// window created from this runtime is still alive.
     pub fn finalize(self) -> Result<()> {

@@ -45,7 +45,8 @@ fn run(case: &str) -> Result<()> {
         fail(case, &e);
     }
     drop(world);
-    mpi.finalize()?;
+    println!("done=yes");
+    mpi.finalize_bounded(Duration::from_secs(3))?;
     println!("finalized=yes");
     Ok(())
 }

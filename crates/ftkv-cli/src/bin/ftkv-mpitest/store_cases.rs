@@ -99,8 +99,8 @@ fn recover(store: &mut Store, cause: Error) -> Result<()> {
     ensure!(cause.needs_recovery(), "store call failed: {cause}");
     let report = store.recover()?;
     println!(
-        "recovered failed={:?} attempts={} keys={} lost={} ms={:.1}",
-        report.failed,
+        "recovered failed={} attempts={} keys={} lost={} ms={:.1}",
+        report.failed.iter().map(|w| w.to_string()).collect::<Vec<_>>().join(","),
         report.attempts,
         report.keys_recovered,
         report.keys_lost.len(),

@@ -84,19 +84,95 @@ impl Launch {
     /// Runs the job to completion or until the timeout (then the whole process group is
     /// SIGKILLed and `timed_out` is set). Removes shared-memory segments the job left behind.
     pub fn run(&self) -> Result<JobOutput> {
-        let _serial = job_slot();
+        self.spawn()?.finish()
+    }
+
+    /// Starts the job; its output can be read line by line while it runs.
+    pub fn spawn(&self) -> Result<RunningJob> {
+        let slot = job_slot();
         let shm_before = shm_segments();
         let start = Instant::now();
         let mut child = spawn(self.command())?;
-        let mut stdout = child.stdout.take().context("mpirun stdout")?;
+        let stdout = child.stdout.take().context("mpirun stdout")?;
         let mut stderr = child.stderr.take().context("mpirun stderr")?;
-        let out_reader = std::thread::spawn(move || read_all(&mut stdout));
+        let (sender, lines) = std::sync::mpsc::channel();
+        let out_reader = std::thread::spawn(move || forward_lines(stdout, &sender));
         let err_reader = std::thread::spawn(move || read_all(&mut stderr));
-        let (status, timed_out) = wait_with_timeout(&mut child, self.timeout)?;
-        let stdout = out_reader.join().unwrap_or_default();
-        let stderr = err_reader.join().unwrap_or_default();
-        remove_new_shm_segments(&shm_before);
-        Ok(JobOutput::parse(&stdout, stderr, status, timed_out, start.elapsed()))
+        Ok(RunningJob {
+            _slot: slot,
+            child,
+            lines,
+            seen: Vec::new(),
+            out_reader: Some(out_reader),
+            err_reader: Some(err_reader),
+            shm_before,
+            start,
+            deadline: start + self.timeout,
+        })
+    }
+}
+
+/// A job that is running: its stdout lines as they come, and its end.
+pub struct RunningJob {
+    _slot: std::sync::MutexGuard<'static, ()>,
+    child: Child,
+    lines: std::sync::mpsc::Receiver<String>,
+    seen: Vec<String>,
+    out_reader: Option<std::thread::JoinHandle<()>>,
+    err_reader: Option<std::thread::JoinHandle<String>>,
+    shm_before: Vec<String>,
+    start: Instant,
+    deadline: Instant,
+}
+
+impl RunningJob {
+    /// The next `(rank, text)` stdout line, waiting at most `wait`; `None` on timeout or when
+    /// the output ended.
+    pub fn next_line(&mut self, wait: Duration) -> Option<(Option<usize>, String)> {
+        let line = self.lines.recv_timeout(wait).ok()?;
+        self.seen.push(line.clone());
+        Some(match parse_tagged(&line) {
+            Some((rank, text)) => (Some(rank), text.to_owned()),
+            None => (None, line),
+        })
+    }
+
+    /// Whether `mpirun` is still running.
+    pub fn is_running(&mut self) -> bool {
+        Instant::now() < self.deadline && matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Time since the job started.
+    pub fn elapsed(&self) -> Duration {
+        self.start.elapsed()
+    }
+
+    /// Waits for the end (or the job's timeout) and returns everything it printed.
+    pub fn finish(mut self) -> Result<JobOutput> {
+        let remaining = self.deadline.saturating_duration_since(Instant::now());
+        let (status, timed_out) = wait_with_timeout(&mut self.child, remaining)?;
+        if let Some(reader) = self.out_reader.take() {
+            reader.join().expect("stdout reader panicked");
+        }
+        self.seen.extend(self.lines.try_iter());
+        let stderr =
+            self.err_reader.take().map(|r| r.join().unwrap_or_default()).unwrap_or_default();
+        remove_new_shm_segments(&self.shm_before);
+        let stdout = self.seen.join("\n");
+        Ok(JobOutput::parse(&stdout, stderr, status, timed_out, self.start.elapsed()))
+    }
+}
+
+fn forward_lines(stdout: impl Read, sender: &std::sync::mpsc::Sender<String>) {
+    use std::io::BufRead;
+    let mut reader = std::io::BufReader::new(stdout);
+    let mut buf = Vec::new();
+    while matches!(reader.read_until(b'\n', &mut buf), Ok(n) if n > 0) {
+        let line = String::from_utf8_lossy(&buf).replace('\0', "");
+        if sender.send(line.trim_end_matches(['\n', '\r']).to_owned()).is_err() {
+            return;
+        }
+        buf.clear();
     }
 }
 

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
-use ftkv_cli::{env, launch, probe};
+use ftkv_cli::{chaos, env, launch, probe};
 
 #[derive(Parser)]
 #[command(
@@ -42,6 +42,28 @@ enum Command {
         #[arg(long, default_value_t = 1000)]
         count: usize,
     },
+    /// Randomized SIGKILL campaign against the store, checked against the write history.
+    Chaos {
+        #[arg(long, default_value_t = 10)]
+        runs: usize,
+        #[arg(long, default_value_t = 6)]
+        ranks: usize,
+        #[arg(long, default_value_t = 2)]
+        copies: usize,
+        #[arg(long, default_value_t = 1)]
+        kills: usize,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Seconds each run writes before the survivors check.
+        #[arg(long, default_value_t = 2.0)]
+        duration: f64,
+        /// Write the summary as JSON.
+        #[arg(long, value_name = "FILE")]
+        json: Option<PathBuf>,
+    },
+    /// One chaos run on the ranks of an mpirun job (used by `ftkv chaos`).
+    #[command(hide = true)]
+    ChaosRank { copies: usize, millis: u64, seed: u64 },
     /// One probe case on the ranks of an mpirun job (used by `ftkv probe`).
     #[command(hide = true)]
     ProbeCase {
@@ -91,11 +113,39 @@ fn run(command: Command) -> Result<()> {
             launch_under_mpirun(ranks)?;
             ftkv_cli::ping::rank_main(count)
         }
+        Command::Chaos { runs, ranks, copies, kills, seed, duration, json } => {
+            anyhow::ensure!(duration > 0.0, "--duration must be positive");
+            let duration = Duration::from_secs_f64(duration);
+            let campaign = chaos::Campaign { runs, ranks, copies, kills, seed, duration };
+            run_chaos(&campaign, json)
+        }
+        Command::ChaosRank { copies, millis, seed } => {
+            chaos::rank_main(copies, Duration::from_millis(millis), seed)
+        }
         Command::ProbeCase { window, call, failure, hang_after } => {
             let failure = probe::Knowledge::parse(&failure)?;
             probe::rank_main(&window, &call, failure, Duration::from_secs_f64(hang_after))
         }
     }
+}
+
+fn run_chaos(campaign: &chaos::Campaign, json: Option<PathBuf>) -> Result<()> {
+    let exe = std::env::current_exe().context("locating the ftkv binary")?;
+    let summary = chaos::run(&exe, campaign)?;
+    let text = serde_json::to_string(&summary)?;
+    println!("{text}");
+    if let Some(path) = json {
+        std::fs::write(&path, text + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    let clean = summary.lost_writes == 0 && summary.torn_reads == 0 && summary.hangs == 0;
+    anyhow::ensure!(
+        clean && summary.failed_runs == 0,
+        "{} of {} runs failed",
+        summary.failed_runs,
+        summary.runs
+    );
+    Ok(())
 }
 
 fn run_probe(json: Option<PathBuf>, hang_after: f64, filters: &[String]) -> Result<()> {

@@ -48,7 +48,11 @@ fn assert_survivors_read(
         assert_eq!(got.len(), ranks, "rank {rank} read every key:\n{}", out.transcript());
         for (owner, round) in got {
             let ok = allowed(owner);
-            assert!(ok.contains(&round.as_str()), "rank {rank} owner {owner} round {round}, want {ok:?}\n{}", out.transcript());
+            assert!(
+                ok.contains(&round.as_str()),
+                "rank {rank} owner {owner} round {round}, want {ok:?}\n{}",
+                out.transcript()
+            );
         }
         assert_eq!(out.rank_value(rank, "done"), Some("yes"), "rank {rank}:\n{}", out.transcript());
     }
@@ -59,7 +63,12 @@ fn assert_survivors_read(
 
 fn assert_recovered(out: &JobOutput, ranks: usize, dead: &[usize], failed: &str) {
     for rank in (0..ranks).filter(|r| !dead.contains(r)) {
-        assert_eq!(out.rank_value(rank, "failed"), Some(failed), "rank {rank}:\n{}", out.transcript());
+        assert_eq!(
+            out.rank_value(rank, "failed"),
+            Some(failed),
+            "rank {rank}:\n{}",
+            out.transcript()
+        );
         assert_eq!(out.rank_value(rank, "lost"), Some("0"), "rank {rank}:\n{}", out.transcript());
     }
 }
@@ -70,7 +79,8 @@ fn put_get_delete_round_trip_on_2_to_8_ranks() {
         let out = run(job("store-rounds", ranks));
         assert_survivors_read(&out, ranks, &[], |_| vec!["5"]);
         for rank in 0..ranks {
-            let deleted = out.rank_lines(rank).iter().filter(|l| l.contains("loot=deleted")).count();
+            let deleted =
+                out.rank_lines(rank).iter().filter(|l| l.contains("loot=deleted")).count();
             assert_eq!(deleted, ranks, "rank {rank} sees every loot deleted");
         }
     }
@@ -80,7 +90,12 @@ fn put_get_delete_round_trip_on_2_to_8_ranks() {
 fn bad_input_is_rejected_and_harms_nobody() {
     let out = run(job("store-bad-input", 4));
     for rank in 0..4 {
-        assert_eq!(out.rank_value(rank, "bad_input"), Some("ok"), "rank {rank}:\n{}", out.transcript());
+        assert_eq!(
+            out.rank_value(rank, "bad_input"),
+            Some("ok"),
+            "rank {rank}:\n{}",
+            out.transcript()
+        );
     }
 }
 
@@ -88,12 +103,22 @@ fn bad_input_is_rejected_and_harms_nobody() {
 fn mismatched_or_invalid_configs_fail_on_every_rank() {
     let out = run(job("store-mismatch", 4).env("STORE_ODD_RANK", "2").env("STORE_ODD_COPIES", "1"));
     for rank in 0..4 {
-        assert_eq!(out.rank_value(rank, "rejected"), Some("mismatch"), "rank {rank}:\n{}", out.transcript());
+        assert_eq!(
+            out.rank_value(rank, "rejected"),
+            Some("mismatch"),
+            "rank {rank}:\n{}",
+            out.transcript()
+        );
     }
     let out = run(job("store-mismatch", 4).env("STORE_ODD_RANK", "1").env("STORE_ODD_COPIES", "0"));
     assert_eq!(out.rank_value(1, "rejected"), Some("invalid"), "{}", out.transcript());
     for rank in [0, 2, 3] {
-        assert_eq!(out.rank_value(rank, "rejected"), Some("mismatch"), "rank {rank}:\n{}", out.transcript());
+        assert_eq!(
+            out.rank_value(rank, "rejected"),
+            Some("mismatch"),
+            "rank {rank}:\n{}",
+            out.transcript()
+        );
     }
 }
 
@@ -118,21 +143,39 @@ fn killed_holder_loses_nothing() {
 fn writer_killed_between_copies_leaves_old_or_new_never_torn() {
     let out = run(job("store-rounds", 4).env("FTKV_FAILPOINT", "put_between_copies@3#13"));
     assert_recovered(&out, 4, &[3], "3");
-    assert_survivors_read(&out, 4, &[3], |owner| if owner == 3 { vec!["2", "3"] } else { vec!["5"] });
+    assert_survivors_read(
+        &out,
+        4,
+        &[3],
+        |owner| if owner == 3 { vec!["2", "3"] } else { vec!["5"] },
+    );
 }
 
 #[test]
 fn writer_killed_between_data_and_header_leaves_old_or_new_never_torn() {
     let out = run(job("store-rounds", 4).env("FTKV_FAILPOINT", "put_before_header@1#13"));
     assert_recovered(&out, 4, &[1], "1");
-    assert_survivors_read(&out, 4, &[1], |owner| if owner == 1 { vec!["2", "3"] } else { vec!["5"] });
+    assert_survivors_read(
+        &out,
+        4,
+        &[1],
+        |owner| if owner == 1 { vec!["2", "3"] } else { vec!["5"] },
+    );
 }
 
 #[test]
 fn two_simultaneous_kills_with_three_copies_lose_nothing() {
-    let out = run(job("store-rounds", 6).env("STORE_COPIES", "3").env("FTKV_FAILPOINT", "store_round@1,4#3"));
+    let out = run(job("store-rounds", 6)
+        .env("STORE_COPIES", "3")
+        .env("FTKV_FAILPOINT", "store_round@1,4#3"));
     assert_recovered(&out, 6, &[1, 4], "1,4");
-    assert_survivors_read(&out, 6, &[1, 4], |owner| if [1, 4].contains(&owner) { vec!["3"] } else { vec!["5"] });
+    assert_survivors_read(&out, 6, &[1, 4], |owner| {
+        if [1, 4].contains(&owner) {
+            vec!["3"]
+        } else {
+            vec!["5"]
+        }
+    });
 }
 
 #[test]
@@ -144,7 +187,13 @@ fn a_rank_killed_during_recovery_restarts_it() {
         assert!(attempts >= 2, "rank {rank} restarted recovery:\n{}", out.transcript());
         assert_eq!(out.rank_value(rank, "lost"), Some("0"));
     }
-    assert_survivors_read(&out, 5, &[1, 3], |owner| if [1, 3].contains(&owner) { vec!["3"] } else { vec!["5"] });
+    assert_survivors_read(&out, 5, &[1, 3], |owner| {
+        if [1, 3].contains(&owner) {
+            vec!["3"]
+        } else {
+            vec!["5"]
+        }
+    });
 }
 
 #[test]

@@ -74,7 +74,10 @@ impl Config {
             return invalid(format!("needs 1..=65535 kinds, got {}", self.kinds.len()));
         }
         if self.copies == 0 || self.copies >= ranks.max(1) {
-            return invalid(format!("copies must be in 1..{ranks} (never on the owner), got {}", self.copies));
+            return invalid(format!(
+                "copies must be in 1..{ranks} (never on the owner), got {}",
+                self.copies
+            ));
         }
         if self.initial_capacity > self.max_value {
             return invalid(format!(

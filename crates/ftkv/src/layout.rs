@@ -71,7 +71,8 @@ impl Layout {
 
     /// Every key of the store.
     pub fn keys(&self) -> impl Iterator<Item = Key> + '_ {
-        (0..self.workers as i32).flat_map(move |o| (0..self.kinds as u16).map(move |k| Key::new(o, k)))
+        (0..self.workers as i32)
+            .flat_map(move |o| (0..self.kinds as u16).map(move |k| Key::new(o, k)))
     }
 }
 
@@ -83,7 +84,8 @@ mod tests {
     fn offsets_are_dense_per_holder_and_agree_between_ranks() {
         let g = SlotGeometry::new(1000);
         let live = [0, 1, 2, 3];
-        let layouts: Vec<Layout> = live.iter().map(|&me| Layout::compute(&live, 4, 2, 2, g, me)).collect();
+        let layouts: Vec<Layout> =
+            live.iter().map(|&me| Layout::compute(&live, 4, 2, 2, g, me)).collect();
         for layout in &layouts {
             assert_eq!(layout.local.len(), 4, "4 keys × 2 copies / 4 ranks");
             assert_eq!(layout.window_len, 4 * g.slot_len());

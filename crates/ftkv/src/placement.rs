@@ -40,7 +40,11 @@ mod tests {
             (5, 0, vec![5], 2, vec![]),
         ];
         for (owner, kind, live, copies, want) in table {
-            assert_eq!(holders(owner, kind, &live, copies), want, "{owner} {kind} {live:?} {copies}");
+            assert_eq!(
+                holders(owner, kind, &live, copies),
+                want,
+                "{owner} {kind} {live:?} {copies}"
+            );
         }
     }
 

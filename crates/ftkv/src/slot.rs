@@ -42,7 +42,13 @@ pub struct Header {
 impl Header {
     /// The header of `value` at `version`.
     pub fn for_value(value: &[u8], version: u64, epoch: u64) -> Header {
-        Header { state: State::Value, version, len: value.len() as u64, epoch, data_hash: xxh3_64(value) }
+        Header {
+            state: State::Value,
+            version,
+            len: value.len() as u64,
+            epoch,
+            data_hash: xxh3_64(value),
+        }
     }
 
     /// The header of a deletion at `version`.
@@ -82,7 +88,13 @@ impl Header {
             _ => return None,
         };
         let version = word(8);
-        (version > 0).then_some(Header { state, version, len: word(16), epoch: word(24), data_hash: word(32) })
+        (version > 0).then_some(Header {
+            state,
+            version,
+            len: word(16),
+            epoch: word(24),
+            data_hash: word(32),
+        })
     }
 
     /// Whether `data` is the complete value this header commits.

@@ -72,7 +72,8 @@ impl Store {
         let geometry = SlotGeometry::new(config.max_value);
         let live: Vec<i32> = (0..comm.size()).collect();
         let me = comm.rank();
-        let layout = Layout::compute(&live, workers, config.kinds.len(), config.copies, geometry, me);
+        let layout =
+            Layout::compute(&live, workers, config.kinds.len(), config.copies, geometry, me);
         let store_comm = Arc::new(comm.dup()?);
         let window = open_window(&store_comm, &layout, geometry)?;
         let mut store = Store {
@@ -348,7 +349,10 @@ impl Store {
                 retained.window.unlock_all()?.free()?;
                 return self.finish_recovery(recovered, attempt, started);
             }
-            eprintln!("ftkv: worker {}: recovery attempt {attempt} met a failure, retrying", self.me);
+            eprintln!(
+                "ftkv: worker {}: recovery attempt {attempt} met a failure, retrying",
+                self.me
+            );
         }
         self.window = Some(retained.window);
         Err(Error::RecoveryNeeded { failed: self.newly_failed() })
@@ -531,14 +535,19 @@ fn scan_local(retained: &Retained, geometry: SlotGeometry) -> Result<HashMap<Key
     retained.window.sync()?;
     let mut found = HashMap::new();
     for &(key, disp) in &retained.layout.local {
-        if let Some(committed) = read_local_slot(retained.window.window(), disp as usize, geometry)? {
+        if let Some(committed) = read_local_slot(retained.window.window(), disp as usize, geometry)?
+        {
             found.insert(key, committed);
         }
     }
     Ok(found)
 }
 
-fn read_local_slot(window: &Window, disp: usize, geometry: SlotGeometry) -> Result<Option<Committed>> {
+fn read_local_slot(
+    window: &Window,
+    disp: usize,
+    geometry: SlotGeometry,
+) -> Result<Option<Committed>> {
     let mut halves = Vec::with_capacity(2);
     for half in [0, geometry.half_len] {
         let mut header = vec![0u8; HEADER_LEN];

@@ -8,33 +8,11 @@
 
 use anyhow::{bail, ensure, Result};
 use ftkv::{Config, Error, Key, Store};
+use ftkv_cli::values::{check_value, value};
 use ftkv_mpi::{failpoint, Comm};
 
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
-/// A value that names its owner and round and can be checked for completeness.
-pub fn value(owner: i32, round: u32, len: usize) -> Vec<u8> {
-    let len = len.max(12);
-    let mut v = Vec::with_capacity(len);
-    v.extend_from_slice(&(owner as u32).to_le_bytes());
-    v.extend_from_slice(&round.to_le_bytes());
-    v.extend_from_slice(&(len as u32).to_le_bytes());
-    v.extend((12..len).map(|i| pattern(owner, round, i)));
-    v
-}
-
-fn pattern(owner: i32, round: u32, i: usize) -> u8 {
-    (owner as usize * 31 + round as usize * 7 + i * 13) as u8
-}
-
-/// `(owner, round)` of a complete value, `None` if it is torn or foreign.
-pub fn check_value(v: &[u8]) -> Option<(i32, u32)> {
-    let word = |at: usize| Some(u32::from_le_bytes(v.get(at..at + 4)?.try_into().ok()?));
-    let (owner, round, len) = (word(0)? as i32, word(4)?, word(8)? as usize);
-    let intact = v.len() == len && v[12..].iter().enumerate().all(|(i, &b)| b == pattern(owner, round, i + 12));
-    intact.then_some((owner, round))
 }
 
 fn round_len(round: u32) -> usize {
@@ -46,7 +24,8 @@ fn round_len(round: u32) -> usize {
 }
 
 fn config(ranks: usize) -> Config {
-    let mut config = Config::new(["checkpoint", "loot"], env_usize("STORE_COPIES", 2).min(ranks - 1));
+    let mut config =
+        Config::new(["checkpoint", "loot"], env_usize("STORE_COPIES", 2).min(ranks - 1));
     config.initial_capacity = 1024;
     config.max_value = 4 << 20;
     config
@@ -128,13 +107,20 @@ fn report_all(store: &mut Store, workers: i32) -> Result<()> {
             },
         };
         let loot = store.get(Key::new(owner, 1))?;
-        println!("final owner={owner} round={round} loot={}", if loot.is_some() { "present" } else { "deleted" });
+        println!(
+            "final owner={owner} round={round} loot={}",
+            if loot.is_some() { "present" } else { "deleted" }
+        );
     }
     println!("live={:?}", store.live());
     Ok(())
 }
 
-fn expect_err(result: ftkv::Result<()>, what: &str, matches: impl Fn(&Error) -> bool) -> Result<()> {
+fn expect_err(
+    result: ftkv::Result<()>,
+    what: &str,
+    matches: impl Fn(&Error) -> bool,
+) -> Result<()> {
     match result {
         Err(e) if matches(&e) => Ok(()),
         other => bail!("{what}: expected a rejection, got {other:?}"),
@@ -145,12 +131,22 @@ fn bad_input(world: &Comm) -> Result<()> {
     let mut store = Store::create(world, config(world.size() as usize))?;
     let me = store.worker();
     let next = (me + 1) % world.size();
-    expect_err(store.own_key("nonsense").map(drop), "unknown kind", |e| matches!(e, Error::UnknownKind(_)))?;
-    expect_err(store.put(Key::new(me, 9), b"x"), "kind index", |e| matches!(e, Error::UnknownKindIndex(9)))?;
-    expect_err(store.put(Key::new(next, 0), b"x"), "foreign", |e| matches!(e, Error::ForeignOwner { .. }))?;
-    expect_err(store.put(Key::new(99, 0), b"x"), "owner", |e| matches!(e, Error::UnknownOwner(99)))?;
+    expect_err(store.own_key("nonsense").map(drop), "unknown kind", |e| {
+        matches!(e, Error::UnknownKind(_))
+    })?;
+    expect_err(store.put(Key::new(me, 9), b"x"), "kind index", |e| {
+        matches!(e, Error::UnknownKindIndex(9))
+    })?;
+    expect_err(store.put(Key::new(next, 0), b"x"), "foreign", |e| {
+        matches!(e, Error::ForeignOwner { .. })
+    })?;
+    expect_err(store.put(Key::new(99, 0), b"x"), "owner", |e| {
+        matches!(e, Error::UnknownOwner(99))
+    })?;
     let huge = vec![0u8; (4 << 20) + 1];
-    expect_err(store.put(Key::new(me, 0), &huge), "too large", |e| matches!(e, Error::ValueTooLarge { .. }))?;
+    expect_err(store.put(Key::new(me, 0), &huge), "too large", |e| {
+        matches!(e, Error::ValueTooLarge { .. })
+    })?;
     store.put(Key::new(me, 0), &value(me, 1, 100))?;
     store.sync()?;
     let theirs = store.get(Key::new(next, 0))?.map(|v| check_value(&v));
@@ -168,7 +164,10 @@ fn mismatch(world: &Comm) -> Result<()> {
     match Store::create(world, config) {
         Ok(_) => bail!("a store was created from mismatched configs"),
         Err(e @ (Error::ConfigMismatch { .. } | Error::InvalidConfig(_))) => {
-            println!("rejected={}", if matches!(e, Error::InvalidConfig(_)) { "invalid" } else { "mismatch" });
+            println!(
+                "rejected={}",
+                if matches!(e, Error::InvalidConfig(_)) { "invalid" } else { "mismatch" }
+            );
             Ok(())
         }
         Err(e) => bail!("unexpected error {e}"),

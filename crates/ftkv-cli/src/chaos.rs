@@ -1,0 +1,414 @@
+//! `ftkv chaos`: randomized SIGKILL campaigns under real `mpirun --with-ft ulfm`, checked
+//! against the history of acknowledged writes.
+//!
+//! Every rank loops put/delete on its own keys with self-describing values (`values`), printing
+//! `try <kind> <seq> <put|del>` before and `ack <kind> <seq>` after each acknowledged write. The
+//! driver SIGKILLs ranks from outside at random moments (every second kill as soon as a
+//! survivor reports that it is recovering), then reads every survivor's `final <owner> <kind>
+//! <seq|absent|torn>` lines and judges each key: the value must be the last acknowledged write
+//! or one tried after it (in flight at a death), never older, never torn.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Result};
+use ftkv::{Config, Key, Store};
+use ftkv_mpi::Mpi;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+
+use crate::launch::{kill_pid, Launch, RunningJob};
+use crate::values::{check_value, value};
+
+/// Campaign parameters.
+#[derive(Debug, Clone)]
+pub struct Campaign {
+    pub runs: usize,
+    pub ranks: usize,
+    pub copies: usize,
+    pub kills: usize,
+    pub seed: u64,
+    pub duration: Duration,
+}
+
+/// The campaign's summary (the JSON `ftkv chaos --json` writes).
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+pub struct Summary {
+    pub runs: usize,
+    pub kills: usize,
+    pub acked_writes: u64,
+    pub lost_writes: u64,
+    pub torn_reads: u64,
+    pub hangs: usize,
+    pub failed_runs: usize,
+}
+
+impl Campaign {
+    pub fn validate(&self) -> Result<()> {
+        ensure!(self.ranks >= 2, "--ranks must be at least 2");
+        ensure!(self.copies >= 1 && self.copies < self.ranks, "--copies must be in 1..ranks");
+        ensure!(self.kills + 1 < self.ranks, "--kills must leave at least 2 survivors");
+        ensure!(self.runs >= 1, "--runs must be at least 1");
+        Ok(())
+    }
+}
+
+/// Runs the campaign, one `mpirun` job per run, printing a progress line per run.
+pub fn run(exe: &std::path::Path, campaign: &Campaign) -> Result<Summary> {
+    campaign.validate()?;
+    let mut summary = Summary::default();
+    for run in 0..campaign.runs {
+        let seed = campaign.seed.wrapping_add(run as u64);
+        let result = run_once(exe, campaign, seed)?;
+        summary.runs += 1;
+        summary.kills += result.kills;
+        summary.acked_writes += result.verdict.acked;
+        summary.lost_writes += result.verdict.lost;
+        summary.torn_reads += result.verdict.torn;
+        summary.hangs += result.hung as usize;
+        let failed =
+            result.hung || result.verdict.lost + result.verdict.torn > 0 || result.incomplete;
+        summary.failed_runs += failed as usize;
+        eprintln!(
+            "[chaos {:>3}/{}] seed={seed} kills={} acked={} lost={} torn={} {}{}",
+            run + 1,
+            campaign.runs,
+            result.kills,
+            result.verdict.acked,
+            result.verdict.lost,
+            result.verdict.torn,
+            if result.hung { "HANG " } else { "" },
+            if result.incomplete { "INCOMPLETE" } else { "ok" },
+        );
+        if failed {
+            eprintln!("{}", result.transcript_tail);
+        }
+    }
+    Ok(summary)
+}
+
+struct RunResult {
+    kills: usize,
+    verdict: Verdict,
+    hung: bool,
+    incomplete: bool,
+    transcript_tail: String,
+}
+
+fn run_once(exe: &std::path::Path, campaign: &Campaign, seed: u64) -> Result<RunResult> {
+    let millis = campaign.duration.as_millis().to_string();
+    let args = ["chaos-rank", &campaign.copies.to_string(), &millis, &seed.to_string()];
+    let launch = Launch::new(exe, campaign.ranks)
+        .args(args)
+        .timeout(campaign.duration + Duration::from_secs(40));
+    let mut job = launch.spawn()?;
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut killer = Killer::plan(&mut rng, campaign);
+    while let Some(line) = job.next_line(Duration::from_millis(2)).or_else(|| idle(&mut job)) {
+        killer.observe(&line);
+        killer.maybe_kill(&job, &mut rng)?;
+    }
+    let out = job.finish()?;
+    let histories = parse_histories(&out, campaign.ranks);
+    let survivors: Vec<usize> =
+        (0..campaign.ranks).filter(|r| !killer.killed.contains(r)).collect();
+    let incomplete = survivors.iter().any(|&r| out.rank_value(r, "done") != Some("yes"));
+    let verdict = judge_all(&histories, &survivors, campaign.ranks);
+    let transcript = out.transcript();
+    let tail_start = transcript.len().saturating_sub(3000);
+    Ok(RunResult {
+        kills: killer.killed.len(),
+        verdict,
+        hung: out.timed_out,
+        incomplete,
+        transcript_tail: transcript[transcript.floor_char_boundary(tail_start)..].to_owned(),
+    })
+}
+
+/// A pseudo-line that keeps the loop going while the job is silent but still running.
+fn idle(job: &mut RunningJob) -> Option<(Option<usize>, String)> {
+    job.is_running().then(|| (None, String::new()))
+}
+
+/// When and whom to kill.
+struct Killer {
+    pids: HashMap<usize, u32>,
+    killed: Vec<usize>,
+    /// Per planned kill: a time after start, or `None` for "as soon as a survivor recovers".
+    plan: Vec<Option<Duration>>,
+    recovering_seen: bool,
+}
+
+impl Killer {
+    fn plan(rng: &mut SmallRng, campaign: &Campaign) -> Killer {
+        let d = campaign.duration.as_secs_f64();
+        let plan = (0..campaign.kills)
+            .map(|i| (i % 2 == 0).then(|| Duration::from_secs_f64(rng.gen_range(0.2 * d..0.8 * d))))
+            .collect();
+        Killer { pids: HashMap::new(), killed: Vec::new(), plan, recovering_seen: false }
+    }
+
+    fn observe(&mut self, (rank, text): &(Option<usize>, String)) {
+        let Some(rank) = rank else { return };
+        if let Some(pid) = text.strip_prefix("pid=").and_then(|p| p.trim().parse().ok()) {
+            self.pids.insert(*rank, pid);
+        }
+        if text.starts_with("recovering") && !self.killed.is_empty() {
+            self.recovering_seen = true;
+        }
+    }
+
+    fn maybe_kill(&mut self, job: &RunningJob, rng: &mut SmallRng) -> Result<()> {
+        let Some(next) = self.plan.get(self.killed.len()).copied() else { return Ok(()) };
+        let due = match next {
+            Some(at) => job.elapsed() >= at,
+            None => self.recovering_seen,
+        };
+        if !due || self.pids.len() < self.plan.len() + 2 {
+            return Ok(());
+        }
+        let alive: Vec<usize> =
+            self.pids.keys().copied().filter(|r| !self.killed.contains(r)).collect();
+        let victim = alive[rng.gen_range(0..alive.len())];
+        kill_pid(self.pids[&victim])?;
+        self.killed.push(victim);
+        self.recovering_seen = false;
+        Ok(())
+    }
+}
+
+/// One write a worker tried: kind, sequence number, whether it deletes, whether it was acked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Op {
+    pub seq: u32,
+    pub delete: bool,
+    pub acked: bool,
+}
+
+/// What a survivor read for a key at the end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Observed {
+    Seq(u32),
+    Absent,
+    Torn,
+}
+
+/// Writers' histories per key and every survivor's final reads.
+#[derive(Debug, Default)]
+pub struct Histories {
+    pub ops: BTreeMap<(i32, u16), Vec<Op>>,
+    pub finals: HashMap<usize, HashMap<(i32, u16), Observed>>,
+}
+
+fn parse_histories(out: &crate::launch::JobOutput, ranks: usize) -> Histories {
+    let mut h = Histories::default();
+    for rank in 0..ranks {
+        for line in out.rank_lines(rank) {
+            parse_line(&mut h, rank, line);
+        }
+    }
+    h
+}
+
+/// Applies one output line of `rank` to the histories.
+pub fn parse_line(h: &mut Histories, rank: usize, line: &str) {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let num = |i: usize| words.get(i).and_then(|w| w.parse::<u32>().ok());
+    match words.first().copied() {
+        Some("try") => {
+            let (Some(kind), Some(seq)) = (num(1), num(2)) else { return };
+            let op = Op { seq, delete: words.get(3) == Some(&"del"), acked: false };
+            h.ops.entry((rank as i32, kind as u16)).or_default().push(op);
+        }
+        Some("ack") => {
+            let (Some(kind), Some(seq)) = (num(1), num(2)) else { return };
+            let ops = h.ops.entry((rank as i32, kind as u16)).or_default();
+            if let Some(op) = ops.iter_mut().rev().find(|o| o.seq == seq) {
+                op.acked = true;
+            }
+        }
+        Some("final") => {
+            let (Some(owner), Some(kind)) = (num(1), num(2)) else { return };
+            let observed = match words.get(3).copied() {
+                Some("absent") => Observed::Absent,
+                Some(s) => s.parse().map_or(Observed::Torn, Observed::Seq),
+                None => Observed::Torn,
+            };
+            h.finals.entry(rank).or_default().insert((owner as i32, kind as u16), observed);
+        }
+        _ => {}
+    }
+}
+
+/// Counts over one run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Verdict {
+    pub acked: u64,
+    pub lost: u64,
+    pub torn: u64,
+}
+
+/// Whether `observed` is allowed by the key's history: the last acknowledged write or any write
+/// tried after it; with nothing acknowledged, also the key's absence.
+pub fn allowed(ops: &[Op], observed: Observed) -> bool {
+    let last_acked = ops.iter().rposition(|o| o.acked);
+    let candidates = &ops[last_acked.unwrap_or(0)..];
+    match observed {
+        Observed::Torn => false,
+        Observed::Seq(seq) => candidates.iter().any(|o| o.seq == seq && !o.delete),
+        Observed::Absent => last_acked.is_none() || candidates.iter().any(|o| o.delete),
+    }
+}
+
+/// Judges every survivor's reads of every key.
+pub fn judge_all(h: &Histories, survivors: &[usize], ranks: usize) -> Verdict {
+    let acked = h.ops.values().flatten().filter(|o| o.acked).count() as u64;
+    let mut verdict = Verdict { acked, ..Verdict::default() };
+    let empty = HashMap::new();
+    for rank in survivors {
+        let finals = h.finals.get(rank).unwrap_or(&empty);
+        for owner in 0..ranks as i32 {
+            for kind in 0..2u16 {
+                let ops = h.ops.get(&(owner, kind)).map_or(&[][..], Vec::as_slice);
+                match finals.get(&(owner, kind)) {
+                    None => {}
+                    Some(Observed::Torn) => verdict.torn += 1,
+                    Some(&o) if !allowed(ops, o) => verdict.lost += 1,
+                    Some(_) => {}
+                }
+            }
+        }
+    }
+    verdict
+}
+
+/// The rank side of one chaos run.
+pub fn rank_main(copies: usize, duration: Duration, seed: u64) -> Result<()> {
+    let mpi = Mpi::init()?;
+    let world = mpi.world();
+    println!("pid={}", std::process::id());
+    let mut config = Config::new(["checkpoint", "loot"], copies);
+    config.initial_capacity = 4096;
+    config.max_value = 64 << 10;
+    let mut store = Store::create(&world, config)?;
+    let mut rng = SmallRng::seed_from_u64(seed ^ (store.worker() as u64) << 32);
+    write_loop(&mut store, &mut rng, duration)?;
+    finish(&mut store)?;
+    report_finals(&mut store, world.size())?;
+    println!("done=yes");
+    drop(store);
+    drop(world);
+    mpi.finalize_bounded(Duration::from_secs(3))?;
+    Ok(())
+}
+
+fn write_loop(store: &mut Store, rng: &mut SmallRng, duration: Duration) -> Result<()> {
+    let me = store.worker();
+    let start = Instant::now();
+    let mut seq = 0u32;
+    while start.elapsed() < duration {
+        seq += 1;
+        let (kind, delete) = match seq % 10 {
+            0 => (1u16, false),
+            5 => (1, true),
+            _ => (0, false),
+        };
+        println!("try {kind} {seq} {}", if delete { "del" } else { "put" });
+        let key = Key::new(me, kind);
+        let result = if delete {
+            store.delete(key)
+        } else {
+            store.put(key, &value(me, seq, rng.gen_range(16..8192)))
+        };
+        match result {
+            Ok(()) => println!("ack {kind} {seq}"),
+            Err(e) if e.needs_recovery() => recover(store)?,
+            Err(e) => bail!("store call failed: {e}"),
+        }
+        std::thread::sleep(Duration::from_micros(300));
+    }
+    Ok(())
+}
+
+fn recover(store: &mut Store) -> Result<()> {
+    println!("recovering");
+    let report = store.recover()?;
+    println!(
+        "recovered attempts={} ms={:.1}",
+        report.attempts,
+        report.duration.as_secs_f64() * 1e3
+    );
+    Ok(())
+}
+
+fn finish(store: &mut Store) -> Result<()> {
+    loop {
+        match store.sync() {
+            Ok(()) => return Ok(()),
+            Err(e) if e.needs_recovery() => recover(store)?,
+            Err(e) => bail!("sync failed: {e}"),
+        }
+    }
+}
+
+fn report_finals(store: &mut Store, workers: i32) -> Result<()> {
+    for owner in 0..workers {
+        for kind in 0..2u16 {
+            let read = match store.get(Key::new(owner, kind))? {
+                None => "absent".to_string(),
+                Some(v) => match check_value(&v) {
+                    Some((o, seq)) if o == owner => seq.to_string(),
+                    _ => "torn".to_string(),
+                },
+            };
+            println!("final {owner} {kind} {read}");
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn op(seq: u32, delete: bool, acked: bool) -> Op {
+        Op { seq, delete, acked }
+    }
+
+    #[test]
+    fn history_judgement_table() {
+        let acked_then_inflight = [op(1, false, true), op(2, false, true), op(3, false, false)];
+        let deleted = [op(1, false, true), op(2, true, true)];
+        let never_acked = [op(1, false, false)];
+        let table: Vec<(&[Op], Observed, bool)> = vec![
+            (&acked_then_inflight, Observed::Seq(2), true),
+            (&acked_then_inflight, Observed::Seq(3), true),
+            (&acked_then_inflight, Observed::Seq(1), false),
+            (&acked_then_inflight, Observed::Absent, false),
+            (&acked_then_inflight, Observed::Torn, false),
+            (&deleted, Observed::Absent, true),
+            (&deleted, Observed::Seq(1), false),
+            (&never_acked, Observed::Absent, true),
+            (&never_acked, Observed::Seq(1), true),
+            (&[], Observed::Absent, true),
+            (&[], Observed::Seq(4), false),
+        ];
+        for (ops, observed, want) in table {
+            assert_eq!(allowed(ops, observed), want, "{ops:?} {observed:?}");
+        }
+    }
+
+    #[test]
+    fn lines_build_histories_and_verdicts() {
+        let mut h = Histories::default();
+        for line in ["try 0 1 put", "ack 0 1", "try 0 2 put", "try 1 3 put", "ack 1 3"] {
+            parse_line(&mut h, 1, line);
+        }
+        for line in ["final 1 0 2", "final 1 1 absent"] {
+            parse_line(&mut h, 0, line);
+        }
+        let v = judge_all(&h, &[0], 2);
+        assert_eq!(v, Verdict { acked: 2, lost: 1, torn: 0 });
+    }
+}

@@ -61,6 +61,10 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         json: Option<PathBuf>,
     },
+    /// Benchmarks (`put`: ftkv's put path in each detection mode against raw MPI RMA;
+    /// `detect`: time from a SIGKILL to the detector's alarm).
+    #[command(subcommand)]
+    Bench(BenchCommand),
     /// One chaos run on the ranks of an mpirun job (used by `ftkv chaos`).
     #[command(hide = true)]
     ChaosRank { copies: usize, millis: u64, seed: u64 },
@@ -72,6 +76,27 @@ enum Command {
         failure: String,
         #[arg(long, default_value_t = 5.0)]
         hang_after: f64,
+    },
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// Put latency: raw MPI RMA vs ftkv (bitmap detection) vs ftkv (ping before every put).
+    Put {
+        #[arg(short = 'n', long = "ranks", default_value_t = DEFAULT_RANKS)]
+        ranks: usize,
+        #[arg(long, default_value_t = 3)]
+        copies: usize,
+        /// Value sizes in bytes.
+        #[arg(long, value_delimiter = ',', default_values_t = [1024usize, 1 << 20])]
+        sizes: Vec<usize>,
+        #[arg(long, default_value_t = 2000)]
+        iterations: usize,
+    },
+    /// Milliseconds from a SIGKILL to the first survivor's alarm.
+    Detect {
+        #[arg(short = 'n', long = "ranks", default_value_t = DEFAULT_RANKS)]
+        ranks: usize,
     },
 }
 
@@ -118,6 +143,14 @@ fn run(command: Command) -> Result<()> {
             let duration = Duration::from_secs_f64(duration);
             let campaign = chaos::Campaign { runs, ranks, copies, kills, seed, duration };
             run_chaos(&campaign, json)
+        }
+        Command::Bench(BenchCommand::Put { ranks, copies, sizes, iterations }) => {
+            launch_under_mpirun(ranks)?;
+            ftkv_cli::bench::put_rank_main(copies, &sizes, iterations)
+        }
+        Command::Bench(BenchCommand::Detect { ranks }) => {
+            launch_under_mpirun(ranks)?;
+            ftkv_cli::bench::detect_rank_main()
         }
         Command::ChaosRank { copies, millis, seed } => {
             chaos::rank_main(copies, Duration::from_millis(millis), seed)

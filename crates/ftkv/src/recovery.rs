@@ -8,7 +8,8 @@ use crate::error::Result;
 use crate::key::Key;
 use crate::layout::Layout;
 
-/// A surviving copy: key, version, and the rank (in the shrunk communicator) that holds it.
+/// A surviving copy: key, version, and the rank (in the shrunk communicator) that holds it; or,
+/// with `source` [`OWNER_MARK`], a live owner's statement that it wrote the key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Record {
     pub key: Key,
@@ -17,6 +18,9 @@ pub struct Record {
 }
 
 const RECORD_LEN: usize = 18;
+
+/// `source` of a record that marks a key as written by its live owner (not a copy).
+pub const OWNER_MARK: i32 = -1;
 
 impl Record {
     fn encode(&self) -> [u8; RECORD_LEN] {
@@ -65,12 +69,16 @@ pub struct Plan {
     pub recovered: usize,
     /// Keys without any surviving copy.
     pub lost_candidates: Vec<Key>,
+    /// Keys their live owners say they wrote.
+    pub marked: Vec<Key>,
 }
 
 /// For every key the newest surviving version wins; of the ranks holding it the lowest sends.
 pub fn plan(records: &[Record], layout: &Layout, me: i32) -> Plan {
     let mut best: HashMap<Key, (u64, i32)> = HashMap::new();
-    for r in records {
+    let mut marked: Vec<Key> = records.iter().filter(|r| r.source == OWNER_MARK).map(|r| r.key).collect();
+    marked.sort_unstable();
+    for r in records.iter().filter(|r| r.source != OWNER_MARK) {
         let entry = best.entry(r.key).or_insert((r.version, r.source));
         if (r.version, -r.source) > (entry.0, -entry.1) {
             *entry = (r.version, r.source);
@@ -79,7 +87,7 @@ pub fn plan(records: &[Record], layout: &Layout, me: i32) -> Plan {
     let mut sends: Vec<Key> = best.iter().filter(|(_, (_, s))| *s == me).map(|(k, _)| *k).collect();
     sends.sort_unstable();
     let lost_candidates = layout.keys().filter(|k| !best.contains_key(k)).collect();
-    Plan { sends, recovered: best.len(), lost_candidates }
+    Plan { sends, recovered: best.len(), lost_candidates, marked }
 }
 
 #[cfg(test)]
@@ -97,6 +105,7 @@ mod tests {
             Record { key: k(1), version: 9, source: 2 },
             Record { key: k(1), version: 9, source: 0 },
             Record { key: k(3), version: 1, source: 1 },
+            Record { key: k(2), version: 1, source: OWNER_MARK },
         ];
         let table = [(0, vec![k(1)]), (1, vec![k(3)]), (2, vec![k(0)])];
         for (me, sends) in table {
@@ -104,6 +113,7 @@ mod tests {
             assert_eq!(p.sends, sends, "rank {me}");
             assert_eq!(p.recovered, 3);
             assert_eq!(p.lost_candidates, vec![k(2)]);
+            assert_eq!(p.marked, vec![k(2)]);
         }
     }
 

@@ -446,22 +446,40 @@ impl Store {
 
     fn fill(&self, shrunk: &Comm, retained: &Retained, window: &LockedWindow) -> Result<Recovered> {
         let local = scan_local(retained, self.geometry)?;
-        let records: Vec<Record> = local
+        let mut records: Vec<Record> = local
             .iter()
             .map(|(key, c)| Record { key: *key, version: c.header.version, source: shrunk.rank() })
             .collect();
+        records.extend(self.owner_marks());
         let all = recovery::exchange(shrunk, &records)?;
         let plan = recovery::plan(&all, &self.layout, shrunk.rank());
         failpoint::hit("recovery_mid_copy");
         copy_out(window, &self.layout, &plan.sends, &local, self.geometry)?;
         shrunk.barrier()?;
-        let lost = plan.lost_candidates.into_iter().filter(|k| self.possibly_written(*k)).collect();
+        let lost = plan
+            .lost_candidates
+            .into_iter()
+            .filter(|k| plan.marked.contains(k) || self.all_holders_died(*k, &retained.layout))
+            .collect();
         Ok(Recovered { keys: plan.recovered, lost })
     }
 
-    /// A key without surviving copy counts as lost unless its live owner never wrote it.
-    fn possibly_written(&self, key: Key) -> bool {
-        key.owner != self.me || self.versions[key.kind as usize] > 0
+    /// Records saying which of its own keys this worker wrote.
+    fn owner_marks(&self) -> impl Iterator<Item = Record> + '_ {
+        let written = self.versions.iter().enumerate().filter(|(_, &v)| v > 0);
+        written.map(|(kind, &version)| Record {
+            key: Key::new(self.me, kind as u16),
+            version,
+            source: recovery::OWNER_MARK,
+        })
+    }
+
+    /// A dead owner's key without surviving copy may never have been written; it counts as lost
+    /// when every holder it had died.
+    fn all_holders_died(&self, key: Key, old: &Layout) -> bool {
+        let owner_dead = !self.layout.live.contains(&key.owner);
+        let route = old.route(key).unwrap_or(&[]);
+        owner_dead && route.iter().all(|c| !self.layout.live.contains(&c.worker))
     }
 }
 

@@ -1,12 +1,22 @@
 #!/usr/bin/env bash
-# The whole test suite on a fresh machine: set-up (idempotent), formatting and lint checks, then
-# every unit, scenario and real-MPI test of the workspace.
+# The whole test suite on a fresh machine: set-up (idempotent), formatting and lint checks, every
+# unit and real-MPI test, the real-MPI tests again over `btl self,tcp`, and short chaos campaigns.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 start=$(date +%s)
+step() { printf '\n[test] %s (%d s so far)\n' "$*" "$(( $(date +%s) - start ))"; }
+step "set-up"
 scripts/setup.sh
+step "fmt and clippy"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --quiet -- -D warnings
+step "unit, scenario and real-MPI tests"
 cargo test --workspace --release
-echo "[test] all tests passed in $(( $(date +%s) - start )) s"
+step "real-MPI tests over btl self,tcp"
+FTKV_TEST_BTL=tcp cargo test --release -p ftkv-cli --test mpi_layer --test store
+step "chaos: 10 runs, 6 ranks, 2 copies, 1 kill each"
+target/release/ftkv chaos --runs 10 --ranks 6 --copies 2 --kills 1 --seed 1
+step "chaos: 5 runs, 8 ranks, 3 copies, 2 kills each (one during recovery)"
+target/release/ftkv chaos --runs 5 --ranks 8 --copies 3 --kills 2 --seed 1000
+step "all tests passed"

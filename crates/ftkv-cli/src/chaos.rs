@@ -115,15 +115,37 @@ fn run_once(exe: &std::path::Path, campaign: &Campaign, seed: u64) -> Result<Run
         (0..campaign.ranks).filter(|r| !killer.killed.contains(r)).collect();
     let incomplete = survivors.iter().any(|&r| out.rank_value(r, "done") != Some("yes"));
     let verdict = judge_all(&histories, &survivors, campaign.ranks);
-    let transcript = out.transcript();
-    let tail_start = transcript.len().saturating_sub(3000);
+    let unfinished: Vec<usize> =
+        survivors.iter().copied().filter(|&r| out.rank_value(r, "done") != Some("yes")).collect();
     Ok(RunResult {
         kills: killer.killed.len(),
         verdict,
         hung: out.timed_out,
         incomplete,
-        transcript_tail: transcript[transcript.floor_char_boundary(tail_start)..].to_owned(),
+        transcript_tail: diagnose(&out, &killer.killed, &unfinished),
     })
+}
+
+/// Who was killed, and for each survivor that did not finish its last lines and its stderr.
+fn diagnose(out: &crate::launch::JobOutput, killed: &[usize], unfinished: &[usize]) -> String {
+    let mut text = format!("  killed ranks {killed:?}, unfinished survivors {unfinished:?}\n");
+    let untagged = out.stderr.lines().filter(|l| !l.trim().is_empty() && !l.starts_with("[1,"));
+    for line in untagged.filter(|l| !l.contains("help message")).take(10) {
+        text += &format!("  [mpirun] {line}\n");
+    }
+    for &rank in unfinished {
+        let lines = out.rank_lines(rank);
+        for line in &lines[lines.len().saturating_sub(6)..] {
+            text += &format!("  [rank {rank}] {line}\n");
+        }
+        let tag = format!("[1,{rank}]<stderr>:");
+        let noise = ["WARNING", "framework", "failure", "tolerance", "-----", "NBC_"];
+        let own = out.stderr.lines().filter(|l| l.contains(&tag) && !noise.iter().any(|n| l.contains(n)));
+        for line in own.filter(|l| l.len() > tag.len() + 2).take(20) {
+            text += &format!("  {line}\n");
+        }
+    }
+    text
 }
 
 /// A pseudo-line that keeps the loop going while the job is silent but still running.

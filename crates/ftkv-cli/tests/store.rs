@@ -201,3 +201,12 @@ fn values_grow_from_1_kib_to_4_mib() {
     let out = run(job("store-rounds", 4).env("STORE_GROWTH", "1").env("STORE_ROUNDS", "13"));
     assert_survivors_read(&out, 4, &[], |_| vec!["13"]);
 }
+
+#[test]
+fn a_stuck_put_is_ended_by_the_watchdog_and_the_others_recover() {
+    // Hit 7 of the write path is round 3's checkpoint put; it never returns.
+    let out = run(job("store-rounds", 4).env("FTKV_FAILPOINT", "put_stall@2#7"));
+    assert!(out.stderr.contains("has not returned for"), "watchdog message:\n{}", out.transcript());
+    assert_recovered(&out, 4, &[2], "2");
+    assert_survivors_read(&out, 4, &[2], |owner| if owner == 2 { vec!["2"] } else { vec!["5"] });
+}

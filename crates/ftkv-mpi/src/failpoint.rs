@@ -50,10 +50,33 @@ fn armed() -> &'static Option<Armed> {
 /// Kills this process with SIGKILL if the failure point `name` is armed for this rank (and this
 /// is the armed hit). Prints `failpoint <name> fired` to stderr first.
 pub fn hit(name: &str) {
-    let Some(armed) = armed() else { return };
+    if fires(name) {
+        eprintln!("failpoint {name} fired on rank {}", rank());
+        kill_self();
+    }
+}
+
+/// Blocks this thread forever if the failure point `name` fires: a call that never returns, as
+/// a one-sided MPI call against some dead targets does.
+pub fn stall(name: &str) {
+    if fires(name) {
+        eprintln!("failpoint {name} stalls rank {}", rank());
+        loop {
+            std::thread::park();
+        }
+    }
+}
+
+fn rank() -> i32 {
+    armed().as_ref().map_or(-1, |a| a.rank)
+}
+
+/// Counts a hit of `name` on this rank and says whether it is the armed one.
+fn fires(name: &str) -> bool {
+    let Some(armed) = armed() else { return false };
     let Some(entry) = armed.entries.iter().find(|e| e.name == name && matches_rank(e, armed.rank))
     else {
-        return;
+        return false;
     };
     let count = {
         let mut hits = armed.hits.lock().unwrap_or_else(|p| p.into_inner());
@@ -61,10 +84,7 @@ pub fn hit(name: &str) {
         *n += 1;
         *n
     };
-    if entry.nth.is_none_or(|nth| nth == count) {
-        eprintln!("failpoint {name} fired on rank {}", armed.rank);
-        kill_self();
-    }
+    entry.nth.is_none_or(|nth| nth == count)
 }
 
 fn matches_rank(entry: &Entry, rank: i32) -> bool {

@@ -161,9 +161,10 @@ struct StuckCall {
 impl StuckCall {
     fn check(&mut self, health: &Health, bound: Duration) {
         let now = health.in_call.load(Ordering::Acquire);
-        if now % 2 == 0 || now != self.seen {
+        let inside = !now.is_multiple_of(2);
+        if !inside || now != self.seen {
             self.seen = now;
-            self.since = (now % 2 == 1).then(Instant::now);
+            self.since = inside.then(Instant::now);
             return;
         }
         if self.since.is_some_and(|t| t.elapsed() > bound) {

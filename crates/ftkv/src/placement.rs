@@ -20,10 +20,13 @@ pub fn holders(owner: i32, kind: u16, live: &[i32], copies: usize) -> Vec<i32> {
 mod tests {
     use super::holders;
 
+    /// (owner, kind, live, copies, expected holders)
+    type Row = (i32, u16, Vec<i32>, usize, Vec<i32>);
+
     #[test]
     fn placement_table() {
         let all8: Vec<i32> = (0..8).collect();
-        let table: Vec<(i32, u16, Vec<i32>, usize, Vec<i32>)> = vec![
+        let table: Vec<Row> = vec![
             (0, 0, vec![0, 1, 2, 3], 1, vec![1]),
             (0, 0, vec![0, 1, 2, 3], 2, vec![1, 2]),
             (0, 1, vec![0, 1, 2, 3], 2, vec![2, 3]),

@@ -76,7 +76,8 @@ pub struct Plan {
 /// For every key the newest surviving version wins; of the ranks holding it the lowest sends.
 pub fn plan(records: &[Record], layout: &Layout, me: i32) -> Plan {
     let mut best: HashMap<Key, (u64, i32)> = HashMap::new();
-    let mut marked: Vec<Key> = records.iter().filter(|r| r.source == OWNER_MARK).map(|r| r.key).collect();
+    let mut marked: Vec<Key> =
+        records.iter().filter(|r| r.source == OWNER_MARK).map(|r| r.key).collect();
     marked.sort_unstable();
     for r in records.iter().filter(|r| r.source != OWNER_MARK) {
         let entry = best.entry(r.key).or_insert((r.version, r.source));

@@ -165,6 +165,9 @@ mod tests {
         assert_eq!(Header::decode(&half_written), None, "mix of two headers");
     }
 
+    /// Candidate halves (header bytes, data bytes) and the version `newest` must pick.
+    type Row = (Vec<(Vec<u8>, Vec<u8>)>, Option<u64>);
+
     #[test]
     fn newest_complete_version_wins_and_torn_data_falls_back() {
         let old = b"version one".to_vec();
@@ -173,7 +176,7 @@ mod tests {
         let h2 = Header::for_value(&new, 2, 0).encode().to_vec();
         let mut torn = new.clone();
         torn[3] = b'#';
-        let table: Vec<(Vec<(Vec<u8>, Vec<u8>)>, Option<u64>)> = vec![
+        let table: Vec<Row> = vec![
             (vec![(h1.clone(), old.clone()), (h2.clone(), new.clone())], Some(2)),
             (vec![(h1.clone(), old.clone()), (h2.clone(), torn)], Some(1)),
             (vec![(h1.clone(), old.clone()), (vec![0; 64], new.clone())], Some(1)),

@@ -246,6 +246,7 @@ impl Store {
         let half = self.geometry.half_offset(header.version) as i64;
         let window = self.window.as_ref().ok_or(Error::Closed)?;
         self.health.enter_call();
+        failpoint::stall("put_stall");
         let issued = window.scope(|s| {
             for copy in route {
                 s.put(copy.rank, copy.disp + half + HEADER_LEN as i64, data)?;

@@ -140,7 +140,8 @@ fn diagnose(out: &crate::launch::JobOutput, killed: &[usize], unfinished: &[usiz
         }
         let tag = format!("[1,{rank}]<stderr>:");
         let noise = ["WARNING", "framework", "failure", "tolerance", "-----", "NBC_"];
-        let own = out.stderr.lines().filter(|l| l.contains(&tag) && !noise.iter().any(|n| l.contains(n)));
+        let own =
+            out.stderr.lines().filter(|l| l.contains(&tag) && !noise.iter().any(|n| l.contains(n)));
         for line in own.filter(|l| l.len() > tag.len() + 2).take(20) {
             text += &format!("  {line}\n");
         }

@@ -52,6 +52,8 @@ pub struct Store {
     handed: HashMap<Key, u64>,
     health: Arc<Health>,
     detector: Option<Detector>,
+    /// The detector's communicator, on which its thread answers pings.
+    watch_comm: Option<Arc<Comm>>,
     lost: Vec<Key>,
     recovered_failed: Vec<i32>,
 }
@@ -90,6 +92,7 @@ impl Store {
             handed: HashMap::new(),
             health: Arc::new(Health::new(workers)),
             detector: None,
+            watch_comm: None,
             lost: Vec::new(),
             recovered_failed: Vec::new(),
         };
@@ -262,8 +265,9 @@ impl Store {
     }
 
     fn ping_all(&self, route: &[Copy]) -> Result<()> {
+        let comm = self.watch_comm.as_ref().ok_or(Error::Closed)?;
         for copy in route {
-            let ping = self.comm.ping(copy.rank, PING_TAG, PONG_TAG, self.config.watchdog);
+            let ping = comm.ping(copy.rank, PING_TAG, PONG_TAG, self.config.watchdog);
             if let Err(e) = ping {
                 self.health.mark_failed(copy.worker);
                 return Err(self.failure(e));
@@ -307,6 +311,7 @@ impl Store {
 
     fn start_detector(&mut self) -> Result<()> {
         let comm = Arc::new(self.comm.dup()?);
+        self.watch_comm = Some(comm.clone());
         self.detector = Some(Detector::start(Watch {
             comm,
             live: self.layout.live.clone(),

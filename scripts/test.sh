@@ -17,6 +17,6 @@ step "real-MPI tests over btl self,tcp"
 FTKV_TEST_BTL=tcp cargo test --release -p ftkv-cli --test mpi_layer --test store
 step "chaos: 10 runs, 6 ranks, 2 copies, 1 kill each"
 target/release/ftkv chaos --runs 10 --ranks 6 --copies 2 --kills 1 --seed 1
-step "chaos: 5 runs, 8 ranks, 3 copies, 2 kills each (one during recovery)"
-target/release/ftkv chaos --runs 5 --ranks 8 --copies 3 --kills 2 --seed 1000
+step "chaos: 5 runs, 6 ranks, 3 copies, 2 kills each (one during recovery)"
+target/release/ftkv chaos --runs 5 --ranks 6 --copies 3 --kills 2 --seed 1000
 step "all tests passed"

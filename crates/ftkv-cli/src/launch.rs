@@ -57,6 +57,15 @@ impl Launch {
         self
     }
 
+    /// `FTKV_TEST_BTL=tcp` moves the job to `--mca btl self,tcp` (the transport between nodes);
+    /// the real-MPI tests run once without and once with it.
+    pub fn transport_from_env(self) -> Launch {
+        match std::env::var("FTKV_TEST_BTL").as_deref() {
+            Ok("tcp") => self.mca("btl", "self,tcp"),
+            _ => self,
+        }
+    }
+
     pub fn timeout(mut self, timeout: Duration) -> Launch {
         self.timeout = timeout;
         self

@@ -7,13 +7,11 @@ use ftkv_cli::launch::{JobOutput, Launch};
 
 const TEST_PROGRAM: &str = env!("CARGO_BIN_EXE_ftkv-mpitest");
 
-/// `FTKV_TEST_BTL=tcp` runs the jobs over `btl self,tcp` (the multi-node transport).
 fn job(case: &str, ranks: usize) -> Launch {
-    let launch = Launch::new(TEST_PROGRAM, ranks).args([case]).timeout(Duration::from_secs(30));
-    match std::env::var("FTKV_TEST_BTL").as_deref() {
-        Ok("tcp") => launch.mca("btl", "self,tcp"),
-        _ => launch,
-    }
+    Launch::new(TEST_PROGRAM, ranks)
+        .args([case])
+        .timeout(Duration::from_secs(30))
+        .transport_from_env()
 }
 
 fn run(launch: Launch) -> JobOutput {

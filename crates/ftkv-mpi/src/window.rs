@@ -253,11 +253,7 @@ impl LockedWindow {
         &self,
         issue: impl FnOnce(&mut RmaScope<'buf>) -> Result<R>,
     ) -> Result<R> {
-        let mut scope = RmaScope::new(self.window().ops());
-        let issued = issue(&mut scope);
-        let flushed = scope.flush();
-        let value = issued?;
-        flushed.map(|()| value)
+        RmaScope::run(self.window().ops(), issue)
     }
 
     /// `MPI_Compare_and_swap` of a u64 at `disp` followed by a flush of `target`: returns the
@@ -328,11 +324,7 @@ impl TargetLock<'_> {
         &self,
         issue: impl FnOnce(&mut RmaScope<'buf>) -> Result<R>,
     ) -> Result<R> {
-        let mut scope = RmaScope::new(self.win.ops());
-        let issued = issue(&mut scope);
-        let flushed = scope.flush();
-        let value = issued?;
-        flushed.map(|()| value)
+        RmaScope::run(self.win.ops(), issue)
     }
 
     /// `MPI_Win_unlock(target)`: completes all operations and releases the lock.
@@ -369,6 +361,24 @@ pub struct RmaScope<'buf> {
 impl<'buf> RmaScope<'buf> {
     fn new(ops: Ops) -> Self {
         RmaScope { ops, targets: [0; 8], touched: 0, _buffers: std::marker::PhantomData }
+    }
+
+    /// Issues through a new scope, then flushes what it touched, also when `issue` failed.
+    fn run<R>(ops: Ops, issue: impl FnOnce(&mut RmaScope<'buf>) -> Result<R>) -> Result<R> {
+        let mut scope = RmaScope::new(ops);
+        let issued = issue(&mut scope);
+        let flushed = scope.flush();
+        let value = issued?;
+        flushed.map(|()| value)
+    }
+
+    /// Issues through a new scope, then flushes what it touched, also when `issue` failed.
+    fn run<R>(ops: Ops, issue: impl FnOnce(&mut RmaScope<'buf>) -> Result<R>) -> Result<R> {
+        let mut scope = RmaScope::new(ops);
+        let issued = issue(&mut scope);
+        let flushed = scope.flush();
+        let value = issued?;
+        flushed.map(|()| value)
     }
 
     fn touch(&mut self, target: i32) {

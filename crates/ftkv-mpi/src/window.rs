@@ -372,15 +372,6 @@ impl<'buf> RmaScope<'buf> {
         flushed.map(|()| value)
     }
 
-    /// Issues through a new scope, then flushes what it touched, also when `issue` failed.
-    fn run<R>(ops: Ops, issue: impl FnOnce(&mut RmaScope<'buf>) -> Result<R>) -> Result<R> {
-        let mut scope = RmaScope::new(ops);
-        let issued = issue(&mut scope);
-        let flushed = scope.flush();
-        let value = issued?;
-        flushed.map(|()| value)
-    }
-
     fn touch(&mut self, target: i32) {
         let known = &self.targets[..self.touched.min(8)];
         if known.contains(&target) {

@@ -56,6 +56,8 @@ pub struct Store {
     watch_comm: Option<Arc<Comm>>,
     lost: Vec<Key>,
     recovered_failed: Vec<i32>,
+    /// A failure noticed while the last recovery committed: the alarm stays raised after it.
+    pending_alarm: bool,
 }
 
 impl Store {
@@ -95,6 +97,7 @@ impl Store {
             watch_comm: None,
             lost: Vec::new(),
             recovered_failed: Vec::new(),
+            pending_alarm: false,
         };
         store.start_detector()?;
         Ok(store)
@@ -377,6 +380,9 @@ impl Store {
         self.lost = recovered.lost.clone();
         self.handed.clear();
         self.health.clear_alarm();
+        if std::mem::take(&mut self.pending_alarm) {
+            self.health.raise_alarm();
+        }
         self.start_detector()?;
         Ok(RecoveryReport {
             failed,
@@ -411,23 +417,26 @@ impl Store {
         self.epoch += 1;
         failpoint::hit("recovery_after_shrink");
         let attempt = self.rebuild(&shrunk, retained);
-        let ok = attempt.is_ok();
+        let ok = attempt.is_ok() && shrunk.failed_ranks().is_ok_and(|f| f.is_empty());
         if !ok {
             let revoked = shrunk.revoke();
             if let Err(e) = revoked {
                 eprintln!("ftkv: revoke during recovery: {e}");
             }
         }
+        // Only the agreed value is uniform across survivors (ULFM reports unacknowledged
+        // failures per process), so it alone decides; a failure that the agreement itself met
+        // raises the alarm and the next store call asks for another recovery.
         let agreed = shrunk.agree(ok as u32)?;
-        if agreed.value == 1 && !agreed.unacknowledged_failures {
-            let (window, recovered) = attempt.expect("agreement implies local success");
-            self.window = Some(window);
-            return Ok(Some(recovered));
+        if agreed.value != 1 {
+            return Ok(None);
         }
-        if let Err(e) = shrunk.failed_ranks() {
-            eprintln!("ftkv: acknowledging failures: {e}");
+        let (window, recovered) = attempt.expect("agreement implies local success");
+        self.window = Some(window);
+        if agreed.unacknowledged_failures {
+            self.pending_alarm = true;
         }
-        Ok(None)
+        Ok(Some(recovered))
     }
 
     fn live_ids(&self, shrunk: &Comm) -> Result<Vec<i32>> {

@@ -354,18 +354,25 @@ fn write_loop(store: &mut Store, rng: &mut SmallRng, duration: Duration) -> Resu
     Ok(())
 }
 
-fn recover(store: &mut Store) -> Result<()> {
+/// Runs a recovery, printing `recovering` before and a `recovered failed=.. attempts=.. keys=..
+/// lost=.. ms=..` line after it.
+pub fn recover(store: &mut Store) -> Result<()> {
     println!("recovering");
     let report = store.recover()?;
+    let failed: Vec<String> = report.failed.iter().map(|w| w.to_string()).collect();
     println!(
-        "recovered attempts={} ms={:.1}",
+        "recovered failed={} attempts={} keys={} lost={} ms={:.1}",
+        failed.join(","),
         report.attempts,
+        report.keys_recovered,
+        report.keys_lost.len(),
         report.duration.as_secs_f64() * 1e3
     );
     Ok(())
 }
 
-fn finish(store: &mut Store) -> Result<()> {
+/// Syncs the survivors at the end of a run, recovering as often as failures interrupt it.
+pub fn finish(store: &mut Store) -> Result<()> {
     loop {
         match store.sync() {
             Ok(()) => return Ok(()),

@@ -8,6 +8,7 @@
 
 use anyhow::{bail, ensure, Result};
 use ftkv::{Config, Error, Key, Store};
+use ftkv_cli::chaos;
 use ftkv_cli::values::{check_value, value};
 use ftkv_mpi::{failpoint, Comm};
 
@@ -54,7 +55,7 @@ fn rounds(world: &Comm) -> Result<()> {
             }
         }
     }
-    finish(&mut store)?;
+    chaos::finish(&mut store)?;
     report_all(&mut store, world.size())
 }
 
@@ -76,25 +77,7 @@ fn one_round(store: &mut Store, round: u32) -> std::result::Result<(), RoundErro
 
 fn recover(store: &mut Store, cause: Error) -> Result<()> {
     ensure!(cause.needs_recovery(), "store call failed: {cause}");
-    let report = store.recover()?;
-    println!(
-        "recovered failed={} attempts={} keys={} lost={} ms={:.1}",
-        report.failed.iter().map(|w| w.to_string()).collect::<Vec<_>>().join(","),
-        report.attempts,
-        report.keys_recovered,
-        report.keys_lost.len(),
-        report.duration.as_secs_f64() * 1e3
-    );
-    Ok(())
-}
-
-fn finish(store: &mut Store) -> Result<()> {
-    loop {
-        match store.sync() {
-            Ok(()) => return Ok(()),
-            Err(e) => recover(store, e)?,
-        }
-    }
+    chaos::recover(store)
 }
 
 fn report_all(store: &mut Store, workers: i32) -> Result<()> {

@@ -5,4 +5,5 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 scripts/setup.sh
 cargo build --release --quiet -p ftkv-cli
+mkdir -p results
 exec target/release/ftkv probe --json results/probe.json "$@"

@@ -25,7 +25,7 @@ fn report(mode: &str, size: usize, samples: &mut [Duration]) {
 /// same holders with no header, checksum or failure check.
 pub fn put_rank_main(copies: usize, sizes: &[usize], iterations: usize) -> Result<()> {
     let mpi = Mpi::init()?;
-    let world = mpi.world().dup()?;
+    let world = mpi.world()?.dup()?;
     for &size in sizes {
         let mut raw = raw_put(&world, copies, size, iterations)?;
         let mut bitmap = store_put(&world, copies, size, iterations, Detection::Bitmap)?;
@@ -92,7 +92,7 @@ fn store_put(
 /// sets), then prints the time since the barrier.
 pub fn detect_rank_main() -> Result<()> {
     let mpi = Mpi::init()?;
-    let world = mpi.world().dup()?;
+    let world = mpi.world()?.dup()?;
     let store = Store::create(&world, Config::new(["checkpoint"], 1))?;
     world.barrier()?;
     let killed_at = Instant::now();

@@ -309,7 +309,7 @@ pub fn judge_all(h: &Histories, survivors: &[usize], ranks: usize) -> Verdict {
 /// The rank side of one chaos run.
 pub fn rank_main(copies: usize, duration: Duration, seed: u64) -> Result<()> {
     let mpi = Mpi::init()?;
-    let world = mpi.world();
+    let world = mpi.world()?;
     println!("pid={}", std::process::id());
     let mut config = Config::new(["checkpoint", "loot"], copies);
     config.initial_capacity = 4096;

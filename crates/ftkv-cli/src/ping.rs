@@ -15,7 +15,7 @@ const PONG: i32 = 12;
 /// peer; rank 0 prints one line per peer with the median and 99th percentile in microseconds.
 pub fn rank_main(count: usize) -> Result<()> {
     let mpi = Mpi::init()?;
-    let world = Arc::new(mpi.world().dup()?);
+    let world = Arc::new(mpi.world()?.dup()?);
     let stop = Arc::new(AtomicBool::new(false));
     let responder = spawn_responder(world.clone(), stop.clone());
     world.barrier()?;

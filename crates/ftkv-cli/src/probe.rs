@@ -218,7 +218,7 @@ pub fn markdown(outcomes: &[Outcome]) -> String {
 /// The rank side of one case (run under `mpirun`). Rank 0 prints `outcome=<x>`.
 pub fn rank_main(window: &str, call: &str, failure: Knowledge, hang_after: Duration) -> Result<()> {
     let mpi = Mpi::init()?;
-    let world = mpi.world();
+    let world = mpi.world()?;
     let probe = Probe { failure, hang_after };
     if window == TWO_SIDED {
         return two_sided_case(&world, call, probe);

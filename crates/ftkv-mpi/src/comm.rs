@@ -50,9 +50,9 @@ unsafe impl Send for Comm {}
 unsafe impl Sync for Comm {}
 
 impl Comm {
-    pub(crate) fn predefined(raw: ffi::MPI_Comm, runtime: Arc<Runtime>) -> Comm {
-        let (rank, size) = query_rank_size(raw).unwrap_or((-1, 0));
-        Comm { raw, owned: false, rank, size, runtime }
+    pub(crate) fn predefined(raw: ffi::MPI_Comm, runtime: Arc<Runtime>) -> Result<Comm> {
+        let (rank, size) = query_rank_size(raw)?;
+        Ok(Comm { raw, owned: false, rank, size, runtime })
     }
 
     fn owned(raw: ffi::MPI_Comm, runtime: Arc<Runtime>) -> Result<Comm> {

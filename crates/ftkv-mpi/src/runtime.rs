@@ -79,7 +79,7 @@ impl Mpi {
     }
 
     /// `MPI_COMM_WORLD` (not freed when dropped).
-    pub fn world(&self) -> Comm {
+    pub fn world(&self) -> Result<Comm> {
         // SAFETY: reading an immutable handle exported by the C shim.
         Comm::predefined(unsafe { ffi::ftkv_comm_world }, self.runtime.clone())
     }

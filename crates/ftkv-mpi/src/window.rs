@@ -136,7 +136,7 @@ impl Window {
     }
 
     /// Copies `out.len()` bytes from this rank's window memory at `offset` (an `Allocate`
-    /// window). Syncs the public and private copies first (`MPI_Win_sync`, needs an epoch).
+    /// window). Peers' writes are visible after [`LockedWindow::sync`] (`MPI_Win_sync`).
     /// Bytes that a peer writes concurrently may be seen partially.
     pub fn read_local(&self, offset: usize, out: &mut [u8]) -> Result<()> {
         self.check_local_range(offset, out.len())?;

@@ -16,7 +16,7 @@ const VICTIM: i32 = 3;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mpi = Mpi::init()?;
-    let world = mpi.world();
+    let world = mpi.world()?;
     let mut store = Store::create(&world, Config::new(["checkpoint", "loot"], 2))?;
     let me = store.worker();
     let checkpoint = store.own_key("checkpoint")?;

@@ -31,7 +31,7 @@ fn fail(case: &str, e: &anyhow::Error) -> ! {
 
 fn run(case: &str) -> Result<()> {
     let mpi = Mpi::init()?;
-    let world = Arc::new(mpi.world().dup()?);
+    let world = Arc::new(mpi.world()?.dup()?);
     let outcome = match case {
         "hello" => hello(&world),
         "sendrecv" => sendrecv(&world),

@@ -100,7 +100,6 @@ pub fn detect_rank_main() -> Result<()> {
         failpoint::kill_self();
     }
     while !store.needs_recovery() && killed_at.elapsed() < Duration::from_secs(10) {
-        std::hint::spin_loop();
         std::thread::sleep(Duration::from_micros(50));
     }
     if world.rank() == 0 {

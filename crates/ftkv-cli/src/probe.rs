@@ -6,8 +6,6 @@
 //! has not returned after the bound and ends the rank; a job that ends without a report is an
 //! `abort`.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -412,17 +410,9 @@ fn report(
     hang_after: Duration,
     call: impl FnOnce() -> std::result::Result<(), MpiError>,
 ) -> Result<()> {
-    let returned = Arc::new(AtomicBool::new(false));
-    let flag = returned.clone();
-    std::thread::spawn(move || {
-        std::thread::sleep(hang_after);
-        if !flag.load(Ordering::SeqCst) {
-            println!("outcome=hang");
-            failpoint::exit_now(0);
-        }
-    });
+    let bounded = failpoint::exit_unless_done(hang_after, || println!("outcome=hang"));
     let result = call();
-    returned.store(true, Ordering::SeqCst);
+    drop(bounded);
     print_outcome(&result);
     failpoint::exit_now(0)
 }

@@ -5,19 +5,12 @@ use std::time::Duration;
 
 use ftkv_cli::launch::{JobOutput, Launch};
 
-const TEST_PROGRAM: &str = env!("CARGO_BIN_EXE_ftkv-mpitest");
+mod common;
+
+use common::run;
 
 fn job(case: &str, ranks: usize) -> Launch {
-    Launch::new(TEST_PROGRAM, ranks)
-        .args([case])
-        .timeout(Duration::from_secs(30))
-        .transport_from_env()
-}
-
-fn run(launch: Launch) -> JobOutput {
-    let out = launch.run().expect("mpirun starts");
-    assert!(!out.timed_out, "job hung:\n{}", out.transcript());
-    out
+    common::job(case, ranks, Duration::from_secs(30))
 }
 
 fn assert_rank(out: &JobOutput, rank: usize, key: &str, want: &str) {

@@ -98,6 +98,35 @@ pub fn kill_self() -> ! {
     unreachable!("SIGKILL cannot be caught")
 }
 
+/// Disarms an [`exit_unless_done`] timer when dropped.
+#[derive(Debug)]
+pub struct DoneGuard(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for DoneGuard {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Runs `on_expiry` and leaves the process with [`exit_now`]`(0)` unless the returned guard is
+/// dropped within `bound`: for a call that may never return (a one-sided call against a dead
+/// target, `MPI_Finalize` after failures).
+pub fn exit_unless_done(
+    bound: std::time::Duration,
+    on_expiry: impl FnOnce() + Send + 'static,
+) -> DoneGuard {
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = done.clone();
+    std::thread::spawn(move || {
+        std::thread::sleep(bound);
+        if !flag.load(std::sync::atomic::Ordering::SeqCst) {
+            on_expiry();
+            exit_now(0);
+        }
+    });
+    DoneGuard(done)
+}
+
 /// Leaves the process at once with `code` (`_exit`): no destructors, no atexit handlers, no
 /// `MPI_Finalize`. For a rank whose MPI state is wedged (a call that never returns).
 pub fn exit_now(code: i32) -> ! {

@@ -89,18 +89,10 @@ impl Mpi {
     /// shrink and agreement) sometimes never returns, although every survivor called it. Call
     /// it when all results are out.
     pub fn finalize_bounded(self, bound: std::time::Duration) -> Result<()> {
-        let done = Arc::new(AtomicBool::new(false));
-        let flag = done.clone();
-        std::thread::spawn(move || {
-            std::thread::sleep(bound);
-            if !flag.load(Ordering::SeqCst) {
-                eprintln!("ftkv-mpi: MPI_Finalize has not returned after {bound:?}; exiting");
-                crate::failpoint::exit_now(0);
-            }
+        let _bounded = crate::failpoint::exit_unless_done(bound, move || {
+            eprintln!("ftkv-mpi: MPI_Finalize has not returned after {bound:?}; exiting")
         });
-        let result = self.finalize();
-        done.store(true, Ordering::SeqCst);
-        result
+        self.finalize()
     }
 
     /// Finalises MPI now and reports its return code. Fails without finalising if a [`Comm`] or

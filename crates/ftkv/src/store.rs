@@ -618,6 +618,8 @@ fn copy_out(
     Ok(())
 }
 
+/// Stops the detector thread before the fields go: it polls MPI on a communicator derived from
+/// the store's, and the window's collective free must not race with it.
 impl Drop for Store {
     fn drop(&mut self) {
         self.detector = None;

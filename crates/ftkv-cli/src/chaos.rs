@@ -101,6 +101,7 @@ fn run_once(exe: &std::path::Path, campaign: &Campaign, seed: u64) -> Result<Run
     let args = ["chaos-rank", &campaign.copies.to_string(), &millis, &seed.to_string()];
     let launch = Launch::new(exe, campaign.ranks)
         .args(args)
+        .env("FTKV_TRACE", "1")
         .timeout(campaign.duration + Duration::from_secs(40));
     let mut job = launch.spawn()?;
     let mut rng = SmallRng::seed_from_u64(seed);
@@ -139,14 +140,20 @@ fn diagnose(out: &crate::launch::JobOutput, killed: &[usize], unfinished: &[usiz
             text += &format!("  [rank {rank}] {line}\n");
         }
         let tag = format!("[1,{rank}]<stderr>:");
-        let noise = ["WARNING", "framework", "failure", "tolerance", "-----", "NBC_"];
-        let own =
-            out.stderr.lines().filter(|l| l.contains(&tag) && !noise.iter().any(|n| l.contains(n)));
-        for line in own.filter(|l| l.len() > tag.len() + 2).take(20) {
-            text += &format!("  {line}\n");
+        let own = out.stderr.lines().filter_map(|l| l.strip_prefix(&tag));
+        let own: Vec<&str> = own.filter(|l| is_own_diagnostic(l)).collect();
+        for line in &own[own.len().saturating_sub(20)..] {
+            text += &format!("  [rank {rank} stderr] {line}\n");
         }
     }
     text
+}
+
+/// Whether a rank's stderr line comes from ftkv or the Rust runtime rather than from Open MPI's
+/// fault-tolerance banners.
+fn is_own_diagnostic(line: &str) -> bool {
+    let line = line.trim_start();
+    ["ftkv", "Error", "thread", "note:"].iter().any(|p| line.starts_with(p))
 }
 
 /// A pseudo-line that keeps the loop going while the job is silent but still running.

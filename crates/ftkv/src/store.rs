@@ -356,6 +356,7 @@ impl Store {
         for attempt in 1..=MAX_RECOVERY_ATTEMPTS {
             if let Some(recovered) = self.recover_once(&retained)? {
                 retained.window.unlock_all()?.free()?;
+                self.trace("old window freed");
                 return self.finish_recovery(recovered, attempt, started);
             }
             eprintln!(
@@ -399,6 +400,7 @@ impl Store {
         if let Err(e) = self.comm.revoke() {
             return Err(Error::Mpi(e));
         }
+        self.trace("revoked");
         let shrunk = match self.comm.shrink() {
             Ok(c) => Arc::new(c),
             Err(e) if e.is_failure() => return Ok(None),
@@ -406,6 +408,7 @@ impl Store {
         };
         self.comm = shrunk.clone();
         let live = self.live_ids(&shrunk)?;
+        self.trace(&format!("shrunk to {live:?}"));
         self.layout = Layout::compute(
             &live,
             self.workers,
@@ -427,7 +430,9 @@ impl Store {
         // Only the agreed value is uniform across survivors (ULFM reports unacknowledged
         // failures per process), so it alone decides; a failure that the agreement itself met
         // raises the alarm and the next store call asks for another recovery.
+        self.trace(&format!("rebuilt ok={ok}"));
         let agreed = shrunk.agree(ok as u32)?;
+        self.trace(&format!("agreed {}", agreed.value));
         if agreed.value != 1 {
             return Ok(None);
         }
@@ -437,6 +442,14 @@ impl Store {
             self.pending_alarm = true;
         }
         Ok(Some(recovered))
+    }
+
+    /// A recovery progress line on stderr when `FTKV_TRACE` is set (chaos runs set it, so a
+    /// stuck survivor shows where it stopped).
+    fn trace(&self, what: &str) {
+        if std::env::var_os("FTKV_TRACE").is_some() {
+            eprintln!("ftkv: worker {} epoch {}: recovery: {what}", self.me, self.epoch);
+        }
     }
 
     fn live_ids(&self, shrunk: &Comm) -> Result<Vec<i32>> {
@@ -450,6 +463,7 @@ impl Store {
     /// all have it.
     fn rebuild(&self, shrunk: &Comm, retained: &Retained) -> Result<(LockedWindow, Recovered)> {
         let window = open_window(shrunk, &self.layout, self.geometry)?;
+        self.trace("window open");
         match self.fill(shrunk, retained, &window) {
             Ok(recovered) => Ok((window, recovered)),
             Err(e) => {
@@ -467,6 +481,7 @@ impl Store {
             .collect();
         records.extend(self.owner_marks());
         let all = recovery::exchange(shrunk, &records)?;
+        self.trace("records exchanged");
         let plan = recovery::plan(&all, &self.layout, shrunk.rank());
         failpoint::hit("recovery_mid_copy");
         copy_out(window, &self.layout, &plan.sends, &local, self.geometry)?;

@@ -41,6 +41,9 @@ pub struct Summary {
     pub lost_writes: u64,
     pub torn_reads: u64,
     pub hangs: usize,
+    /// Survivors that ended themselves as fail-stop failures (a recovery call stuck or crashed
+    /// inside Open MPI), with the evidence on their stderr; the others recovered from them.
+    pub fail_stops: usize,
     pub failed_runs: usize,
 }
 
@@ -67,21 +70,27 @@ pub fn run(exe: &std::path::Path, campaign: &Campaign) -> Result<Summary> {
         summary.lost_writes += result.verdict.lost;
         summary.torn_reads += result.verdict.torn;
         summary.hangs += result.hung as usize;
+        summary.fail_stops += result.fail_stops;
         let failed =
             result.hung || result.verdict.lost + result.verdict.torn > 0 || result.incomplete;
         summary.failed_runs += failed as usize;
         eprintln!(
-            "[chaos {:>3}/{}] seed={seed} kills={} acked={} lost={} torn={} {}{}",
+            "[chaos {:>3}/{}] seed={seed} kills={}{} acked={} lost={} torn={} {}{}",
             run + 1,
             campaign.runs,
             result.kills,
+            if result.fail_stops > 0 {
+                format!("+{} fail-stop", result.fail_stops)
+            } else {
+                String::new()
+            },
             result.verdict.acked,
             result.verdict.lost,
             result.verdict.torn,
             if result.hung { "HANG " } else { "" },
             if result.incomplete { "INCOMPLETE" } else { "ok" },
         );
-        if failed {
+        if failed || result.fail_stops > 0 {
             eprintln!("{}", result.transcript_tail);
         }
     }
@@ -93,6 +102,7 @@ struct RunResult {
     verdict: Verdict,
     hung: bool,
     incomplete: bool,
+    fail_stops: usize,
     transcript_tail: String,
 }
 
@@ -114,15 +124,16 @@ fn run_once(exe: &std::path::Path, campaign: &Campaign, seed: u64) -> Result<Run
     let histories = parse_histories(&out, campaign.ranks);
     let survivors: Vec<usize> =
         (0..campaign.ranks).filter(|r| !killer.killed.contains(r)).collect();
-    let incomplete = survivors.iter().any(|&r| out.rank_value(r, "done") != Some("yes"));
-    let verdict = judge_all(&histories, &survivors, campaign.ranks);
-    let unfinished: Vec<usize> =
-        survivors.iter().copied().filter(|&r| out.rank_value(r, "done") != Some("yes")).collect();
+    let (finished, unfinished): (Vec<usize>, Vec<usize>) =
+        survivors.iter().partition(|&&r| out.rank_value(r, "done") == Some("yes"));
+    let fail_stops = unfinished.iter().filter(|&&r| ended_as_fail_stop(&out, r)).count();
+    let verdict = judge_all(&histories, &finished, campaign.ranks);
     Ok(RunResult {
         kills: killer.killed.len(),
         verdict,
         hung: out.timed_out,
-        incomplete,
+        incomplete: out.timed_out || fail_stops < unfinished.len() || finished.is_empty(),
+        fail_stops,
         transcript_tail: diagnose(&out, &killer.killed, &unfinished),
     })
 }
@@ -149,11 +160,23 @@ fn diagnose(out: &crate::launch::JobOutput, killed: &[usize], unfinished: &[usiz
     text
 }
 
+/// Whether `rank` left evidence that it ended as a fail-stop failure: ftkv's watchdog message
+/// or Open MPI's fatal-signal report.
+fn ended_as_fail_stop(out: &crate::launch::JobOutput, rank: usize) -> bool {
+    let tag = format!("[1,{rank}]<stderr>:");
+    let own = out.stderr.lines().filter_map(|l| l.strip_prefix(&tag));
+    own.map(str::trim).any(|l| {
+        (l.starts_with("ftkv:") && l.contains("ending this process"))
+            || l.contains("*** Process received signal")
+    })
+}
+
 /// Whether a rank's stderr line comes from ftkv or the Rust runtime rather than from Open MPI's
 /// fault-tolerance banners.
 fn is_own_diagnostic(line: &str) -> bool {
     let line = line.trim_start();
-    ["ftkv", "Error", "thread", "note:"].iter().any(|p| line.starts_with(p))
+    let own = ["ftkv", "Error", "thread", "note:"].iter().any(|p| line.starts_with(p));
+    own || line.contains("*** Process received signal") || line.contains("Signal: ")
 }
 
 /// A pseudo-line that keeps the loop going while the job is silent but still running.

@@ -18,10 +18,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use ftkv_mpi::{failpoint, Comm, ANY_SOURCE};
-
-pub(crate) const PING_TAG: i32 = 901;
-pub(crate) const PONG_TAG: i32 = 902;
+use crate::fabric::local::Killed;
+use crate::fabric::Fabric;
 
 /// What the detector publishes and the watchdog watches.
 #[derive(Debug)]
@@ -86,8 +84,8 @@ pub(crate) struct Detector {
 }
 
 /// What the detector thread needs.
-pub(crate) struct Watch {
-    pub comm: Arc<Comm>,
+pub(crate) struct Watch<F> {
+    pub comm: Arc<F>,
     pub live: Vec<i32>,
     pub health: Arc<Health>,
     pub poll_interval: Duration,
@@ -96,7 +94,7 @@ pub(crate) struct Watch {
 }
 
 impl Detector {
-    pub fn start(watch: Watch) -> Detector {
+    pub fn start<F: Fabric>(watch: Watch<F>) -> Detector {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let handle = std::thread::Builder::new()
@@ -111,18 +109,21 @@ impl Drop for Detector {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
         if let Some(handle) = self.handle.take() {
-            if handle.join().is_err() {
-                eprintln!("ftkv: the detector thread panicked");
+            match handle.join() {
+                Err(payload) if !payload.is::<Killed>() => {
+                    eprintln!("ftkv: the detector thread panicked")
+                }
+                _ => {}
             }
         }
     }
 }
 
-fn run(watch: Watch, stop: &AtomicBool) {
+fn run<F: Fabric>(watch: Watch<F>, stop: &AtomicBool) {
     let mut stuck = StuckCall::default();
     while !stop.load(Ordering::Acquire) {
         poll_once(&watch);
-        stuck.check(&watch.health, watch.watchdog);
+        stuck.check(&watch);
         if watch.answer_pings {
             std::thread::yield_now();
         } else {
@@ -133,12 +134,9 @@ fn run(watch: Watch, stop: &AtomicBool) {
 
 /// One round of progress and failure queries. MPI errors here are failures to report, never a
 /// reason to stop watching.
-fn poll_once(watch: &Watch) {
-    let progressed = if watch.answer_pings {
-        watch.comm.answer_pings(PING_TAG, PONG_TAG).map(drop)
-    } else {
-        watch.comm.iprobe(ANY_SOURCE, PING_TAG).map(drop)
-    };
+fn poll_once<F: Fabric>(watch: &Watch<F>) {
+    let progressed =
+        if watch.answer_pings { watch.comm.answer_pings() } else { watch.comm.progress() };
     if progressed.as_ref().is_err_and(|e| !e.is_failure()) {
         eprintln!("ftkv: detector: {}", progressed.unwrap_err());
     }
@@ -159,8 +157,9 @@ struct StuckCall {
 }
 
 impl StuckCall {
-    fn check(&mut self, health: &Health, bound: Duration) {
-        let now = health.in_call.load(Ordering::Acquire);
+    fn check<F: Fabric>(&mut self, watch: &Watch<F>) {
+        let bound = watch.watchdog;
+        let now = watch.health.in_call.load(Ordering::Acquire);
         let inside = !now.is_multiple_of(2);
         if !inside || now != self.seen {
             self.seen = now;
@@ -168,11 +167,44 @@ impl StuckCall {
             return;
         }
         if self.since.is_some_and(|t| t.elapsed() > bound) {
-            eprintln!(
-                "ftkv: a one-sided MPI call has not returned for {bound:?} (its target is presumably \
-                 dead and Open MPI does not report it); ending this process so the others recover"
-            );
-            failpoint::kill_self();
+            watch.comm.fail_stop(&format!(
+                "a one-sided MPI call has not returned for {bound:?} (its target is presumably \
+                 dead and Open MPI does not report it)"
+            ));
+            self.since = None;
         }
+    }
+}
+
+/// Ends the process (fail-stop, through the fabric) unless dropped within its bound: for the
+/// recovery calls that Open MPI can leave stuck on one member.
+pub(crate) struct Deadline {
+    done: Arc<AtomicBool>,
+}
+
+impl Deadline {
+    pub fn start<F: Fabric>(comm: Arc<F>, bound: Duration, what: &'static str) -> Deadline {
+        let done = Arc::new(AtomicBool::new(false));
+        let flag = done.clone();
+        let spawned = std::thread::Builder::new().name("ftkv-deadline".into()).spawn(move || {
+            let start = Instant::now();
+            while !flag.load(Ordering::Acquire) {
+                if start.elapsed() > bound {
+                    comm.fail_stop(&format!("{what} has not ended after {bound:?}"));
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(10).min(bound));
+            }
+        });
+        if let Err(e) = spawned {
+            eprintln!("ftkv: cannot start the {what} deadline thread: {e}");
+        }
+        Deadline { done }
+    }
+}
+
+impl Drop for Deadline {
+    fn drop(&mut self) {
+        self.done.store(true, Ordering::Release);
     }
 }

@@ -50,11 +50,15 @@ pub struct Config {
     pub watchdog: std::time::Duration,
     /// How often the detector thread polls MPI for failures.
     pub poll_interval: std::time::Duration,
+    /// A recovery attempt that has not ended after this long ends the process (fail-stop):
+    /// Open MPI's `MPIX_Comm_shrink` can stay stuck on one member while the others go on
+    /// without it.
+    pub recovery_watchdog: std::time::Duration,
 }
 
 impl Config {
     /// A configuration with the given kinds and copies, 64 KiB initial and 64 MiB maximum
-    /// value size, bitmap detection, 2 s watchdog and 1 ms polling.
+    /// value size, bitmap detection, 2 s watchdog, 1 ms polling and a 10 s recovery watchdog.
     pub fn new<S: Into<String>>(kinds: impl IntoIterator<Item = S>, copies: usize) -> Config {
         Config {
             kinds: kinds.into_iter().map(Into::into).collect(),
@@ -64,6 +68,7 @@ impl Config {
             detection: Detection::Bitmap,
             watchdog: std::time::Duration::from_secs(2),
             poll_interval: std::time::Duration::from_millis(1),
+            recovery_watchdog: std::time::Duration::from_secs(10),
         }
     }
 
@@ -85,8 +90,11 @@ impl Config {
                 self.initial_capacity, self.max_value
             ));
         }
-        if self.watchdog.is_zero() || self.poll_interval.is_zero() {
-            return invalid("watchdog and poll interval must be positive".into());
+        if self.watchdog.is_zero()
+            || self.poll_interval.is_zero()
+            || self.recovery_watchdog.is_zero()
+        {
+            return invalid("watchdogs and poll interval must be positive".into());
         }
         Ok(())
     }
@@ -94,14 +102,15 @@ impl Config {
     /// A canonical byte encoding, compared across ranks at creation.
     pub(crate) fn fingerprint(&self) -> u64 {
         let text = format!(
-            "{:?}|{}|{}|{}|{:?}|{:?}|{:?}",
+            "{:?}|{}|{}|{}|{:?}|{:?}|{:?}|{:?}",
             self.kinds,
             self.copies,
             self.initial_capacity,
             self.max_value,
             self.detection,
             self.watchdog,
-            self.poll_interval
+            self.poll_interval,
+            self.recovery_watchdog
         );
         xxhash_rust::xxh3::xxh3_64(text.as_bytes())
     }

@@ -30,6 +30,7 @@
 
 mod detector;
 mod error;
+pub mod fabric;
 mod key;
 pub mod layout;
 pub mod placement;

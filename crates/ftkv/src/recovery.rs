@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use ftkv_mpi::Comm;
+use crate::fabric::Fabric;
 
 use crate::error::Result;
 use crate::key::Key;
@@ -42,7 +42,7 @@ impl Record {
 }
 
 /// Every survivor's records, on every survivor (two allgathers: counts, then padded records).
-pub fn exchange(comm: &Comm, mine: &[Record]) -> Result<Vec<Record>> {
+pub fn exchange<F: Fabric>(comm: &F, mine: &[Record]) -> Result<Vec<Record>> {
     let counts = comm.allgather(&(mine.len() as u64).to_le_bytes())?;
     let max = counts.chunks(8).map(|c| u64::from_le_bytes(c.try_into().expect("8"))).max();
     let max = max.unwrap_or(0) as usize;

@@ -4,10 +4,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ftkv_mpi::{failpoint, Comm, LockedWindow, MpiError, Window};
+use ftkv_mpi::{Comm, MpiError};
 
-use crate::detector::{Detector, Health, Watch, PING_TAG, PONG_TAG};
+use crate::detector::{Deadline, Detector, Health, Watch};
 use crate::error::{Error, Result};
+use crate::fabric::{Fabric, FabricWindow, RmaOps};
 use crate::key::{Config, Detection, Key};
 use crate::layout::{Copy, Layout};
 use crate::recovery::{self, Record};
@@ -28,8 +29,8 @@ pub struct RecoveryReport {
 }
 
 /// A window of an earlier epoch, kept until a recovery commits.
-struct Retained {
-    window: LockedWindow,
+struct Retained<W> {
+    window: W,
     layout: Layout,
 }
 
@@ -38,36 +39,41 @@ struct Retained {
 /// Keys are `(owner, kind)`; the owner is a worker's rank in the communicator the store was
 /// created on (stable across shrinking). Each key has `copies` holders, none the owner. Calls are
 /// made by one thread at a time (`&mut self`); the detector thread runs beside it.
-pub struct Store {
+///
+/// The fabric `F` is MPI ([`Comm`]) in production and [`LocalFabric`](crate::fabric::local)
+/// in protocol tests.
+pub struct Store<F: Fabric = Comm> {
     config: Config,
     geometry: SlotGeometry,
     me: i32,
     workers: usize,
-    origin: Comm,
-    comm: Arc<Comm>,
-    window: Option<LockedWindow>,
+    origin: F,
+    comm: Arc<F>,
+    window: Option<F::Window>,
     layout: Layout,
     epoch: u64,
     versions: Vec<u64>,
+    /// The last acknowledged version of each own key (0: none yet).
+    acked: Vec<u64>,
     handed: HashMap<Key, u64>,
     health: Arc<Health>,
     detector: Option<Detector>,
     /// The detector's communicator, on which its thread answers pings.
-    watch_comm: Option<Arc<Comm>>,
+    watch_comm: Option<Arc<F>>,
     lost: Vec<Key>,
     recovered_failed: Vec<i32>,
     /// A failure noticed while the last recovery committed: the alarm stays raised after it.
     pending_alarm: bool,
 }
 
-impl Store {
+impl<F: Fabric> Store<F> {
     /// Creates the store collectively on every member of `comm`.
     ///
     /// Every rank must pass an equal `config`; a rank whose config is invalid gets
     /// [`Error::InvalidConfig`], and if configs differ every rank gets
     /// [`Error::ConfigMismatch`] (no rank hangs). A dead member makes creation fail with an MPI
     /// failure error.
-    pub fn create(comm: &Comm, config: Config) -> Result<Store> {
+    pub fn create(comm: &F, config: Config) -> Result<Store<F>> {
         let workers = comm.size() as usize;
         let valid = config.validate(workers);
         agree_on_config(comm, &config, valid.is_ok())?;
@@ -79,9 +85,10 @@ impl Store {
         let layout =
             Layout::compute(&live, workers, config.kinds.len(), config.copies, geometry, me);
         let store_comm = Arc::new(comm.dup()?);
-        let window = open_window(&store_comm, &layout, geometry)?;
-        let mut store = Store {
+        let window = open_window(store_comm.as_ref(), &layout, geometry)?;
+        let mut store = Store::<F> {
             versions: vec![0; config.kinds.len()],
+            acked: vec![0; config.kinds.len()],
             config,
             geometry,
             me,
@@ -106,6 +113,11 @@ impl Store {
     /// This worker's stable id.
     pub fn worker(&self) -> i32 {
         self.me
+    }
+
+    /// How many workers the store was created with (owners are `0..workers()`).
+    pub fn workers(&self) -> usize {
+        self.workers
     }
 
     /// The live workers' ids.
@@ -133,14 +145,18 @@ impl Store {
         self.check_own(key)?;
         self.check_value(value)?;
         let version = self.next_own_version(key);
-        self.write(key, Header::for_value(value, version, self.epoch), value)
+        self.write(key, Header::for_value(value, version, self.epoch), value)?;
+        self.acked[key.kind as usize] = version;
+        Ok(())
     }
 
     /// Deletes this worker's own `key`; same completion and failure semantics as [`Store::put`].
     pub fn delete(&mut self, key: Key) -> Result<()> {
         self.check_own(key)?;
         let version = self.next_own_version(key);
-        self.write(key, Header::for_delete(version, self.epoch), &[])
+        self.write(key, Header::for_delete(version, self.epoch), &[])?;
+        self.acked[key.kind as usize] = version;
+        Ok(())
     }
 
     /// Writes a key owned by another worker that the application handed to this one (a thief
@@ -251,14 +267,15 @@ impl Store {
         let encoded = header.encode();
         let half = self.geometry.half_offset(header.version) as i64;
         let window = self.window.as_ref().ok_or(Error::Closed)?;
+        let comm = &self.comm;
         self.health.enter_call();
-        failpoint::stall("put_stall");
+        comm.stall_point("put_stall");
         let issued = window.scope(|s| {
             for copy in route {
                 s.put(copy.rank, copy.disp + half + HEADER_LEN as i64, data)?;
-                failpoint::hit("put_before_header");
+                comm.failpoint("put_before_header");
                 s.put(copy.rank, copy.disp + half, &encoded)?;
-                failpoint::hit("put_between_copies");
+                comm.failpoint("put_between_copies");
             }
             Ok(())
         });
@@ -270,7 +287,7 @@ impl Store {
     fn ping_all(&self, route: &[Copy]) -> Result<()> {
         let comm = self.watch_comm.as_ref().ok_or(Error::Closed)?;
         for copy in route {
-            let ping = comm.ping(copy.rank, PING_TAG, PONG_TAG, self.config.watchdog);
+            let ping = comm.ping(copy.rank, self.config.watchdog);
             if let Err(e) = ping {
                 self.health.mark_failed(copy.worker);
                 return Err(self.failure(e));
@@ -354,8 +371,15 @@ impl Store {
             None => return Err(Error::Closed),
         };
         for attempt in 1..=MAX_RECOVERY_ATTEMPTS {
-            if let Some(recovered) = self.recover_once(&retained)? {
-                retained.window.unlock_all()?.free()?;
+            let deadline = Deadline::start(
+                self.comm.clone(),
+                self.config.recovery_watchdog,
+                "a recovery attempt",
+            );
+            let outcome = self.recover_once(&retained);
+            drop(deadline);
+            if let Some(recovered) = outcome? {
+                retained.window.close()?;
                 self.trace("old window freed");
                 return self.finish_recovery(recovered, attempt, started);
             }
@@ -396,7 +420,7 @@ impl Store {
 
     /// One attempt. `Ok(None)`: a failure interrupted it (uniformly known through the final
     /// agreement), try again.
-    fn recover_once(&mut self, retained: &Retained) -> Result<Option<Recovered>> {
+    fn recover_once(&mut self, retained: &Retained<F::Window>) -> Result<Option<Recovered>> {
         if let Err(e) = self.comm.revoke() {
             return Err(Error::Mpi(e));
         }
@@ -418,7 +442,7 @@ impl Store {
             self.me,
         );
         self.epoch += 1;
-        failpoint::hit("recovery_after_shrink");
+        shrunk.failpoint("recovery_after_shrink");
         let attempt = self.rebuild(&shrunk, retained);
         let ok = attempt.is_ok() && shrunk.failed_ranks().is_ok_and(|f| f.is_empty());
         if !ok {
@@ -452,28 +476,35 @@ impl Store {
         }
     }
 
-    fn live_ids(&self, shrunk: &Comm) -> Result<Vec<i32>> {
-        let ranks: Vec<i32> = (0..shrunk.size()).collect();
-        let ids = shrunk.translate_ranks(&ranks, &self.origin)?;
-        Ok(ids.into_iter().map(|id| id.expect("survivors are members of the origin")).collect())
+    fn live_ids(&self, shrunk: &F) -> Result<Vec<i32>> {
+        Ok(shrunk.ranks_in(&self.origin)?)
     }
 
     /// New window, exchange of surviving versions, copies to the new holders. A window of an
     /// attempt that fails is left allocated: freeing is collective, and the survivors may not
     /// all have it.
-    fn rebuild(&self, shrunk: &Comm, retained: &Retained) -> Result<(LockedWindow, Recovered)> {
+    fn rebuild(
+        &self,
+        shrunk: &F,
+        retained: &Retained<F::Window>,
+    ) -> Result<(F::Window, Recovered)> {
         let window = open_window(shrunk, &self.layout, self.geometry)?;
         self.trace("window open");
         match self.fill(shrunk, retained, &window) {
             Ok(recovered) => Ok((window, recovered)),
             Err(e) => {
-                std::mem::forget(window);
+                window.abandon();
                 Err(e)
             }
         }
     }
 
-    fn fill(&self, shrunk: &Comm, retained: &Retained, window: &LockedWindow) -> Result<Recovered> {
+    fn fill(
+        &self,
+        shrunk: &F,
+        retained: &Retained<F::Window>,
+        window: &F::Window,
+    ) -> Result<Recovered> {
         let local = scan_local(retained, self.geometry)?;
         let mut records: Vec<Record> = local
             .iter()
@@ -483,7 +514,7 @@ impl Store {
         let all = recovery::exchange(shrunk, &records)?;
         self.trace("records exchanged");
         let plan = recovery::plan(&all, &self.layout, shrunk.rank());
-        failpoint::hit("recovery_mid_copy");
+        shrunk.failpoint("recovery_mid_copy");
         copy_out(window, &self.layout, &plan.sends, &local, self.geometry)?;
         shrunk.barrier()?;
         let lost = plan
@@ -494,9 +525,11 @@ impl Store {
         Ok(Recovered { keys: plan.recovered, lost })
     }
 
-    /// Records saying which of its own keys this worker wrote.
+    /// Records saying which of its own keys this worker wrote with an acknowledgement: such a
+    /// key without any surviving copy is lost (an unacknowledged first write may have reached
+    /// no holder, and then nothing was lost).
     fn owner_marks(&self) -> impl Iterator<Item = Record> + '_ {
-        let written = self.versions.iter().enumerate().filter(|(_, &v)| v > 0);
+        let written = self.acked.iter().enumerate().filter(|(_, &v)| v > 0);
         written.map(|(kind, &version)| Record {
             key: Key::new(self.me, kind as u16),
             version,
@@ -522,7 +555,7 @@ struct Recovered {
 }
 
 /// Every rank learns whether all configs are valid and equal before anyone acts on its own.
-fn agree_on_config(comm: &Comm, config: &Config, valid: bool) -> Result<()> {
+fn agree_on_config<F: Fabric>(comm: &F, config: &Config, valid: bool) -> Result<()> {
     let mut mine = config.fingerprint().to_le_bytes().to_vec();
     mine.push(valid as u8);
     let all = comm.allgather(&mine)?;
@@ -541,22 +574,18 @@ fn agree_on_config(comm: &Comm, config: &Config, valid: bool) -> Result<()> {
 
 /// Allocates the window of `layout`, empties this rank's slot headers, opens the lock_all epoch
 /// and waits until every rank did, so no put can land before the headers are cleared.
-fn open_window(comm: &Comm, layout: &Layout, geometry: SlotGeometry) -> Result<LockedWindow> {
-    let window = Window::allocate(comm, layout.window_len)?;
-    let empty = [0u8; HEADER_LEN];
-    for &(_, disp) in &layout.local {
-        for half in [0, geometry.half_len] {
-            window.write_local(disp as usize + half, &empty)?;
-        }
-    }
-    let locked = window.lock_all()?;
+fn open_window<F: Fabric>(comm: &F, layout: &Layout, geometry: SlotGeometry) -> Result<F::Window> {
+    let headers = layout.local.iter().flat_map(|&(_, disp)| {
+        [0, geometry.half_len].map(|half| (disp as usize + half, HEADER_LEN))
+    });
+    let window = comm.open_window(layout.window_len, &headers.collect::<Vec<_>>())?;
     comm.barrier()?;
-    Ok(locked)
+    Ok(window)
 }
 
 /// Reads both halves of one remote copy and returns its newest complete version.
-fn read_copy(
-    window: &LockedWindow,
+fn read_copy<W: FabricWindow>(
+    window: &W,
     copy: &Copy,
     geometry: SlotGeometry,
 ) -> std::result::Result<Option<Committed>, MpiError> {
@@ -579,20 +608,22 @@ fn read_copy(
 }
 
 /// The newest complete version of every slot this rank hosts in the previous epoch's window.
-fn scan_local(retained: &Retained, geometry: SlotGeometry) -> Result<HashMap<Key, Committed>> {
+fn scan_local<W: FabricWindow>(
+    retained: &Retained<W>,
+    geometry: SlotGeometry,
+) -> Result<HashMap<Key, Committed>> {
     retained.window.sync()?;
     let mut found = HashMap::new();
     for &(key, disp) in &retained.layout.local {
-        if let Some(committed) = read_local_slot(retained.window.window(), disp as usize, geometry)?
-        {
+        if let Some(committed) = read_local_slot(&retained.window, disp as usize, geometry)? {
             found.insert(key, committed);
         }
     }
     Ok(found)
 }
 
-fn read_local_slot(
-    window: &Window,
+fn read_local_slot<W: FabricWindow>(
+    window: &W,
     disp: usize,
     geometry: SlotGeometry,
 ) -> Result<Option<Committed>> {
@@ -610,8 +641,8 @@ fn read_local_slot(
 }
 
 /// Writes the versions this rank is the source of to their new holders.
-fn copy_out(
-    window: &LockedWindow,
+fn copy_out<W: FabricWindow>(
+    window: &W,
     layout: &Layout,
     sends: &[Key],
     local: &HashMap<Key, Committed>,
@@ -635,7 +666,7 @@ fn copy_out(
 
 /// Stops the detector thread before the fields go: it polls MPI on a communicator derived from
 /// the store's, and the window's collective free must not race with it.
-impl Drop for Store {
+impl<F: Fabric> Drop for Store<F> {
     fn drop(&mut self) {
         self.detector = None;
     }

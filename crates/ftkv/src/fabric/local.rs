@@ -1,0 +1,512 @@
+//! An in-process fabric: ranks are threads, windows are shared buffers, and any rank can be
+//! killed, at a named failpoint or from outside, for fast and deterministic protocol tests.
+//!
+//! A killed rank's thread unwinds at its next fabric call (with a [`Killed`] payload that
+//! [`LocalCluster::run`] reports as `None`); from then on the others see it as dead: its
+//! collectives never arrive, `failed_ranks` lists it, and `shrink` leaves it out. Its window
+//! memory stays readable and writable, as an `MPI_Win_allocate` window's does. Collectives match
+//! by a per-kind call counter (regular collectives, shrink, agree), as ULFM matches agreements
+//! independently of aborted collectives.
+
+use std::collections::HashMap;
+use std::panic::{self, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+
+use super::{Agreed, Fabric, FabricResult, FabricWindow, MpiError, RmaOps};
+
+/// The unwinding payload of a killed rank's threads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Killed(pub i32);
+
+/// A set of thread ranks sharing one simulated machine.
+#[derive(Clone)]
+pub struct LocalCluster {
+    world: Arc<World>,
+}
+
+struct World {
+    state: Mutex<State>,
+    changed: Condvar,
+}
+
+#[derive(Default)]
+struct State {
+    dead: Vec<bool>,
+    comms: Vec<CommState>,
+    windows: Vec<Arc<Memory>>,
+    rendezvous: HashMap<(usize, Kind, u64), Rendezvous>,
+    armed: HashMap<(i32, String), usize>,
+}
+
+struct CommState {
+    members: Vec<i32>,
+    revoked: bool,
+}
+
+/// One window: each member's bytes, by rank.
+struct Memory {
+    ranks: Vec<Mutex<Vec<u8>>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Kind {
+    Collective,
+    Shrink,
+    Agree,
+}
+
+/// One collective call in progress: who contributed what, and its outcome once decided.
+struct Rendezvous {
+    deposits: Vec<Option<Vec<u8>>>,
+    outcome: Option<Vec<u8>>,
+}
+
+impl LocalCluster {
+    /// A cluster of `ranks` live ranks with one world communicator.
+    pub fn new(ranks: usize) -> LocalCluster {
+        let state = State {
+            dead: vec![false; ranks],
+            comms: vec![CommState { members: (0..ranks as i32).collect(), revoked: false }],
+            ..State::default()
+        };
+        LocalCluster {
+            world: Arc::new(World { state: Mutex::new(state), changed: Condvar::new() }),
+        }
+    }
+
+    pub fn ranks(&self) -> usize {
+        self.world.lock().dead.len()
+    }
+
+    /// Kills `rank` now: its threads unwind at their next fabric call.
+    pub fn kill(&self, rank: i32) {
+        self.world.mark_dead(rank);
+    }
+
+    /// Kills `rank` at its `nth` (1-based) pass through failpoint `name`.
+    pub fn arm(&self, rank: i32, name: &str, nth: usize) {
+        self.world.lock().armed.insert((rank, name.to_string()), nth.max(1));
+    }
+
+    pub fn is_dead(&self, rank: i32) -> bool {
+        self.world.lock().dead[rank as usize]
+    }
+
+    /// Runs `body` on every rank, one thread each, and returns each rank's result, `None` for a
+    /// rank that was killed. A rank that panics is marked dead (so the others do not wait for
+    /// it) and its panic is raised again here once every thread ended.
+    pub fn run<T: Send>(&self, body: impl Fn(LocalFabric) -> T + Sync) -> Vec<Option<T>> {
+        let ranks = self.ranks();
+        let outcomes: Vec<std::thread::Result<T>> = std::thread::scope(|s| {
+            let threads: Vec<_> = (0..ranks as i32)
+                .map(|rank| {
+                    let body = &body;
+                    let fabric = self.world_member(rank);
+                    s.spawn(move || self.run_rank(rank, || body(fabric)))
+                })
+                .collect();
+            threads.into_iter().map(|t| t.join().unwrap_or_else(Err)).collect()
+        });
+        outcomes
+            .into_iter()
+            .map(|outcome| match outcome {
+                Ok(value) => Some(value),
+                Err(payload) if payload.is::<Killed>() => None,
+                Err(payload) => panic::resume_unwind(payload),
+            })
+            .collect()
+    }
+
+    fn run_rank<T>(&self, rank: i32, body: impl FnOnce() -> T) -> std::thread::Result<T> {
+        let outcome = panic::catch_unwind(AssertUnwindSafe(body));
+        if outcome.is_err() {
+            self.world.mark_dead(rank);
+        }
+        outcome
+    }
+
+    fn world_member(&self, rank: i32) -> LocalFabric {
+        LocalFabric::new(self.world.clone(), 0, rank, rank)
+    }
+}
+
+impl World {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn mark_dead(&self, rank: i32) {
+        self.lock().dead[rank as usize] = true;
+        self.changed.notify_all();
+    }
+
+    fn wait<'a>(&self, guard: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        let waited = self.changed.wait_timeout(guard, Duration::from_millis(20));
+        waited.map_or_else(|poisoned| poisoned.into_inner().0, |(guard, _)| guard)
+    }
+}
+
+/// One rank's handle on one communicator of a [`LocalCluster`].
+pub struct LocalFabric {
+    world: Arc<World>,
+    comm: usize,
+    rank: i32,
+    /// The rank in the cluster (stable).
+    me: i32,
+    calls: [AtomicU64; 3],
+    acked: Mutex<Vec<i32>>,
+}
+
+impl LocalFabric {
+    fn new(world: Arc<World>, comm: usize, rank: i32, me: i32) -> LocalFabric {
+        let calls = [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
+        LocalFabric { world, comm, rank, me, calls, acked: Mutex::new(Vec::new()) }
+    }
+
+    /// The state, or unwinding when this rank is dead.
+    fn alive_state(&self) -> MutexGuard<'_, State> {
+        let state = self.world.lock();
+        if state.dead[self.me as usize] {
+            drop(state);
+            panic::resume_unwind(Box::new(Killed(self.me)));
+        }
+        state
+    }
+
+    fn handle_on(&self, comm: usize, state: &State) -> LocalFabric {
+        let members = &state.comms[comm].members;
+        let rank = members.iter().position(|&m| m == self.me).expect("a member") as i32;
+        LocalFabric::new(self.world.clone(), comm, rank, self.me)
+    }
+
+    fn members(&self, state: &State) -> Vec<i32> {
+        state.comms[self.comm].members.clone()
+    }
+
+    /// Deposits `mine` for this rank's next call of `kind` and waits for the outcome, which
+    /// the first rank to see the call complete computes with `decide` from the contributions
+    /// (`None` for members left out: dead ones in shrink and agree).
+    fn rendezvous(
+        &self,
+        kind: Kind,
+        mine: Vec<u8>,
+        decide: impl FnOnce(&mut State, &[Option<Vec<u8>>]) -> Vec<u8>,
+    ) -> FabricResult<Vec<u8>> {
+        let call = self.calls[kind as usize].fetch_add(1, Ordering::Relaxed);
+        let key = (self.comm, kind, call);
+        let mut state = self.alive_state();
+        let size = state.comms[self.comm].members.len();
+        let entry = state
+            .rendezvous
+            .entry(key)
+            .or_insert_with(|| Rendezvous { deposits: vec![None; size], outcome: None });
+        entry.deposits[self.rank as usize] = Some(mine);
+        let mut decide = Some(decide);
+        loop {
+            match self.progress_of(&state, key, kind)? {
+                Progress::Decided(outcome) => return Ok(outcome),
+                Progress::Complete(deposits) => {
+                    let outcome = (decide.take().expect("decided once"))(&mut state, &deposits);
+                    state.rendezvous.get_mut(&key).expect("present").outcome =
+                        Some(outcome.clone());
+                    self.world.changed.notify_all();
+                    return Ok(outcome);
+                }
+                Progress::Waiting => state = self.world.wait(state),
+            }
+            if state.dead[self.me as usize] {
+                drop(state);
+                panic::resume_unwind(Box::new(Killed(self.me)));
+            }
+        }
+    }
+
+    fn progress_of(
+        &self,
+        state: &State,
+        key: (usize, Kind, u64),
+        kind: Kind,
+    ) -> FabricResult<Progress> {
+        let entry = &state.rendezvous[&key];
+        if let Some(outcome) = &entry.outcome {
+            return Ok(Progress::Decided(outcome.clone()));
+        }
+        let comm = &state.comms[self.comm];
+        let dead = |rank: usize| state.dead[comm.members[rank] as usize];
+        let missing: Vec<usize> =
+            (0..comm.members.len()).filter(|&r| entry.deposits[r].is_none()).collect();
+        if kind == Kind::Collective {
+            if comm.revoked {
+                return Err(MpiError::Revoked { op: "local collective" });
+            }
+            if let Some(&r) = missing.iter().find(|&&r| dead(r)) {
+                return Err(MpiError::ProcFailed { op: "local collective", peer: Some(r as i32) });
+            }
+        }
+        if missing.iter().any(|&r| !dead(r)) {
+            return Ok(Progress::Waiting);
+        }
+        let present = (0..comm.members.len())
+            .map(|r| {
+                if kind == Kind::Collective || !dead(r) {
+                    entry.deposits[r].clone()
+                } else {
+                    None
+                }
+            })
+            .collect();
+        Ok(Progress::Complete(present))
+    }
+
+    fn new_comm(state: &mut State, members: Vec<i32>) -> Vec<u8> {
+        state.comms.push(CommState { members, revoked: false });
+        ((state.comms.len() - 1) as u64).to_le_bytes().to_vec()
+    }
+
+    fn decode_id(bytes: &[u8]) -> usize {
+        u64::from_le_bytes(bytes.try_into().expect("an 8-byte id")) as usize
+    }
+}
+
+enum Progress {
+    Decided(Vec<u8>),
+    Complete(Vec<Option<Vec<u8>>>),
+    Waiting,
+}
+
+impl Fabric for LocalFabric {
+    type Window = LocalWindow;
+
+    fn rank(&self) -> i32 {
+        self.rank
+    }
+
+    fn size(&self) -> i32 {
+        self.world.lock().comms[self.comm].members.len() as i32
+    }
+
+    fn dup(&self) -> FabricResult<LocalFabric> {
+        let members = self.members(&self.alive_state());
+        let id = self.rendezvous(Kind::Collective, Vec::new(), |state, _| {
+            LocalFabric::new_comm(state, members)
+        })?;
+        Ok(self.handle_on(LocalFabric::decode_id(&id), &self.alive_state()))
+    }
+
+    fn barrier(&self) -> FabricResult<()> {
+        self.rendezvous(Kind::Collective, Vec::new(), |_, _| Vec::new()).map(drop)
+    }
+
+    fn allgather(&self, mine: &[u8]) -> FabricResult<Vec<u8>> {
+        self.rendezvous(Kind::Collective, mine.to_vec(), |_, deposits| {
+            deposits.iter().flat_map(|d| d.clone().expect("every member contributed")).collect()
+        })
+    }
+
+    fn revoke(&self) -> FabricResult<()> {
+        self.alive_state().comms[self.comm].revoked = true;
+        self.world.changed.notify_all();
+        Ok(())
+    }
+
+    fn is_revoked(&self) -> FabricResult<bool> {
+        Ok(self.alive_state().comms[self.comm].revoked)
+    }
+
+    fn shrink(&self) -> FabricResult<LocalFabric> {
+        let members = self.members(&self.alive_state());
+        let id = self.rendezvous(Kind::Shrink, Vec::new(), |state, deposits| {
+            let survivors = members.iter().zip(deposits).filter(|(_, d)| d.is_some());
+            LocalFabric::new_comm(state, survivors.map(|(&m, _)| m).collect())
+        })?;
+        Ok(self.handle_on(LocalFabric::decode_id(&id), &self.alive_state()))
+    }
+
+    fn agree(&self, flag: u32) -> FabricResult<Agreed> {
+        let value = self.rendezvous(Kind::Agree, flag.to_le_bytes().to_vec(), |_, deposits| {
+            let flags =
+                deposits.iter().flatten().map(|d| u32::from_le_bytes([d[0], d[1], d[2], d[3]]));
+            flags.fold(u32::MAX, |a, f| a & f).to_le_bytes().to_vec()
+        })?;
+        let dead = self.dead_ranks();
+        let acked = self.acked.lock().unwrap_or_else(|p| p.into_inner());
+        let unacknowledged_failures = dead.iter().any(|r| !acked.contains(r));
+        Ok(Agreed {
+            value: u32::from_le_bytes([value[0], value[1], value[2], value[3]]),
+            unacknowledged_failures,
+        })
+    }
+
+    fn failed_ranks(&self) -> FabricResult<Vec<i32>> {
+        let dead = self.dead_ranks();
+        self.acked.lock().unwrap_or_else(|p| p.into_inner()).clone_from(&dead);
+        Ok(dead)
+    }
+
+    fn ranks_in(&self, origin: &LocalFabric) -> FabricResult<Vec<i32>> {
+        let state = self.alive_state();
+        let theirs = &state.comms[origin.comm].members;
+        let position = |m: &i32| theirs.iter().position(|t| t == m).expect("a subset") as i32;
+        Ok(state.comms[self.comm].members.iter().map(position).collect())
+    }
+
+    fn progress(&self) -> FabricResult<()> {
+        drop(self.alive_state());
+        Ok(())
+    }
+
+    fn ping(&self, target: i32, _timeout: Duration) -> FabricResult<()> {
+        let state = self.alive_state();
+        let peer = state.comms[self.comm].members[target as usize];
+        if state.dead[peer as usize] {
+            return Err(MpiError::ProcFailed { op: "local ping", peer: Some(target) });
+        }
+        Ok(())
+    }
+
+    fn answer_pings(&self) -> FabricResult<()> {
+        self.progress()
+    }
+
+    fn open_window(&self, len: usize, _zeroed: &[(usize, usize)]) -> FabricResult<LocalWindow> {
+        let id = self.rendezvous(
+            Kind::Collective,
+            (len as u64).to_le_bytes().to_vec(),
+            |state, deposits| {
+                let sizes =
+                    deposits.iter().map(|d| LocalFabric::decode_id(d.as_deref().expect("all")));
+                let ranks = sizes.map(|n| Mutex::new(vec![0u8; n])).collect();
+                state.windows.push(Arc::new(Memory { ranks }));
+                ((state.windows.len() - 1) as u64).to_le_bytes().to_vec()
+            },
+        )?;
+        let memory = self.alive_state().windows[LocalFabric::decode_id(&id)].clone();
+        Ok(LocalWindow { world: self.world.clone(), memory, rank: self.rank, me: self.me })
+    }
+
+    fn failpoint(&self, name: &str) {
+        let mut state = self.alive_state();
+        let Some(left) = state.armed.get_mut(&(self.me, name.to_string())) else { return };
+        *left -= 1;
+        if *left == 0 {
+            state.dead[self.me as usize] = true;
+            drop(state);
+            self.world.changed.notify_all();
+            panic::resume_unwind(Box::new(Killed(self.me)));
+        }
+    }
+
+    fn stall_point(&self, _name: &str) {}
+
+    fn fail_stop(&self, _why: &str) {
+        self.world.mark_dead(self.me);
+    }
+}
+
+impl LocalFabric {
+    fn dead_ranks(&self) -> Vec<i32> {
+        let state = self.world.lock();
+        let members = &state.comms[self.comm].members;
+        (0..members.len() as i32).filter(|&r| state.dead[members[r as usize] as usize]).collect()
+    }
+}
+
+/// A [`LocalFabric`] window: puts and gets copy bytes at once, under the target's lock.
+pub struct LocalWindow {
+    world: Arc<World>,
+    memory: Arc<Memory>,
+    rank: i32,
+    me: i32,
+}
+
+impl LocalWindow {
+    fn check_alive(&self) {
+        check_alive(&self.world, self.me);
+    }
+}
+
+fn check_alive(world: &World, me: i32) {
+    let dead = world.lock().dead[me as usize];
+    if dead {
+        panic::resume_unwind(Box::new(Killed(me)));
+    }
+}
+
+/// `target`'s bytes, after checking that `len` bytes at `disp` lie inside them.
+fn target_bytes(
+    memory: &Memory,
+    target: i32,
+    disp: i64,
+    len: usize,
+) -> FabricResult<MutexGuard<'_, Vec<u8>>> {
+    let outside = |what: String| MpiError::Other { op: "local rma", class: 0, msg: what };
+    let bytes =
+        memory.ranks.get(target as usize).ok_or_else(|| outside(format!("no rank {target}")))?;
+    let guard = bytes.lock().unwrap_or_else(|p| p.into_inner());
+    if disp < 0 || disp as usize + len > guard.len() {
+        let size = guard.len();
+        return Err(outside(format!("{len} bytes at {disp} outside rank {target}'s {size} bytes")));
+    }
+    Ok(guard)
+}
+
+/// The operations of one [`LocalWindow`] scope: each completes at once.
+pub struct LocalScope<'buf> {
+    world: Arc<World>,
+    memory: Arc<Memory>,
+    me: i32,
+    _buffers: std::marker::PhantomData<&'buf mut [u8]>,
+}
+
+impl<'buf> RmaOps<'buf> for LocalScope<'buf> {
+    fn put(&mut self, target: i32, disp: i64, data: &'buf [u8]) -> FabricResult<()> {
+        check_alive(&self.world, self.me);
+        let mut bytes = target_bytes(&self.memory, target, disp, data.len())?;
+        bytes[disp as usize..disp as usize + data.len()].copy_from_slice(data);
+        Ok(())
+    }
+
+    fn get(&mut self, target: i32, disp: i64, out: &'buf mut [u8]) -> FabricResult<()> {
+        check_alive(&self.world, self.me);
+        let bytes = target_bytes(&self.memory, target, disp, out.len())?;
+        out.copy_from_slice(&bytes[disp as usize..disp as usize + out.len()]);
+        Ok(())
+    }
+}
+
+impl FabricWindow for LocalWindow {
+    type Scope<'buf> = LocalScope<'buf>;
+
+    fn scope<'buf, R>(
+        &self,
+        issue: impl FnOnce(&mut LocalScope<'buf>) -> FabricResult<R>,
+    ) -> FabricResult<R> {
+        issue(&mut LocalScope {
+            world: self.world.clone(),
+            memory: self.memory.clone(),
+            me: self.me,
+            _buffers: std::marker::PhantomData,
+        })
+    }
+
+    fn sync(&self) -> FabricResult<()> {
+        self.check_alive();
+        Ok(())
+    }
+
+    fn read_local(&self, offset: usize, out: &mut [u8]) -> FabricResult<()> {
+        self.check_alive();
+        let bytes = target_bytes(&self.memory, self.rank, offset as i64, out.len())?;
+        out.copy_from_slice(&bytes[offset..offset + out.len()]);
+        Ok(())
+    }
+
+    fn close(self) -> FabricResult<()> {
+        self.check_alive();
+        Ok(())
+    }
+
+    fn abandon(self) {}
+}

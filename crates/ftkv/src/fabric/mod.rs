@@ -1,0 +1,88 @@
+//! What the store needs from the machine underneath: a fault-tolerant communicator with
+//! ULFM's recovery calls and passive-target windows.
+//!
+//! [`ftkv_mpi::Comm`] is the production fabric (MPI with ULFM); [`local::LocalCluster`] runs
+//! ranks as threads of one process with killable ranks, for fast deterministic protocol tests.
+//! Errors are [`MpiError`]s in both, with the same meaning: `ProcFailed` and `Revoked` are peer
+//! failures, never panics.
+
+use std::time::Duration;
+
+pub use ftkv_mpi::{Agreed, MpiError};
+
+pub mod local;
+mod mpi;
+
+/// A fabric call's result.
+pub type FabricResult<T> = std::result::Result<T, MpiError>;
+
+/// A communicator: one member per worker still alive, ranks `0..size()`.
+///
+/// Collective calls are made by all members in the same order. `barrier`, `allgather`, `dup`
+/// and [`Fabric::open_window`] fail with `ProcFailed` when a member died, `Revoked` after
+/// [`Fabric::revoke`]; `shrink` and `agree` work on revoked communicators and complete among the
+/// survivors with a uniform result.
+pub trait Fabric: Send + Sync + Sized + 'static {
+    type Window: FabricWindow;
+
+    fn rank(&self) -> i32;
+    fn size(&self) -> i32;
+    /// A new communicator with the same members (collective).
+    fn dup(&self) -> FabricResult<Self>;
+    fn barrier(&self) -> FabricResult<()>;
+    /// Every member's equally long `mine`, concatenated in rank order.
+    fn allgather(&self, mine: &[u8]) -> FabricResult<Vec<u8>>;
+    /// Makes every member's pending and future collectives fail with `Revoked`. Local.
+    fn revoke(&self) -> FabricResult<()>;
+    fn is_revoked(&self) -> FabricResult<bool>;
+    /// The survivors, in the old rank order (collective over them).
+    fn shrink(&self) -> FabricResult<Self>;
+    /// The AND of the survivors' flags, the same on every survivor.
+    fn agree(&self, flag: u32) -> FabricResult<Agreed>;
+    /// Ranks known dead here, acknowledged (so `agree` stops flagging them). Local.
+    fn failed_ranks(&self) -> FabricResult<Vec<i32>>;
+    /// Each member's rank in `origin` (of which this communicator is a subset), in rank order.
+    fn ranks_in(&self, origin: &Self) -> FabricResult<Vec<i32>>;
+    /// Lets failure notifications arrive (MPI learns of failures only while it progresses).
+    fn progress(&self) -> FabricResult<()>;
+    /// A round trip to `target`'s [`Fabric::answer_pings`]; `ProcFailed` or `Timeout` when
+    /// `target` is dead.
+    fn ping(&self, target: i32, timeout: Duration) -> FabricResult<()>;
+    /// Answers the pings that arrived.
+    fn answer_pings(&self) -> FabricResult<()>;
+    /// Allocates `len` bytes per member (collective), zeroes the `(offset, len)` ranges of this
+    /// member's memory and opens a passive-target epoch to all members.
+    fn open_window(&self, len: usize, zeroed: &[(usize, usize)]) -> FabricResult<Self::Window>;
+    /// A named failure-injection point (`FTKV_FAILPOINT` for MPI, armed kills locally).
+    fn failpoint(&self, name: &str);
+    /// A named point where an armed member blocks forever instead of dying.
+    fn stall_point(&self, name: &str);
+    /// Ends this member as a fail-stop failure; the others see it as dead.
+    fn fail_stop(&self, why: &str);
+}
+
+/// A window inside its passive-target epoch.
+pub trait FabricWindow: Send + Sync + 'static {
+    type Scope<'buf>: RmaOps<'buf>;
+
+    /// Runs `issue`, then completes every operation it issued at its target (also when `issue`
+    /// failed). `Ok` means every put is visible at its target and every get filled its buffer.
+    fn scope<'buf, R>(
+        &self,
+        issue: impl FnOnce(&mut Self::Scope<'buf>) -> FabricResult<R>,
+    ) -> FabricResult<R>;
+    /// Makes peers' completed puts visible to [`FabricWindow::read_local`].
+    fn sync(&self) -> FabricResult<()>;
+    fn read_local(&self, offset: usize, out: &mut [u8]) -> FabricResult<()>;
+    /// Ends the epoch and frees the window (collective over the window's members).
+    fn close(self) -> FabricResult<()>;
+    /// Leaves the window allocated without touching it again: a collective free cannot be
+    /// matched when the members of a failed recovery attempt do not all hold it.
+    fn abandon(self);
+}
+
+/// One-sided operations inside a [`FabricWindow::scope`]; buffers stay borrowed until it ends.
+pub trait RmaOps<'buf> {
+    fn put(&mut self, target: i32, disp: i64, data: &'buf [u8]) -> FabricResult<()>;
+    fn get(&mut self, target: i32, disp: i64, out: &'buf mut [u8]) -> FabricResult<()>;
+}

@@ -1,0 +1,305 @@
+//! Protocol scenarios on the in-process fabric: ranks are threads, kills are exact. Every
+//! scenario runs under a hard timeout; the randomized ones print their seed, and
+//! `FTKV_SEED=<n>` replays one.
+
+use std::collections::HashMap;
+use std::sync::mpsc;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use ftkv::fabric::local::{LocalCluster, LocalFabric};
+use ftkv::{Config, Error, Key, Store};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+/// Runs `body` on a thread and fails the test if it does not end within `secs`.
+fn within<T: Send + 'static>(
+    secs: u64,
+    what: String,
+    body: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body));
+        let _ = tx.send(outcome);
+    });
+    match rx.recv_timeout(Duration::from_secs(secs)) {
+        Ok(Ok(value)) => value,
+        Ok(Err(panic)) => std::panic::resume_unwind(panic),
+        Err(_) => panic!("{what}: no end within {secs} s (hang)"),
+    }
+}
+
+fn config(copies: usize) -> Config {
+    let mut config = Config::new(["checkpoint", "loot"], copies);
+    config.initial_capacity = 1024;
+    config.max_value = 16 << 10;
+    config
+}
+
+/// A value naming its owner and sequence number, padded to `len`.
+fn value(owner: i32, seq: u32, len: usize) -> Vec<u8> {
+    let mut v = format!("{owner}:{seq}:").into_bytes();
+    v.resize(len.max(v.len()), (seq % 251) as u8);
+    v
+}
+
+/// Owner and sequence number of a value made by [`value`], `None` if it is not one (torn).
+fn parse(v: &[u8]) -> Option<(i32, u32)> {
+    let mut parts = v.splitn(3, |&b| b == b':');
+    let owner = std::str::from_utf8(parts.next()?).ok()?.parse().ok()?;
+    let seq: u32 = std::str::from_utf8(parts.next()?).ok()?.parse().ok()?;
+    let padding = parts.next()?;
+    padding.iter().all(|&b| b == (seq % 251) as u8).then_some((owner, seq))
+}
+
+fn recover(store: &mut Store<LocalFabric>) {
+    store.recover().expect("recovery among the survivors");
+}
+
+fn sync_until_done(store: &mut Store<LocalFabric>) {
+    loop {
+        match store.sync() {
+            Ok(()) => return,
+            Err(e) if e.needs_recovery() => recover(store),
+            Err(e) => panic!("sync: {e}"),
+        }
+    }
+}
+
+#[test]
+fn put_get_delete_round_trip_on_2_to_8_ranks() {
+    for ranks in 2..=8usize {
+        let copies = (ranks - 1).min(3);
+        let reads = within(30, format!("{ranks} ranks"), move || {
+            LocalCluster::new(ranks).run(|fabric| {
+                let mut store = Store::create(&fabric, config(copies)).expect("create");
+                let me = store.worker();
+                store.put(Key::new(me, 0), &value(me, 1, 100 + me as usize)).expect("put");
+                store.put(Key::new(me, 1), &value(me, 2, 10)).expect("put loot");
+                store.delete(Key::new(me, 1)).expect("delete loot");
+                store.sync().expect("sync");
+                let all: Vec<_> = (0..ranks as i32)
+                    .map(|o| {
+                        (store.get(Key::new(o, 0)).unwrap(), store.get(Key::new(o, 1)).unwrap())
+                    })
+                    .collect();
+                store.sync().expect("sync");
+                all
+            })
+        });
+        for (reader, read) in reads.into_iter().enumerate() {
+            for (owner, (checkpoint, loot)) in read.expect("nobody killed").into_iter().enumerate()
+            {
+                let owner = owner as i32;
+                assert_eq!(
+                    checkpoint,
+                    Some(value(owner, 1, 100 + owner as usize)),
+                    "rank {reader}"
+                );
+                assert_eq!(loot, None, "rank {reader} reads the deleted loot of {owner}");
+            }
+        }
+    }
+}
+
+#[test]
+fn bad_input_is_rejected_without_harm() {
+    let results = within(30, "bad input".into(), || {
+        LocalCluster::new(3).run(|fabric| {
+            let mut store = Store::create(&fabric, config(2)).expect("create");
+            let me = store.worker();
+            let foreign = store.put(Key::new((me + 1) % 3, 0), b"x");
+            let too_large = store.put(Key::new(me, 0), &vec![0u8; (16 << 10) + 1]);
+            let unknown_kind = store.put(Key::new(me, 7), b"x");
+            let unknown_owner = store.get(Key::new(9, 0));
+            store.put(Key::new(me, 0), b"fine").expect("a good put after bad ones");
+            store.sync().expect("sync");
+            let read = store.get(Key::new((me + 1) % 3, 0)).expect("get");
+            (foreign, too_large, unknown_kind, unknown_owner.map(drop), read)
+        })
+    });
+    for result in results {
+        let (foreign, too_large, unknown_kind, unknown_owner, read) = result.expect("alive");
+        assert!(matches!(foreign, Err(Error::ForeignOwner { .. })), "{foreign:?}");
+        assert!(matches!(too_large, Err(Error::ValueTooLarge { .. })), "{too_large:?}");
+        assert!(matches!(unknown_kind, Err(Error::UnknownKindIndex(7))), "{unknown_kind:?}");
+        assert!(matches!(unknown_owner, Err(Error::UnknownOwner(9))), "{unknown_owner:?}");
+        assert_eq!(read.as_deref(), Some(&b"fine"[..]));
+    }
+}
+
+/// Kills worker 1 at the `nth` pass through `failpoint` (each put passes it once per copy, two
+/// copies) while it overwrites its checkpoint; every survivor must then read its previous or
+/// its new value, never anything else.
+fn writer_killed_at(failpoint: &'static str, nth: usize) {
+    let cluster = LocalCluster::new(4);
+    cluster.arm(1, failpoint, nth);
+    let reads = within(30, failpoint.into(), move || {
+        cluster.run(|fabric| {
+            let mut store = Store::create(&fabric, config(2)).expect("create");
+            let me = store.worker();
+            store.put(Key::new(me, 0), &value(me, 1, 3000)).expect("first put");
+            store.sync().expect("sync");
+            if me == 1 {
+                let _ = store.put(Key::new(me, 0), &value(me, 2, 5000));
+                unreachable!("worker 1 dies inside its second put");
+            }
+            sync_until_done(&mut store);
+            store.get(Key::new(1, 0)).expect("read the dead writer's key")
+        })
+    });
+    assert!(reads[1].is_none(), "worker 1 was killed");
+    for read in reads.into_iter().flatten() {
+        let read = read.expect("a surviving copy");
+        assert!(read == value(1, 1, 3000) || read == value(1, 2, 5000), "torn or stale value");
+    }
+}
+
+#[test]
+fn writer_killed_between_data_and_header_leaves_old_or_new() {
+    writer_killed_at("put_before_header", 3);
+    writer_killed_at("put_before_header", 4);
+}
+
+#[test]
+fn writer_killed_between_copies_leaves_old_or_new() {
+    writer_killed_at("put_between_copies", 3);
+}
+
+/// One write a worker tried, and whether it was acknowledged.
+#[derive(Debug, Clone, Copy)]
+struct Op {
+    seq: u32,
+    delete: bool,
+    acked: bool,
+}
+
+/// Whether a final read is allowed by a key's history: the last acknowledged write or one tried
+/// after it; absence only if nothing was acknowledged or a delete is among those.
+fn allowed(ops: &[Op], read: Option<u32>) -> bool {
+    let last_acked = ops.iter().rposition(|o| o.acked);
+    let candidates = &ops[last_acked.unwrap_or(0)..];
+    match read {
+        Some(seq) => candidates.iter().any(|o| o.seq == seq && !o.delete),
+        None => last_acked.is_none() || candidates.iter().any(|o| o.delete),
+    }
+}
+
+/// A randomized run: ranks, copies, up to `copies − 1` kills at random failpoints (one of them
+/// possibly during recovery), every survivor checks every key against the writers' histories.
+fn random_scenario(seed: u64) {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let ranks = rng.gen_range(3..=8usize);
+    let copies = rng.gen_range(1..=3usize.min(ranks - 1));
+    let kills = (copies - 1).min(ranks - 2);
+    let cluster = LocalCluster::new(ranks);
+    let mut victims = Vec::new();
+    for k in 0..kills {
+        let victim = loop {
+            let v = rng.gen_range(0..ranks as i32);
+            if !victims.contains(&v) {
+                break v;
+            }
+        };
+        let point = if k == 1 {
+            ["recovery_after_shrink", "recovery_mid_copy"][rng.gen_range(0..2)]
+        } else {
+            ["put_before_header", "put_between_copies"][rng.gen_range(0..2)]
+        };
+        let nth = if k == 1 { 1 } else { rng.gen_range(1..60) };
+        cluster.arm(victim, point, nth);
+        victims.push(victim);
+    }
+    let ops_per_rank = 80u32;
+    let history: Mutex<HashMap<(i32, u16), Vec<Op>>> = Mutex::new(HashMap::new());
+    let what = format!("seed {seed}: {ranks} ranks, {copies} copies, kills {victims:?}");
+    println!("{what}");
+    let history = std::sync::Arc::new(history);
+    let shared = history.clone();
+    let finals = within(60, what.clone(), move || {
+        cluster.run(|fabric| run_worker(fabric, copies, ops_per_rank, seed, &shared))
+    });
+    for &victim in &victims {
+        assert!(finals[victim as usize].is_none(), "{what}: victim {victim} was not killed");
+    }
+    assert!(finals.iter().flatten().count() >= 2, "{what}: survivors finished");
+    let history = history.lock().unwrap();
+    for (reader, finals) in finals.iter().enumerate() {
+        let Some(finals) = finals else { continue };
+        for (&(owner, kind), &read) in finals {
+            let ops = history.get(&(owner, kind)).map_or(&[][..], Vec::as_slice);
+            assert!(
+                allowed(ops, read),
+                "{what}: rank {reader} reads {read:?} for ({owner}, {kind}), history {ops:?}"
+            );
+        }
+    }
+}
+
+type Finals = HashMap<(i32, u16), Option<u32>>;
+
+fn run_worker(
+    fabric: LocalFabric,
+    copies: usize,
+    ops: u32,
+    seed: u64,
+    history: &Mutex<HashMap<(i32, u16), Vec<Op>>>,
+) -> Finals {
+    let mut store = Store::create(&fabric, config(copies)).expect("create");
+    let me = store.worker();
+    let mut rng = SmallRng::seed_from_u64(seed ^ ((me as u64) << 32));
+    for seq in 1..=ops {
+        let (kind, delete) = match seq % 10 {
+            0 => (1u16, false),
+            5 => (1, true),
+            _ => (0, false),
+        };
+        let op = Op { seq, delete, acked: false };
+        history.lock().unwrap().entry((me, kind)).or_default().push(op);
+        let key = Key::new(me, kind);
+        let result = if delete {
+            store.delete(key)
+        } else {
+            store.put(key, &value(me, seq, rng.gen_range(16..12_000)))
+        };
+        match result {
+            Ok(()) => acknowledge(history, (me, kind), seq),
+            Err(e) if e.needs_recovery() => recover(&mut store),
+            Err(e) => panic!("worker {me}: {e}"),
+        }
+    }
+    sync_until_done(&mut store);
+    let workers = store.workers() as i32;
+    let mut finals = Finals::new();
+    for owner in 0..workers {
+        for kind in 0..2u16 {
+            let read = store.get(Key::new(owner, kind)).expect("get");
+            let seq = read.map(|v| {
+                let (o, seq) = parse(&v).expect("a well-formed value");
+                assert_eq!(o, owner, "a value of the wrong owner");
+                seq
+            });
+            finals.insert((owner, kind), seq);
+        }
+    }
+    store.sync().expect("final sync");
+    finals
+}
+
+fn acknowledge(history: &Mutex<HashMap<(i32, u16), Vec<Op>>>, key: (i32, u16), seq: u32) {
+    let mut history = history.lock().unwrap();
+    let op = history.get_mut(&key).and_then(|ops| ops.iter_mut().rev().find(|o| o.seq == seq));
+    op.expect("tried before acknowledged").acked = true;
+}
+
+#[test]
+fn random_kills_lose_no_acknowledged_write() {
+    let seeds: Vec<u64> = match std::env::var("FTKV_SEED") {
+        Ok(seed) => vec![seed.parse().expect("FTKV_SEED is a number")],
+        Err(_) => (1..=200).collect(),
+    };
+    for seed in seeds {
+        random_scenario(seed);
+    }
+}

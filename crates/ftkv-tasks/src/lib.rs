@@ -1,1 +1,4 @@
-//! The work-stealing task pool with task-level checkpointing into ftkv (see DESIGN.md §2).
+//! The application ftkv exists for: task-based computations with known answers (UTS, N-Queens)
+//! whose work is split into tasks, and a work-stealing pool that checkpoints into the store.
+
+pub mod uts;

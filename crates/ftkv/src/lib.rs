@@ -26,7 +26,12 @@
 //!   [`Detection::Ping`] adds the reference paper's per-put ping.
 //! - **Recovery** ([`Store::recover`]) is global: revoke, shrink, new windows, newest surviving
 //!   version of every key copied to its new holders. Up to `copies − 1` failures between two
-//!   recoveries lose no acknowledged write.
+//!   recoveries lose no acknowledged write. A recovery attempt stuck inside Open MPI (shrink can
+//!   stay blocked on one member while the others go on) ends that member after
+//!   [`Config::recovery_watchdog`], a fail-stop like any other.
+//! - **Fabrics**: the store talks to a [`fabric::Fabric`]: MPI's [`ftkv_mpi::Comm`] in
+//!   production, [`fabric::local::LocalCluster`] (ranks as threads, killable at named points)
+//!   for fast, deterministic protocol tests.
 
 mod detector;
 mod error;

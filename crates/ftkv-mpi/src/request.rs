@@ -189,3 +189,57 @@ impl Drop for RecvRequest {
         }
     }
 }
+
+/// A nonblocking sum of u64 vectors over a communicator (`MPI_Iallreduce` with `MPI_SUM`) that
+/// owns its buffers. Collective requests cannot be cancelled: one dropped before it completed
+/// leaks its buffers and handle (revoking the communicator completes it with an error).
+#[derive(Debug)]
+pub struct ReduceRequest {
+    raw: ffi::MPI_Request,
+    buffers: Option<(Vec<u64>, Vec<u64>)>,
+}
+
+// SAFETY: as for SendRequest: the handle and buffers are owned by this value.
+unsafe impl Send for ReduceRequest {}
+
+impl ReduceRequest {
+    pub(crate) fn start(comm: ffi::MPI_Comm, values: Vec<u64>) -> Result<ReduceRequest> {
+        let count = byte_count(values.len(), "MPI_Iallreduce")?;
+        let mut sums = vec![0u64; values.len()];
+        // SAFETY: reading an immutable handle exported by the C shim.
+        let mut raw = unsafe { ffi::ftkv_request_null };
+        // SAFETY: both buffers hold `count` u64 and move into the returned request, so they stay
+        // valid until it completes (or are leaked); handles come from the C shim.
+        let rc = unsafe {
+            ffi::MPI_Iallreduce(
+                values.as_ptr().cast(),
+                sums.as_mut_ptr().cast(),
+                count,
+                ffi::ftkv_type_uint64,
+                ffi::ftkv_op_sum,
+                comm,
+                &mut raw,
+            )
+        };
+        check(rc, "MPI_Iallreduce")?;
+        Ok(ReduceRequest { raw, buffers: Some((values, sums)) })
+    }
+
+    /// `MPI_Test`: the element-wise sums once every member contributed. A failed member or a
+    /// revocation completes the request with an error.
+    pub fn test(&mut self) -> Result<Option<Vec<u64>>> {
+        if test_raw(&mut self.raw, "MPI_Test(iallreduce)")?.is_none() {
+            return Ok(None);
+        }
+        let (_, sums) = self.buffers.take().expect("buffers until completion");
+        Ok(Some(sums))
+    }
+}
+
+impl Drop for ReduceRequest {
+    fn drop(&mut self) {
+        if !is_null(self.raw) {
+            std::mem::forget(self.buffers.take());
+        }
+    }
+}

@@ -115,6 +115,14 @@ impl<F: Fabric> Store<F> {
         self.me
     }
 
+    /// A new communicator of the live workers, in the store's rank order (rank `r` is worker
+    /// `live()[r]`), for the application's own messages. Collective over the live workers; a
+    /// failure makes it fail, and after [`Store::recover`] the application takes a new one.
+    pub fn communicator(&self) -> Result<F> {
+        self.ensure_healthy()?;
+        self.comm.dup().map_err(|e| self.failure(e))
+    }
+
     /// How many workers the store was created with (owners are `0..workers()`).
     pub fn workers(&self) -> usize {
         self.workers

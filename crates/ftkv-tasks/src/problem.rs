@@ -1,0 +1,49 @@
+//! A computation split into independent tasks: each task, when run, adds to the result and may
+//! create more tasks. Results add up, so the order and the worker do not matter.
+
+use crate::uts::{self, Counts, Node};
+
+/// A task-parallel computation with a known answer.
+pub trait Problem: Sync {
+    type Task: Copy + Send;
+    /// Bytes of an encoded task.
+    const TASK_LEN: usize;
+
+    /// The tasks the computation starts from.
+    fn roots(&self) -> Vec<Self::Task>;
+    /// Runs `task`: adds to `counts` and pushes the tasks it creates.
+    fn run(&self, task: &Self::Task, pool: &mut Vec<Self::Task>, counts: &mut Counts);
+    fn encode(task: &Self::Task, out: &mut Vec<u8>);
+    fn decode(bytes: &[u8]) -> Option<Self::Task>;
+}
+
+impl Problem for uts::Params {
+    type Task = Node;
+    const TASK_LEN: usize = uts::NODE_LEN;
+
+    fn roots(&self) -> Vec<Node> {
+        vec![self.root()]
+    }
+
+    fn run(&self, task: &Node, pool: &mut Vec<Node>, counts: &mut Counts) {
+        uts::expand(self, task, pool, counts);
+    }
+
+    fn encode(task: &Node, out: &mut Vec<u8>) {
+        task.encode(out);
+    }
+
+    fn decode(bytes: &[u8]) -> Option<Node> {
+        Node::decode(bytes)
+    }
+}
+
+/// Runs a problem to the end on one thread.
+pub fn solve_sequential<P: Problem>(problem: &P) -> Counts {
+    let mut pool = problem.roots();
+    let mut counts = Counts::default();
+    while let Some(task) = pool.pop() {
+        problem.run(&task, &mut pool, &mut counts);
+    }
+    counts
+}

@@ -7,4 +7,5 @@ pub mod env;
 pub mod launch;
 pub mod ping;
 pub mod probe;
+pub mod tasks;
 pub mod values;

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
-use ftkv_cli::{chaos, env, launch, probe};
+use ftkv_cli::{chaos, env, launch, probe, tasks};
 
 #[derive(Parser)]
 #[command(
@@ -20,6 +20,19 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// The main job: UTS on a work-stealing pool that checkpoints into ftkv, with workers
+    /// SIGKILLed at random moments; prints progress, the result and whether it equals the
+    /// published count, recovery times and checkpoint traffic.
+    Demo {
+        #[command(flatten)]
+        pool: PoolArgs,
+        /// Workers to SIGKILL at random moments.
+        #[arg(long, default_value_t = 2)]
+        kills: usize,
+    },
+    /// One pool worker on the ranks of an mpirun job (used by `ftkv demo` and `ftkv bench uts`).
+    #[command(hide = true)]
+    TasksRank { workload: String, interval_ms: u64, copies: usize, seed: u64 },
     /// Which MPI calls report a dead peer: one-sided calls per window kind, and two-sided calls.
     #[command(long_about = PROBE_HELP)]
     Probe {
@@ -98,6 +111,53 @@ enum BenchCommand {
         #[arg(short = 'n', long = "ranks", default_value_t = DEFAULT_RANKS)]
         ranks: usize,
     },
+    /// Checkpointing overhead: the same tree failure-free without and with checkpointing.
+    Uts {
+        #[command(flatten)]
+        pool: PoolArgs,
+        /// Runs of each variant (alternating); the medians are compared.
+        #[arg(long, default_value_t = 5)]
+        repeat: usize,
+        #[arg(long, default_value = "results/bench_uts.json", value_name = "FILE")]
+        json: PathBuf,
+    },
+}
+
+/// What the pool computes and how (shared by `demo` and `bench uts`).
+#[derive(clap::Args)]
+struct PoolArgs {
+    /// UTS tree: the reference's flags (e.g. "-t 1 -a 3 -d 10 -b 4 -r 19"), a sample name
+    /// (T1, T3, T5, default), or `queens:N` for N-Queens.
+    #[arg(long, default_value = "T1", allow_hyphen_values = true)]
+    tree: String,
+    #[arg(short = 'n', long, default_value_t = 8)]
+    ranks: usize,
+    /// Milliseconds between a worker's periodic checkpoints (0: no checkpointing).
+    #[arg(long, default_value_t = 100)]
+    interval: u64,
+    /// Copies of every checkpoint.
+    #[arg(long, default_value_t = 3)]
+    copies: usize,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Seconds after which the job counts as hung.
+    #[arg(long, default_value_t = 120.0)]
+    timeout: f64,
+}
+
+impl PoolArgs {
+    fn demo(&self, kills: usize) -> Result<tasks::Demo> {
+        anyhow::ensure!(self.timeout > 0.0, "--timeout must be positive");
+        Ok(tasks::Demo {
+            workload: tasks::Workload::parse(&self.tree)?,
+            ranks: self.ranks,
+            kills,
+            interval_ms: self.interval,
+            copies: self.copies,
+            seed: self.seed,
+            timeout: Duration::from_secs_f64(self.timeout),
+        })
+    }
 }
 
 /// Ranks of a job when `-n` is not given: 4, so that ranks outnumber the cores of a 2-core
@@ -132,7 +192,16 @@ fn main() {
 }
 
 fn run(command: Command) -> Result<()> {
+    let exe = || std::env::current_exe().context("locating the ftkv binary");
     match command {
+        Command::Demo { pool, kills } => tasks::run_demo(&exe()?, &pool.demo(kills)?).map(drop),
+        Command::TasksRank { workload, interval_ms, copies, seed } => {
+            tasks::rank_main(&workload, interval_ms, copies, seed)
+        }
+        Command::Bench(BenchCommand::Uts { pool, repeat, json }) => {
+            anyhow::ensure!(repeat >= 1, "--repeat must be at least 1");
+            tasks::run_bench(&exe()?, &pool.demo(0)?, repeat, &json)
+        }
         Command::Probe { json, hang_after, cases } => run_probe(json, hang_after, &cases),
         Command::Ping { ranks, count } => {
             launch_under_mpirun(ranks)?;

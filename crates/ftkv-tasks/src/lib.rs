@@ -1,4 +1,9 @@
-//! The application ftkv exists for: task-based computations with known answers (UTS, N-Queens)
-//! whose work is split into tasks, and a work-stealing pool that checkpoints into the store.
+//! The application ftkv exists for: task-parallel computations with known answers (UTS,
+//! N-Queens) on a work-stealing pool whose workers checkpoint into the store and survive
+//! SIGKILLed workers with the exact result ([`pool`]).
 
+pub mod nqueens;
+pub mod pool;
+pub mod problem;
+pub mod state;
 pub mod uts;

@@ -76,7 +76,8 @@ impl Problem for NQueens {
     }
 
     fn decode(bytes: &[u8]) -> Option<Board> {
-        let word = |i: usize| Some(u32::from_le_bytes(bytes.get(i * 4..i * 4 + 4)?.try_into().ok()?));
+        let word =
+            |i: usize| Some(u32::from_le_bytes(bytes.get(i * 4..i * 4 + 4)?.try_into().ok()?));
         Some(Board { row: word(0)?, columns: word(1)?, left: word(2)?, right: word(3)? })
     }
 }

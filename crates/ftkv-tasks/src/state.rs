@@ -46,9 +46,12 @@ impl<T: Copy> Checkpoint<T> {
     }
 
     pub fn encode<P: Problem<Task = T>>(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(64 + self.received.len() * 8 + self.pool.len() * P::TASK_LEN);
+        let mut out =
+            Vec::with_capacity(64 + self.received.len() * 8 + self.pool.len() * P::TASK_LEN);
         out.extend_from_slice(&MAGIC.to_le_bytes());
-        for word in [self.counts.nodes, self.counts.leaves, self.counts.max_depth as u64, self.last_given] {
+        for word in
+            [self.counts.nodes, self.counts.leaves, self.counts.max_depth as u64, self.last_given]
+        {
             out.extend_from_slice(&word.to_le_bytes());
         }
         put_len(&mut out, self.received.len());
@@ -204,7 +207,12 @@ mod tests {
     use super::*;
     use crate::nqueens::{Board, NQueens};
 
-    fn seen(last_given: u64, received: [u64; 4], adopted: &[i32], loot: Option<(u64, i32)>) -> Seen {
+    fn seen(
+        last_given: u64,
+        received: [u64; 4],
+        adopted: &[i32],
+        loot: Option<(u64, i32)>,
+    ) -> Seen {
         Seen { last_given, received: received.to_vec(), adopted: adopted.to_vec(), loot }
     }
 
@@ -242,13 +250,23 @@ mod tests {
                 vec![0, 2, 3],
                 vec![quiet(), seen(5, [0; 4], &[], Some((5, 3))), quiet(), quiet()],
                 None,
-                Plan { adopt: vec![1], take_loot: vec![1], delete_loot: vec![1], ..Plan::default() },
+                Plan {
+                    adopt: vec![1],
+                    take_loot: vec![1],
+                    delete_loot: vec![1],
+                    ..Plan::default()
+                },
             ),
             (
                 "victim died after giving loot the thief checkpointed: nobody takes it",
                 2,
                 vec![0, 2, 3],
-                vec![quiet(), seen(5, [0; 4], &[], Some((5, 3))), quiet(), seen(0, [0, 5, 0, 0], &[], None)],
+                vec![
+                    quiet(),
+                    seen(5, [0; 4], &[], Some((5, 3))),
+                    quiet(),
+                    seen(0, [0, 5, 0, 0], &[], None),
+                ],
                 None,
                 Plan { adopt: vec![1], delete_loot: vec![1], ..Plan::default() },
             ),
@@ -272,7 +290,12 @@ mod tests {
                 "thief died after checkpointing the loot: its buddy's adoption has it",
                 0,
                 vec![0, 2, 3],
-                vec![seen(7, [0; 4], &[], Some((7, 1))), seen(0, [7, 0, 0, 0], &[], None), quiet(), quiet()],
+                vec![
+                    seen(7, [0; 4], &[], Some((7, 1))),
+                    seen(0, [7, 0, 0, 0], &[], None),
+                    quiet(),
+                    quiet(),
+                ],
                 Some(7),
                 Plan { delete_loot: vec![0], take_back_pending: false, ..Plan::default() },
             ),

@@ -1,0 +1,427 @@
+//! `ftkv demo` and `ftkv bench uts`: the work-stealing pool with task-level checkpointing
+//! (`ftkv-tasks`) under real `mpirun`, with workers SIGKILLed from outside.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context, Result};
+use ftkv_mpi::Mpi;
+use ftkv_tasks::nqueens::NQueens;
+use ftkv_tasks::pool::{self, Interval, PoolConfig};
+use ftkv_tasks::uts;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+
+use crate::launch::{kill_pid, JobOutput, Launch};
+
+/// What the pool computes: a UTS tree (the reference's flags or a sample name) or N-Queens.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Workload {
+    Uts(String),
+    Queens(u32),
+}
+
+impl Workload {
+    /// `queens:N` or UTS parameters.
+    pub fn parse(text: &str) -> Result<Workload> {
+        if let Some(n) = text.trim().strip_prefix("queens:") {
+            let n: u32 = n.parse().context("queens:N needs a number")?;
+            NQueens::new(n).map_err(anyhow::Error::msg)?;
+            return Ok(Workload::Queens(n));
+        }
+        uts::Params::parse(text)?;
+        Ok(Workload::Uts(text.to_string()))
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Workload::Uts(text) => {
+                match uts::Params::parse(text).ok().and_then(|p| p.published()) {
+                    Some((name, _, _)) => format!("UTS {name} ({text:?})"),
+                    None => format!("UTS {text:?}"),
+                }
+            }
+            Workload::Queens(n) => format!("{n}-Queens"),
+        }
+    }
+
+    /// Published (nodes, leaves) for UTS sample trees, (-, solutions) for N-Queens.
+    fn published(&self) -> Option<(Option<u64>, u64)> {
+        match self {
+            Workload::Uts(text) => {
+                uts::Params::parse(text).ok()?.published().map(|(_, n, l)| (Some(n), l))
+            }
+            Workload::Queens(n) => NQueens::new(*n).ok()?.published().map(|s| (None, s)),
+        }
+    }
+
+    fn as_arg(&self) -> String {
+        match self {
+            Workload::Uts(text) => format!("uts:{text}"),
+            Workload::Queens(n) => format!("queens:{n}"),
+        }
+    }
+
+    fn from_arg(arg: &str) -> Result<Workload> {
+        match arg.strip_prefix("uts:") {
+            Some(text) => Ok(Workload::Uts(text.to_string())),
+            None => Workload::parse(arg),
+        }
+    }
+}
+
+/// The rank side: runs the pool and prints `result ...` and `done=yes` on every survivor.
+pub fn rank_main(workload: &str, interval_ms: u64, copies: usize, seed: u64) -> Result<()> {
+    let workload = Workload::from_arg(workload)?;
+    let mpi = Mpi::init()?;
+    let world = mpi.world()?;
+    println!("pid={}", std::process::id());
+    let config = PoolConfig {
+        copies,
+        interval: (interval_ms > 0).then(|| Interval::Time(Duration::from_millis(interval_ms))),
+        progress: Some(Duration::from_millis(100)),
+        seed,
+        ..PoolConfig::default()
+    };
+    let outcome = match &workload {
+        Workload::Uts(text) => pool::run(&world, &uts::Params::parse(text)?, &config)?,
+        Workload::Queens(n) => {
+            pool::run(&world, &NQueens::new(*n).map_err(anyhow::Error::msg)?, &config)?
+        }
+    };
+    let t = outcome.total;
+    println!(
+        "result nodes={} leaves={} depth={} tasks={} checkpoints={} store_bytes={} ms={:.1}",
+        t.nodes,
+        t.leaves,
+        t.max_depth,
+        outcome.tasks,
+        outcome.checkpoints,
+        outcome.store_bytes,
+        outcome.elapsed.as_secs_f64() * 1e3
+    );
+    println!("done=yes");
+    drop(world);
+    mpi.finalize_bounded(Duration::from_secs(3))?;
+    Ok(())
+}
+
+/// `ftkv demo` options.
+#[derive(Debug, Clone)]
+pub struct Demo {
+    pub workload: Workload,
+    pub ranks: usize,
+    pub kills: usize,
+    pub interval_ms: u64,
+    pub copies: usize,
+    pub seed: u64,
+    pub timeout: Duration,
+}
+
+/// What one run of the pool reported.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct RunReport {
+    pub nodes: u64,
+    pub leaves: u64,
+    pub depth: u64,
+    pub tasks: u64,
+    pub checkpoints: u64,
+    pub store_bytes: u64,
+    pub wall_ms: f64,
+    pub killed: Vec<usize>,
+    pub kill_ms: Vec<f64>,
+    /// Per recovery seen by the survivors: the slowest survivor's store and total milliseconds.
+    pub recoveries: Vec<(f64, f64)>,
+    pub matches_published: Option<bool>,
+}
+
+/// Runs the demo: the pool under mpirun, kills at random moments, progress on stderr, a
+/// verdict at the end (an error if the result is wrong).
+pub fn run_demo(exe: &Path, demo: &Demo) -> Result<RunReport> {
+    ensure!(demo.ranks >= 2, "--ranks must be at least 2");
+    ensure!(demo.kills + 1 < demo.ranks, "--kills must leave at least 2 workers");
+    ensure!(demo.copies >= 1 && demo.copies < demo.ranks, "--copies must be in 1..ranks");
+    ensure!(demo.kills == 0 || demo.interval_ms > 0, "kills need checkpointing (--interval > 0)");
+    eprintln!(
+        "[demo] {} on {} ranks, {} kills, checkpoint every {} ms, {} copies, seed {}",
+        demo.workload.describe(),
+        demo.ranks,
+        demo.kills,
+        demo.interval_ms,
+        demo.copies,
+        demo.seed
+    );
+    let report = run_pool_job(exe, demo, true)?;
+    print_verdict(demo, &report);
+    if report.matches_published == Some(false) {
+        bail!("the result differs from the published count");
+    }
+    Ok(report)
+}
+
+/// One pool job with kills as planned by `demo`; `show` prints progress lines.
+fn run_pool_job(exe: &Path, demo: &Demo, show: bool) -> Result<RunReport> {
+    let args = [
+        "tasks-rank".to_string(),
+        demo.workload.as_arg(),
+        demo.interval_ms.to_string(),
+        demo.copies.to_string(),
+        demo.seed.to_string(),
+    ];
+    let launch = Launch::new(exe, demo.ranks).args(args).timeout(demo.timeout).transport_from_env();
+    let mut job = launch.spawn()?;
+    let mut rng = SmallRng::seed_from_u64(demo.seed);
+    let expected = demo.workload.published().and_then(|(nodes, leaves)| nodes.or(Some(leaves)));
+    let mut watch = Watch::new(plan_kills(&mut rng, demo.kills), expected);
+    while job.is_running() || watch.pending_output {
+        let line = job.next_line(Duration::from_millis(5));
+        watch.pending_output = line.is_some();
+        if let Some((Some(rank), text)) = &line {
+            watch.observe(*rank, text);
+        }
+        watch.maybe_kill(&job, &mut rng)?;
+        if show {
+            watch.show_progress(job.elapsed());
+        }
+    }
+    let out = job.finish()?;
+    ensure!(!out.timed_out, "the pool did not finish within {:?}:\n{}", demo.timeout, tail(&out));
+    let mut report = result_of(&out, demo, &watch)?;
+    report.matches_published = demo
+        .workload
+        .published()
+        .map(|(nodes, leaves)| nodes.is_none_or(|n| n == report.nodes) && leaves == report.leaves);
+    Ok(report)
+}
+
+/// Kill moments as fractions of the expected work (or of a second, when unknown), sorted.
+fn plan_kills(rng: &mut SmallRng, kills: usize) -> Vec<f64> {
+    let mut at: Vec<f64> = (0..kills).map(|_| rng.gen_range(0.1..0.7)).collect();
+    at.sort_by(f64::total_cmp);
+    at
+}
+
+/// The driver's view of the job: pids, progress, planned and done kills, recoveries.
+struct Watch {
+    pids: HashMap<usize, u32>,
+    tasks: HashMap<usize, u64>,
+    plan: Vec<f64>,
+    killed: Vec<usize>,
+    kill_ms: Vec<f64>,
+    expected: Option<u64>,
+    recoveries: Vec<Vec<(f64, f64)>>,
+    recovered_lines: HashMap<usize, usize>,
+    last_shown: Instant,
+    pending_output: bool,
+}
+
+impl Watch {
+    fn new(plan: Vec<f64>, expected: Option<u64>) -> Watch {
+        Watch {
+            pids: HashMap::new(),
+            tasks: HashMap::new(),
+            plan,
+            killed: Vec::new(),
+            kill_ms: Vec::new(),
+            expected,
+            recoveries: Vec::new(),
+            recovered_lines: HashMap::new(),
+            last_shown: Instant::now(),
+            pending_output: true,
+        }
+    }
+
+    fn observe(&mut self, rank: usize, text: &str) {
+        let value = |key: &str| field(text, key);
+        if let Some(pid) = text.strip_prefix("pid=").and_then(|p| p.trim().parse().ok()) {
+            self.pids.insert(rank, pid);
+        } else if text.starts_with("progress") {
+            if let Some(tasks) = value("tasks").and_then(|t| t.parse().ok()) {
+                self.tasks.insert(rank, tasks);
+            }
+        } else if text.starts_with("recovered") {
+            let ms = |key| value(key).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+            let seen = self.recovered_lines.entry(rank).or_insert(0);
+            let nth = *seen;
+            *seen += 1;
+            if self.recoveries.len() <= nth {
+                self.recoveries.push(Vec::new());
+            }
+            self.recoveries[nth].push((ms("store_ms"), ms("total_ms")));
+        }
+    }
+
+    fn progress(&self, elapsed: Duration) -> f64 {
+        let done: u64 = self.tasks.values().sum();
+        match self.expected {
+            Some(total) => done as f64 / total as f64,
+            None => elapsed.as_secs_f64(),
+        }
+    }
+
+    fn maybe_kill(&mut self, job: &crate::launch::RunningJob, rng: &mut SmallRng) -> Result<()> {
+        let Some(&at) = self.plan.get(self.killed.len()) else { return Ok(()) };
+        if self.progress(job.elapsed()) < at || self.pids.len() < 2 {
+            return Ok(());
+        }
+        let alive: Vec<usize> =
+            self.pids.keys().copied().filter(|r| !self.killed.contains(r)).collect();
+        let victim = alive[rng.gen_range(0..alive.len())];
+        kill_pid(self.pids[&victim])?;
+        self.tasks.remove(&victim);
+        self.killed.push(victim);
+        self.kill_ms.push(job.elapsed().as_secs_f64() * 1e3);
+        eprintln!("[demo] {:>6.2} s: SIGKILL rank {victim}", job.elapsed().as_secs_f64());
+        Ok(())
+    }
+
+    fn show_progress(&mut self, elapsed: Duration) {
+        if self.last_shown.elapsed() < Duration::from_millis(250) {
+            return;
+        }
+        self.last_shown = Instant::now();
+        let done: u64 = self.tasks.values().sum();
+        let rate = done as f64 / elapsed.as_secs_f64().max(1e-3) / 1e6;
+        eprintln!(
+            "[demo] {:>6.2} s: {:.2} M tasks on live workers ({rate:.2} M/s), kills {}/{}, recoveries {}",
+            elapsed.as_secs_f64(),
+            done as f64 / 1e6,
+            self.killed.len(),
+            self.plan.len(),
+            self.recoveries.len()
+        );
+    }
+}
+
+/// `key=value` in a line of words.
+fn field<'a>(text: &'a str, key: &str) -> Option<&'a str> {
+    text.split_whitespace().find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
+}
+
+fn tail(out: &JobOutput) -> String {
+    let text = out.transcript();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
+}
+
+/// Every survivor's `result` line must agree; the report takes it.
+fn result_of(out: &JobOutput, demo: &Demo, watch: &Watch) -> Result<RunReport> {
+    let survivors: Vec<usize> = (0..demo.ranks).filter(|r| !watch.killed.contains(r)).collect();
+    let mut results = Vec::new();
+    for &rank in &survivors {
+        let line = out.rank_lines(rank).iter().find(|l| l.starts_with("result "));
+        let Some(line) = line else {
+            bail!("survivor {rank} reported no result:\n{}", tail(out));
+        };
+        results.push(line.clone());
+    }
+    let without_time = |l: &String| l.split(" ms=").next().unwrap_or_default().to_string();
+    let agreed = results.windows(2).all(|w| without_time(&w[0]) == without_time(&w[1]));
+    ensure!(agreed, "survivors disagree: {results:?}");
+    let num =
+        |key: &str| field(&results[0], key).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    let recoveries = watch
+        .recoveries
+        .iter()
+        .map(|r| r.iter().fold((0.0f64, 0.0f64), |m, &(s, t)| (m.0.max(s), m.1.max(t))))
+        .collect();
+    Ok(RunReport {
+        nodes: num("nodes") as u64,
+        leaves: num("leaves") as u64,
+        depth: num("depth") as u64,
+        tasks: num("tasks") as u64,
+        checkpoints: num("checkpoints") as u64,
+        store_bytes: num("store_bytes") as u64,
+        wall_ms: num("ms"),
+        killed: watch.killed.clone(),
+        kill_ms: watch.kill_ms.clone(),
+        recoveries,
+        matches_published: None,
+    })
+}
+
+fn print_verdict(demo: &Demo, r: &RunReport) {
+    println!(
+        "{}: {} nodes, {} leaves, depth {}",
+        demo.workload.describe(),
+        r.nodes,
+        r.leaves,
+        r.depth
+    );
+    match (demo.workload.published(), r.matches_published) {
+        (Some((nodes, leaves)), Some(ok)) => println!(
+            "published: {}{} leaves -> {}",
+            nodes.map(|n| format!("{n} nodes, ")).unwrap_or_default(),
+            leaves,
+            if ok { "MATCH" } else { "MISMATCH" }
+        ),
+        _ => println!("published: none for these parameters"),
+    }
+    println!(
+        "killed ranks {:?} at {:?} ms; recoveries (slowest survivor, store ms / total ms): {:?}",
+        r.killed,
+        r.kill_ms.iter().map(|m| m.round()).collect::<Vec<_>>(),
+        r.recoveries
+    );
+    println!(
+        "checkpoint traffic: {} checkpoints, {:.2} MiB written by the survivors ({} copies each); {} tasks run (recomputed work included); pool time {:.0} ms",
+        r.checkpoints,
+        r.store_bytes as f64 / (1 << 20) as f64,
+        demo.copies,
+        r.tasks,
+        r.wall_ms
+    );
+}
+
+/// `ftkv bench uts`: the same tree failure-free without and with checkpointing, `repeat` times
+/// each, alternating; the ratio of the medians is the checkpointing overhead.
+pub fn run_bench(exe: &Path, demo: &Demo, repeat: usize, json: &Path) -> Result<()> {
+    let mut plain = Vec::new();
+    let mut checkpointed = Vec::new();
+    for i in 0..repeat {
+        for (checkpointing, times) in [(false, &mut plain), (true, &mut checkpointed)] {
+            let run = Demo {
+                kills: 0,
+                interval_ms: if checkpointing { demo.interval_ms } else { 0 },
+                ..demo.clone()
+            };
+            let report = run_pool_job(exe, &run, false)?;
+            ensure!(report.matches_published != Some(false), "wrong result: {report:?}");
+            eprintln!(
+                "[bench uts {}/{repeat}] checkpointing {}: {:.1} ms, {} checkpoints, {:.2} MiB",
+                i + 1,
+                if checkpointing { "on " } else { "off" },
+                report.wall_ms,
+                report.checkpoints,
+                report.store_bytes as f64 / (1 << 20) as f64
+            );
+            times.push(report);
+        }
+    }
+    let median = |runs: &[RunReport]| {
+        let mut ms: Vec<f64> = runs.iter().map(|r| r.wall_ms).collect();
+        ms.sort_by(f64::total_cmp);
+        ms[ms.len() / 2]
+    };
+    let (off, on) = (median(&plain), median(&checkpointed));
+    println!("| checkpointing | median ms | runs |\n|---|---|---|");
+    println!(
+        "| off | {off:.1} | {repeat} |\n| on (every {} ms) | {on:.1} | {repeat} |",
+        demo.interval_ms
+    );
+    println!("overhead: {:.3}x ({:+.1} %)", on / off, (on / off - 1.0) * 100.0);
+    let result = serde_json::json!({
+        "workload": demo.workload.describe(), "ranks": demo.ranks, "copies": demo.copies,
+        "interval_ms": demo.interval_ms, "off_ms": off, "on_ms": on, "ratio": on / off,
+        "runs_off": plain, "runs_on": checkpointed,
+    });
+    if let Some(dir) = json.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(json, serde_json::to_string_pretty(&result)? + "\n")
+        .with_context(|| format!("writing {}", json.display()))?;
+    eprintln!("[bench uts] wrote {}", json.display());
+    Ok(())
+}

@@ -1,0 +1,533 @@
+//! The work-stealing task pool with task-level checkpointing into ftkv, on MPI with ULFM.
+//!
+//! One worker per rank runs tasks from its local pool (newest first) and, when idle, asks a
+//! random live worker for work. Steals are two-sided messages on the pool's own communicator
+//! (a [`Store::communicator`]); a victim gives the older half of its pool.
+//!
+//! **Checkpointing** (store writes only, no reads outside failures): every worker writes its
+//! checkpoint (pool, partial result, bookkeeping; [`crate::state`]) at the configured interval
+//! and at both sides of every steal. The victim writes the loot key, then a checkpoint
+//! without the loot, then sends; the thief checkpoints the loot before it acknowledges; the
+//! victim deletes the loot key on the acknowledgement.
+//!
+//! **Recovery**: any failure makes every survivor revoke the pool's communicator and call
+//! [`Store::recover`]; each then writes a fresh checkpoint, reads every worker's checkpoint and
+//! loot key, and applies its part of [`crate::state::plan`]: a dead worker's buddy adopts its
+//! checkpoint, in-flight loot goes to exactly one side. A failure during any of this starts it
+//! again; adoption and loot resolution are recorded in the checkpoints, so they happen once.
+//!
+//! **Termination**: nonblocking sums of (busy workers, loot sent, loot received) in waves;
+//! two consecutive waves with no busy worker and equal counts end the computation.
+
+use std::time::{Duration, Instant};
+
+use ftkv::{Key, Store};
+use ftkv_mpi::{failpoint, Comm, MpiError, ReduceRequest, ANY_SOURCE};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+use crate::problem::Problem;
+use crate::state::{decode_tasks, encode_tasks, plan, Checkpoint, Loot, Reader, Seen};
+use crate::uts::Counts;
+
+const STEAL_TAG: i32 = 11;
+const LOOT_TAG: i32 = 12;
+const ACK_TAG: i32 = 13;
+const CHECKPOINT: u16 = 0;
+const LOOT: u16 = 1;
+
+/// When a worker writes its periodic checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Interval {
+    Time(Duration),
+    Tasks(u64),
+}
+
+/// How the pool runs.
+#[derive(Debug, Clone)]
+pub struct PoolConfig {
+    /// Copies of every checkpoint in the store.
+    pub copies: usize,
+    /// `None`: no checkpoints at all (the failure-free baseline; a failure is then fatal).
+    pub interval: Option<Interval>,
+    /// Tasks run between two looks at the network.
+    pub batch: usize,
+    /// How often each worker prints a `progress` line (`None`: never).
+    pub progress: Option<Duration>,
+    pub seed: u64,
+}
+
+impl Default for PoolConfig {
+    fn default() -> PoolConfig {
+        PoolConfig {
+            copies: 2,
+            interval: Some(Interval::Time(Duration::from_millis(100))),
+            batch: 64,
+            progress: None,
+            seed: 1,
+        }
+    }
+}
+
+/// Everything that can end a worker.
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    #[error("store: {0}")]
+    Store(#[from] ftkv::Error),
+    #[error("MPI: {0}")]
+    Mpi(#[from] MpiError),
+    #[error("corrupt {0} in the store")]
+    Corrupt(&'static str),
+    #[error("a worker failed and checkpointing is off")]
+    Unprotected,
+}
+
+impl PoolError {
+    fn needs_recovery(&self) -> bool {
+        match self {
+            PoolError::Store(e) => e.needs_recovery(),
+            PoolError::Mpi(_) => true,
+            _ => false,
+        }
+    }
+}
+
+type Result<T> = std::result::Result<T, PoolError>;
+
+/// A recovery as one worker saw it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecoveryInfo {
+    pub failed: Vec<i32>,
+    pub adopted: Vec<i32>,
+    pub store_ms: f64,
+    pub total_ms: f64,
+}
+
+/// Per-worker counters.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Stats {
+    pub tasks: u64,
+    pub steals: u64,
+    pub checkpoints: u64,
+    pub store_bytes: u64,
+    pub recoveries: Vec<RecoveryInfo>,
+}
+
+/// What [`run`] returns on every surviving worker.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    /// The whole computation's result (the same on every survivor).
+    pub total: Counts,
+    /// Sums over the survivors of their tasks, checkpoints and bytes written to the store.
+    pub tasks: u64,
+    pub checkpoints: u64,
+    pub store_bytes: u64,
+    pub stats: Stats,
+    pub elapsed: Duration,
+}
+
+/// A loot this worker gave away and that its thief has not acknowledged yet.
+struct Pending<T> {
+    steal_id: u64,
+    tasks: Vec<T>,
+}
+
+struct Worker<'p, P: Problem> {
+    problem: &'p P,
+    config: &'p PoolConfig,
+    store: Store,
+    comm: Comm,
+    me: i32,
+    live: Vec<i32>,
+    state: Checkpoint<P::Task>,
+    steal_counter: u64,
+    pending: Option<Pending<P::Task>>,
+    asking: Option<i32>,
+    sent: u64,
+    received: u64,
+    wave: Option<ReduceRequest>,
+    quiet_wave: Option<(u64, u64)>,
+    rng: SmallRng,
+    last_checkpoint: (Instant, u64),
+    last_progress: Instant,
+    stats: Stats,
+}
+
+/// Runs `problem` on every rank of `world` (collective) and returns the result on every
+/// survivor. Workers may be killed at any moment; the survivors finish with the exact result
+/// as long as no more than `copies − 1` workers fail between two recoveries.
+pub fn run<P: Problem>(world: &Comm, problem: &P, config: &PoolConfig) -> Result<Outcome> {
+    let started = Instant::now();
+    let mut store_config = ftkv::Config::new(["checkpoint", "loot"], config.copies);
+    store_config.initial_capacity = 16 << 10;
+    store_config.max_value = 8 << 20;
+    let store = Store::create(world, store_config)?;
+    let comm = store.communicator()?;
+    let me = store.worker();
+    let workers = store.workers();
+    let mut worker = Worker {
+        problem,
+        config,
+        comm,
+        me,
+        live: store.live().to_vec(),
+        state: Checkpoint::initial(problem, me, workers),
+        store,
+        steal_counter: 0,
+        pending: None,
+        asking: None,
+        sent: 0,
+        received: 0,
+        wave: None,
+        quiet_wave: None,
+        rng: SmallRng::seed_from_u64(config.seed ^ ((me as u64) << 40)),
+        last_checkpoint: (Instant::now(), 0),
+        last_progress: Instant::now(),
+        stats: Stats::default(),
+    };
+    worker.start()?;
+    let (total, sums) = worker.work()?;
+    Ok(Outcome {
+        total,
+        tasks: sums[0],
+        checkpoints: sums[1],
+        store_bytes: sums[2],
+        stats: worker.stats,
+        elapsed: started.elapsed(),
+    })
+}
+
+impl<P: Problem> Worker<'_, P> {
+    fn checkpointing(&self) -> bool {
+        self.config.interval.is_some()
+    }
+
+    /// The first checkpoint, on every worker, before any work.
+    fn start(&mut self) -> Result<()> {
+        loop {
+            let started = self.checkpoint().and_then(|()| Ok(self.store.sync()?));
+            match started {
+                Ok(()) => return Ok(()),
+                Err(e) if e.needs_recovery() => self.recover()?,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Steps until termination, recovering from every failure on the way.
+    fn work(&mut self) -> Result<(Counts, [u64; 3])> {
+        loop {
+            let step =
+                self.step().and_then(|done| if done { self.finish().map(Some) } else { Ok(None) });
+            match step {
+                Ok(Some(result)) => return Ok(result),
+                Ok(None) => {}
+                Err(e) if e.needs_recovery() => self.recover()?,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// One round: messages, a batch of tasks or a steal attempt, the termination wave.
+    /// `Ok(true)` once the computation is over.
+    fn step(&mut self) -> Result<bool> {
+        if self.store.needs_recovery() {
+            return Err(ftkv::Error::RecoveryNeeded { failed: Vec::new() }.into());
+        }
+        self.handle_messages()?;
+        if self.state.pool.is_empty() {
+            self.ask_for_work()?;
+            std::thread::sleep(Duration::from_micros(50));
+        } else {
+            self.run_batch();
+            self.maybe_checkpoint()?;
+        }
+        self.report_progress();
+        self.termination_wave()
+    }
+
+    fn run_batch(&mut self) {
+        for _ in 0..self.config.batch {
+            let Some(task) = self.state.pool.pop() else { break };
+            self.problem.run(&task, &mut self.state.pool, &mut self.state.counts);
+            self.stats.tasks += 1;
+        }
+    }
+
+    fn maybe_checkpoint(&mut self) -> Result<()> {
+        let due = match self.config.interval {
+            None => false,
+            Some(Interval::Time(t)) => self.last_checkpoint.0.elapsed() >= t,
+            Some(Interval::Tasks(n)) => self.stats.tasks - self.last_checkpoint.1 >= n,
+        };
+        if due {
+            self.checkpoint()?;
+        }
+        Ok(())
+    }
+
+    fn checkpoint(&mut self) -> Result<()> {
+        self.last_checkpoint = (Instant::now(), self.stats.tasks);
+        if !self.checkpointing() {
+            return Ok(());
+        }
+        let bytes = self.state.encode::<P>();
+        self.store.put(Key::new(self.me, CHECKPOINT), &bytes)?;
+        self.stats.checkpoints += 1;
+        self.stats.store_bytes += bytes.len() as u64;
+        Ok(())
+    }
+
+    fn report_progress(&mut self) {
+        let Some(every) = self.config.progress else { return };
+        if self.last_progress.elapsed() >= every {
+            self.last_progress = Instant::now();
+            println!("progress tasks={} nodes={}", self.stats.tasks, self.state.counts.nodes);
+        }
+    }
+
+    fn handle_messages(&mut self) -> Result<()> {
+        while let Some(status) = self.comm.iprobe(ANY_SOURCE, ftkv_mpi::ANY_TAG)? {
+            let mut buf = vec![0u8; status.len];
+            self.comm.recv(&mut buf, status.source, status.tag)?;
+            match status.tag {
+                STEAL_TAG => self.on_steal_request(status.source)?,
+                LOOT_TAG => self.on_loot(status.source, &buf)?,
+                ACK_TAG => self.on_ack(&buf)?,
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    fn ask_for_work(&mut self) -> Result<()> {
+        if self.asking.is_some() || self.comm.size() < 2 {
+            return Ok(());
+        }
+        let mut victim = self.rng.gen_range(0..self.comm.size() - 1);
+        if victim >= self.comm.rank() {
+            victim += 1;
+        }
+        self.comm.send(&[0u8; 8], victim, STEAL_TAG)?;
+        self.asking = Some(victim);
+        Ok(())
+    }
+
+    /// Gives the older half of the pool, unless a loot is still unacknowledged or there is too
+    /// little work; an empty answer is a refusal.
+    fn on_steal_request(&mut self, thief: i32) -> Result<()> {
+        if self.pending.is_some() || self.state.pool.len() < 2 {
+            return Ok(self.comm.send(&0u64.to_le_bytes(), thief, LOOT_TAG)?);
+        }
+        let half = self.state.pool.len() / 2;
+        let tasks: Vec<P::Task> = self.state.pool.drain(..half).collect();
+        self.steal_counter += 1;
+        let steal_id = self.steal_counter;
+        let thief_worker = self.live[thief as usize];
+        self.pending = Some(Pending { steal_id, tasks: tasks.clone() });
+        if self.checkpointing() {
+            let loot = Loot { steal_id, thief: thief_worker, tasks: tasks.clone() }.encode::<P>();
+            self.store.put(Key::new(self.me, LOOT), &loot)?;
+            self.stats.store_bytes += loot.len() as u64;
+            failpoint::hit("steal_victim_after_loot");
+        }
+        self.state.last_given = steal_id;
+        self.checkpoint()?;
+        failpoint::hit("steal_victim_before_send");
+        let mut message = steal_id.to_le_bytes().to_vec();
+        encode_tasks::<P>(&tasks, &mut message);
+        self.comm.send(&message, thief, LOOT_TAG)?;
+        self.sent += 1;
+        self.stats.steals += 1;
+        Ok(())
+    }
+
+    fn on_loot(&mut self, victim: i32, message: &[u8]) -> Result<()> {
+        self.asking = None;
+        let mut reader = Reader { bytes: message, at: 0 };
+        let steal_id = reader.u64().ok_or(PoolError::Corrupt("loot message"))?;
+        if steal_id == 0 {
+            return Ok(());
+        }
+        let tasks = decode_tasks::<P>(&mut reader).ok_or(PoolError::Corrupt("loot message"))?;
+        let victim_worker = self.live[victim as usize];
+        self.state.pool.extend(tasks);
+        self.state.received[victim_worker as usize] = steal_id;
+        self.received += 1;
+        failpoint::hit("steal_thief_before_checkpoint");
+        self.checkpoint()?;
+        failpoint::hit("steal_thief_before_ack");
+        self.comm.send(&steal_id.to_le_bytes(), victim, ACK_TAG)?;
+        Ok(())
+    }
+
+    fn on_ack(&mut self, message: &[u8]) -> Result<()> {
+        let steal_id = Reader { bytes: message, at: 0 }.u64().ok_or(PoolError::Corrupt("ack"))?;
+        if self.pending.as_ref().is_some_and(|p| p.steal_id == steal_id) {
+            self.pending = None;
+            if self.checkpointing() {
+                self.store.delete(Key::new(self.me, LOOT))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Keeps one termination wave in flight; `Ok(true)` when two consecutive waves saw no busy
+    /// worker and every loot sent received.
+    fn termination_wave(&mut self) -> Result<bool> {
+        let Some(wave) = self.wave.as_mut() else {
+            let busy = (!self.state.pool.is_empty() || self.pending.is_some()) as u64;
+            self.wave = Some(self.comm.iallreduce_sum(vec![busy, self.sent, self.received])?);
+            return Ok(false);
+        };
+        let Some(sums) = wave.test()? else { return Ok(false) };
+        self.wave = None;
+        let quiet = sums[0] == 0 && sums[1] == sums[2];
+        let previous = self.quiet_wave.replace((sums[1], sums[2]));
+        if !quiet {
+            self.quiet_wave = None;
+        }
+        Ok(quiet && previous == Some((sums[1], sums[2])))
+    }
+
+    /// Sums the survivors' results, tasks, checkpoints and store bytes.
+    fn finish(&mut self) -> Result<(Counts, [u64; 3])> {
+        let c = &self.state.counts;
+        let mine = [
+            c.nodes,
+            c.leaves,
+            c.max_depth as u64,
+            self.stats.tasks,
+            self.stats.checkpoints,
+            self.stats.store_bytes,
+        ];
+        let bytes: Vec<u8> = mine.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let all = self.comm.allgather(&bytes)?;
+        let words: Vec<u64> =
+            all.chunks(8).map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))).collect();
+        let mut total = Counts::default();
+        let mut sums = [0u64; 3];
+        for w in words.chunks(6) {
+            total.add(&Counts { nodes: w[0], leaves: w[1], max_depth: w[2] as u32 });
+            sums.iter_mut().zip(&w[3..]).for_each(|(s, v)| *s += v);
+        }
+        Ok((total, sums))
+    }
+
+    /// Recovers until a recovery completes without another failure.
+    fn recover(&mut self) -> Result<()> {
+        if !self.checkpointing() {
+            return Err(PoolError::Unprotected);
+        }
+        let started = Instant::now();
+        loop {
+            if let Err(e) = self.comm.revoke() {
+                eprintln!("ftkv-tasks: revoking the pool communicator: {e}");
+            }
+            self.wave = None;
+            println!("recovering");
+            let report = self.store.recover()?;
+            match self.rejoin() {
+                Ok(adopted) => {
+                    let info = RecoveryInfo {
+                        failed: report.failed,
+                        adopted,
+                        store_ms: report.duration.as_secs_f64() * 1e3,
+                        total_ms: started.elapsed().as_secs_f64() * 1e3,
+                    };
+                    println!(
+                        "recovered failed={:?} adopted={:?} store_ms={:.1} total_ms={:.1}",
+                        info.failed, info.adopted, info.store_ms, info.total_ms
+                    );
+                    self.stats.recoveries.push(info);
+                    return Ok(());
+                }
+                Err(e) if e.needs_recovery() => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// After the store recovered: a new communicator, a fresh checkpoint, then this worker's
+    /// part of the plan computed from everyone's stored state.
+    fn rejoin(&mut self) -> Result<Vec<i32>> {
+        self.comm = self.store.communicator()?;
+        self.live = self.store.live().to_vec();
+        (self.asking, self.sent, self.received, self.quiet_wave) = (None, 0, 0, None);
+        self.checkpoint()?;
+        self.store.sync()?;
+        let (seen, checkpoints, loots) = self.read_everyone()?;
+        let pending = self.pending.as_ref().map(|p| p.steal_id);
+        let plan = plan(self.me, &self.live, &seen, pending);
+        for &dead in &plan.adopt {
+            self.adopt(dead, checkpoints[dead as usize].clone());
+        }
+        failpoint::hit("buddy_after_adopting");
+        for &victim in &plan.take_loot {
+            let loot = loots[victim as usize].as_ref().expect("planned loot exists");
+            self.state.pool.extend(loot.tasks.iter().copied());
+            self.state.received[victim as usize] = loot.steal_id;
+        }
+        if let Some(pending) = self.pending.take() {
+            if plan.take_back_pending {
+                self.state.pool.extend(pending.tasks);
+                self.state.received[self.me as usize] = pending.steal_id;
+            }
+        }
+        self.checkpoint()?;
+        self.delete_loot(&plan.delete_loot)?;
+        self.store.sync()?;
+        Ok(plan.adopt)
+    }
+
+    fn adopt(&mut self, dead: i32, checkpoint: Option<Checkpoint<P::Task>>) {
+        let workers = self.state.received.len();
+        let theirs = checkpoint.unwrap_or_else(|| Checkpoint::initial(self.problem, dead, workers));
+        self.state.pool.extend(theirs.pool);
+        self.state.counts.add(&theirs.counts);
+        self.state.adopted.push(dead);
+    }
+
+    fn delete_loot(&mut self, victims: &[i32]) -> Result<()> {
+        for &victim in victims {
+            let key = Key::new(victim, LOOT);
+            if victim == self.me {
+                self.store.delete(key)?;
+            } else {
+                self.store.delete_handed(key)?;
+            }
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn read_everyone(
+        &mut self,
+    ) -> Result<(Vec<Seen>, Vec<Option<Checkpoint<P::Task>>>, Vec<Option<Loot<P::Task>>>)> {
+        let workers = self.state.received.len();
+        let (mut seen, mut checkpoints, mut loots) = (Vec::new(), Vec::new(), Vec::new());
+        for w in 0..workers as i32 {
+            let checkpoint = match self.store.get(Key::new(w, CHECKPOINT))? {
+                Some(bytes) => {
+                    Some(Checkpoint::decode::<P>(&bytes).ok_or(PoolError::Corrupt("checkpoint"))?)
+                }
+                None => None,
+            };
+            let loot = match self.store.get(Key::new(w, LOOT))? {
+                Some(bytes) => Some(Loot::decode::<P>(&bytes).ok_or(PoolError::Corrupt("loot"))?),
+                None => None,
+            };
+            let initial = Checkpoint::initial(self.problem, w, workers);
+            let c = checkpoint.as_ref().unwrap_or(&initial);
+            seen.push(Seen {
+                last_given: c.last_given,
+                received: c.received.clone(),
+                adopted: c.adopted.clone(),
+                loot: loot.as_ref().map(|l| (l.steal_id, l.thief)),
+            });
+            checkpoints.push(checkpoint);
+            loots.push(loot);
+        }
+        Ok((seen, checkpoints, loots))
+    }
+}

@@ -1,0 +1,103 @@
+//! The work-stealing pool under real `mpirun`: exact results with 0, 1 and 2 workers killed at
+//! named points of the steal and recovery protocols, and T1 with 2 kills at random moments.
+
+use std::process::Command;
+use std::time::Duration;
+
+use ftkv_cli::launch::{JobOutput, Launch};
+
+const FTKV: &str = env!("CARGO_BIN_EXE_ftkv");
+
+/// Runs `workload` on `ranks` workers with `failpoints` armed and returns the job's output.
+fn pool_job(workload: &str, ranks: usize, copies: usize, failpoints: &str) -> JobOutput {
+    let args = ["tasks-rank", workload, "20", &copies.to_string(), "7"];
+    let launch = Launch::new(FTKV, ranks)
+        .args(args)
+        .env("FTKV_FAILPOINT", failpoints)
+        .timeout(Duration::from_secs(90))
+        .transport_from_env();
+    let out = launch.run().expect("mpirun starts");
+    assert!(!out.timed_out, "the pool hung:\n{}", out.transcript());
+    out
+}
+
+/// Every survivor reports `nodes` and `leaves`; exactly the ranks in `killed` died at their
+/// failpoints.
+fn assert_exact(out: &JobOutput, ranks: usize, killed: &[usize], nodes: Option<u64>, leaves: u64) {
+    for rank in 0..ranks {
+        let result = out.rank_lines(rank).iter().find(|l| l.starts_with("result ")).cloned();
+        if killed.contains(&rank) {
+            assert!(result.is_none(), "rank {rank} should have died:\n{}", out.transcript());
+            let fired = format!("fired on rank {rank}");
+            assert!(
+                out.stderr.contains(&fired),
+                "no failpoint fired on {rank}:\n{}",
+                out.transcript()
+            );
+            continue;
+        }
+        let result =
+            result.unwrap_or_else(|| panic!("rank {rank}: no result\n{}", out.transcript()));
+        let field = |key: &str| -> u64 {
+            let word =
+                result.split_whitespace().find_map(|w| w.strip_prefix(key)?.strip_prefix('='));
+            word.and_then(|v| v.parse().ok()).expect("a numeric field")
+        };
+        assert_eq!(field("leaves"), leaves, "rank {rank}: {result}\n{}", out.transcript());
+        if let Some(nodes) = nodes {
+            assert_eq!(field("nodes"), nodes, "rank {rank}: {result}");
+        }
+    }
+}
+
+const QUEENS: &str = "queens:12";
+const QUEENS_SOLUTIONS: u64 = 14_200;
+
+#[test]
+fn failure_free_runs_are_exact() {
+    let out = pool_job("uts:default", 4, 2, "");
+    assert_exact(&out, 4, &[], Some(1_732), 1_050);
+    let out = pool_job(QUEENS, 5, 2, "");
+    assert_exact(&out, 5, &[], None, QUEENS_SOLUTIONS);
+}
+
+#[test]
+fn victim_killed_mid_steal() {
+    for point in ["steal_victim_after_loot", "steal_victim_before_send"] {
+        let out = pool_job(QUEENS, 4, 2, &format!("{point}@0#1"));
+        assert_exact(&out, 4, &[0], None, QUEENS_SOLUTIONS);
+    }
+}
+
+#[test]
+fn thief_killed_mid_steal() {
+    for point in ["steal_thief_before_checkpoint", "steal_thief_before_ack"] {
+        let out = pool_job(QUEENS, 4, 2, &format!("{point}@1#1"));
+        assert_exact(&out, 4, &[1], None, QUEENS_SOLUTIONS);
+    }
+}
+
+#[test]
+fn buddy_killed_after_adopting() {
+    let out = pool_job(QUEENS, 5, 2, "steal_thief_before_ack@1#1;buddy_after_adopting@2#1");
+    assert_exact(&out, 5, &[1, 2], None, QUEENS_SOLUTIONS);
+}
+
+#[test]
+fn worker_killed_during_recovery() {
+    let out = pool_job(QUEENS, 5, 3, "steal_victim_before_send@0#1;recovery_after_shrink@3#1");
+    assert_exact(&out, 5, &[0, 3], None, QUEENS_SOLUTIONS);
+}
+
+#[test]
+fn t1_is_exact_after_two_random_kills() {
+    let mut cmd = Command::new(FTKV);
+    cmd.args(["demo", "-n", "8", "--kills", "2", "--seed", "11", "--timeout", "90"]);
+    let out = cmd.output().expect("ftkv demo starts");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "demo failed:\n{stdout}\n{stderr}");
+    assert!(stdout.contains("4130071 nodes, 3305118 leaves"), "{stdout}");
+    assert!(stdout.contains("MATCH") && !stdout.contains("MISMATCH"), "{stdout}");
+    assert_eq!(stderr.matches("SIGKILL rank").count(), 2, "two kills:\n{stderr}");
+}

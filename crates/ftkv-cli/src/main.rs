@@ -29,6 +29,9 @@ enum Command {
         /// Workers to SIGKILL at random moments.
         #[arg(long, default_value_t = 2)]
         kills: usize,
+        /// Also write the report as JSON.
+        #[arg(long, value_name = "FILE")]
+        json: Option<PathBuf>,
     },
     /// One pool worker on the ranks of an mpirun job (used by `ftkv demo` and `ftkv bench uts`).
     #[command(hide = true)]
@@ -194,7 +197,14 @@ fn main() {
 fn run(command: Command) -> Result<()> {
     let exe = || std::env::current_exe().context("locating the ftkv binary");
     match command {
-        Command::Demo { pool, kills } => tasks::run_demo(&exe()?, &pool.demo(kills)?).map(drop),
+        Command::Demo { pool, kills, json } => {
+            let report = tasks::run_demo(&exe()?, &pool.demo(kills)?)?;
+            if let Some(path) = json {
+                std::fs::write(&path, serde_json::to_string_pretty(&report)? + "\n")
+                    .with_context(|| format!("writing {}", path.display()))?;
+            }
+            Ok(())
+        }
         Command::TasksRank { workload, interval_ms, copies, seed } => {
             tasks::rank_main(&workload, interval_ms, copies, seed)
         }

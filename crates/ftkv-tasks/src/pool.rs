@@ -126,6 +126,13 @@ pub struct Outcome {
     pub elapsed: Duration,
 }
 
+/// What the store holds for every worker, by worker id.
+struct Stored<T> {
+    seen: Vec<Seen>,
+    checkpoints: Vec<Option<Checkpoint<T>>>,
+    loots: Vec<Option<Loot<T>>>,
+}
+
 /// A loot this worker gave away and that its thief has not acknowledged yet.
 struct Pending<T> {
     steal_id: u64,
@@ -456,15 +463,15 @@ impl<P: Problem> Worker<'_, P> {
         (self.asking, self.sent, self.received, self.quiet_wave) = (None, 0, 0, None);
         self.checkpoint()?;
         self.store.sync()?;
-        let (seen, checkpoints, loots) = self.read_everyone()?;
+        let stored = self.read_everyone()?;
         let pending = self.pending.as_ref().map(|p| p.steal_id);
-        let plan = plan(self.me, &self.live, &seen, pending);
+        let plan = plan(self.me, &self.live, &stored.seen, pending);
         for &dead in &plan.adopt {
-            self.adopt(dead, checkpoints[dead as usize].clone());
+            self.adopt(dead, stored.checkpoints[dead as usize].clone());
         }
         failpoint::hit("buddy_after_adopting");
         for &victim in &plan.take_loot {
-            let loot = loots[victim as usize].as_ref().expect("planned loot exists");
+            let loot = stored.loots[victim as usize].as_ref().expect("planned loot exists");
             self.state.pool.extend(loot.tasks.iter().copied());
             self.state.received[victim as usize] = loot.steal_id;
         }
@@ -500,10 +507,8 @@ impl<P: Problem> Worker<'_, P> {
         Ok(())
     }
 
-    #[allow(clippy::type_complexity)]
-    fn read_everyone(
-        &mut self,
-    ) -> Result<(Vec<Seen>, Vec<Option<Checkpoint<P::Task>>>, Vec<Option<Loot<P::Task>>>)> {
+    /// Every worker's checkpoint and loot key, as the store has them after a recovery.
+    fn read_everyone(&mut self) -> Result<Stored<P::Task>> {
         let workers = self.state.received.len();
         let (mut seen, mut checkpoints, mut loots) = (Vec::new(), Vec::new(), Vec::new());
         for w in 0..workers as i32 {
@@ -528,6 +533,6 @@ impl<P: Problem> Worker<'_, P> {
             checkpoints.push(checkpoint);
             loots.push(loot);
         }
-        Ok((seen, checkpoints, loots))
+        Ok(Stored { seen, checkpoints, loots })
     }
 }

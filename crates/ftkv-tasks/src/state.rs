@@ -223,11 +223,13 @@ mod tests {
         assert_eq!(buddy(2, &[1], 4), 1);
     }
 
+    /// (case, me, live, what the store says, own pending loot, expected plan)
+    type Case = (&'static str, i32, Vec<i32>, Vec<Seen>, Option<u64>, Plan);
+
     #[test]
     fn recovery_plan_table() {
         let quiet = || seen(0, [0; 4], &[], None);
-        // (case, me, live, seen, pending, expected plan)
-        let table: Vec<(&str, i32, Vec<i32>, Vec<Seen>, Option<u64>, Plan)> = vec![
+        let table: Vec<Case> = vec![
             (
                 "dead worker adopted by its buddy",
                 2,

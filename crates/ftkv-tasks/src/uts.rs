@@ -124,7 +124,7 @@ impl Params {
     }
 
     fn check(&self) -> Result<(), ParamError> {
-        if !(self.b0 > 0.0) || !self.b0.is_finite() {
+        if !self.b0.is_finite() || self.b0 <= 0.0 {
             return Err(ParamError(format!("-b must be positive, got {}", self.b0)));
         }
         if !(0.0..=1.0).contains(&self.non_leaf_prob) {

@@ -108,3 +108,185 @@ pub fn detect_rank_main() -> Result<()> {
     }
     failpoint::exit_now(0)
 }
+
+/// The checkpoint workload of `ftkv bench store` on one writer: overwrite the checkpoint with
+/// `size` bytes until `until`; every 10th write also puts the loot, and 5 writes later deletes
+/// it. `write(kind, value)` (`None`: delete) is the system's blocking write.
+pub fn checkpoint_workload(
+    size: usize,
+    until: Instant,
+    mut write: impl FnMut(u16, Option<&[u8]>) -> Result<()>,
+) -> Result<WorkloadResult> {
+    let mut value = vec![0u8; size.max(8)];
+    value.truncate(size);
+    let mut result = WorkloadResult::default();
+    let started = Instant::now();
+    let mut seq = 0u64;
+    while Instant::now() < until {
+        seq += 1;
+        stamp(&mut value, seq);
+        result.timed(|| write(0, Some(&value)), size)?;
+        if seq % 10 == 0 {
+            result.timed(|| write(1, Some(&value)), size)?;
+            result.loot_present = true;
+        } else if seq % 10 == 5 && result.loot_present {
+            result.timed(|| write(1, None), 0)?;
+            result.loot_present = false;
+        }
+    }
+    result.secs = started.elapsed().as_secs_f64();
+    result.last_checkpoint = value;
+    Ok(result)
+}
+
+/// Puts `seq` into the first bytes of `value` so that every write differs.
+fn stamp(value: &mut [u8], seq: u64) {
+    let bytes = seq.to_le_bytes();
+    let n = value.len().min(8);
+    value[..n].copy_from_slice(&bytes[..n]);
+}
+
+/// What one writer measured.
+#[derive(Debug, Default)]
+pub struct WorkloadResult {
+    pub histogram: crate::stats::Histogram,
+    pub writes: u64,
+    pub bytes: u64,
+    pub secs: f64,
+    pub last_checkpoint: Vec<u8>,
+    /// Whether the loot key holds a value at the end (its last write was a put).
+    pub loot_present: bool,
+}
+
+impl WorkloadResult {
+    fn timed(&mut self, write: impl FnOnce() -> Result<()>, bytes: usize) -> Result<()> {
+        let start = Instant::now();
+        write()?;
+        self.histogram.record(start.elapsed());
+        self.writes += 1;
+        self.bytes += bytes as u64;
+        Ok(())
+    }
+
+    /// The `bench ...` line the driver parses.
+    pub fn line(&self, system: &str, size: usize, writer: usize, verified: bool) -> String {
+        format!(
+            "bench system={system} size={size} writer={writer} writes={} bytes={} secs={:.4} verified={verified} hist={}",
+            self.writes,
+            self.bytes,
+            self.secs,
+            self.histogram.encode()
+        )
+    }
+}
+
+/// The rank side of `ftkv bench store` for ftkv and raw MPI RMA: for each size, the raw run then
+/// the ftkv run, `writers` ranks writing for `millis` each, then every copy verified.
+pub fn store_rank_main(writers: usize, sizes: &[usize], millis: u64, copies: usize) -> Result<()> {
+    let mpi = Mpi::init()?;
+    let world = mpi.world()?.dup()?;
+    anyhow::ensure!(copies < world.size() as usize, "copies must be fewer than the ranks");
+    let writing = (world.rank() as usize) < writers;
+    for &size in sizes {
+        let raw = raw_checkpoints(&world, copies, size, millis, writing)?;
+        if let Some((result, verified)) = raw {
+            println!("{}", result.line("raw_rma", size, world.rank() as usize, verified));
+        }
+        let ftkv = ftkv_checkpoints(&world, copies, size, millis, writing)?;
+        if let Some((result, verified)) = ftkv {
+            println!("{}", result.line("ftkv", size, world.rank() as usize, verified));
+        }
+    }
+    drop(world);
+    mpi.finalize_bounded(Duration::from_secs(3))?;
+    Ok(())
+}
+
+/// Raw RMA: each (owner, kind) has a `size`-byte slot at the same offset on each of its
+/// holders; a write is one put per holder and one flush per holder, a delete puts 8 zero bytes.
+fn raw_checkpoints(
+    world: &Comm,
+    copies: usize,
+    size: usize,
+    millis: u64,
+    writing: bool,
+) -> Result<Option<(WorkloadResult, bool)>> {
+    let slot = size.max(8);
+    let ranks = world.size() as usize;
+    let window = Window::allocate(world, slot * ranks * 2)?.lock_all()?;
+    let targets = holders(world, copies);
+    let disp = |kind: u16| ((world.rank() as usize * 2 + kind as usize) * slot) as i64;
+    let zeros = [0u8; 8];
+    world.barrier()?;
+    let until = Instant::now() + Duration::from_millis(millis);
+    let result = if writing {
+        Some(checkpoint_workload(size, until, |kind, value| {
+            let data = value.unwrap_or(&zeros);
+            Ok(window.scope(|s| targets.iter().try_for_each(|&t| s.put(t, disp(kind), data)))?)
+        })?)
+    } else {
+        None
+    };
+    world.barrier()?;
+    let verified = match &result {
+        Some(r) => verify_raw(&window, &targets, disp(0), &r.last_checkpoint)?,
+        None => true,
+    };
+    world.barrier()?;
+    window.unlock_all()?.free()?;
+    Ok(result.map(|r| (r, verified)))
+}
+
+fn verify_raw(window: &LockedWindow, targets: &[i32], disp: i64, last: &[u8]) -> Result<bool> {
+    let mut ok = true;
+    for &t in targets {
+        let mut copy = vec![0u8; last.len()];
+        window.scope(|s| s.get(t, disp, &mut copy))?;
+        ok &= copy == last;
+    }
+    Ok(ok)
+}
+
+fn ftkv_checkpoints(
+    world: &Comm,
+    copies: usize,
+    size: usize,
+    millis: u64,
+    writing: bool,
+) -> Result<Option<(WorkloadResult, bool)>> {
+    let mut config = Config::new(["checkpoint", "loot"], copies);
+    config.max_value = size;
+    config.initial_capacity = size;
+    let mut store = Store::create(world, config)?;
+    let me = store.worker();
+    store.sync()?;
+    let until = Instant::now() + Duration::from_millis(millis);
+    let result = if writing {
+        Some(checkpoint_workload(size, until, |kind, value| {
+            let key = Key::new(me, kind);
+            Ok(match value {
+                Some(v) => store.put(key, v)?,
+                None => store.delete(key)?,
+            })
+        })?)
+    } else {
+        None
+    };
+    store.sync()?;
+    let verified = match &result {
+        Some(r) => verify_store(&mut store, me, r)?,
+        None => true,
+    };
+    store.sync()?;
+    Ok(result.map(|r| (r, verified)))
+}
+
+/// Every holder has the last checkpoint, and the loot as its last write left it.
+fn verify_store(store: &mut Store, me: i32, result: &WorkloadResult) -> Result<bool> {
+    let checkpoint = store.read_copies(Key::new(me, 0))?;
+    let loot = store.read_copies(Key::new(me, 1))?;
+    let checkpoints_ok =
+        checkpoint.iter().all(|(_, v)| v.as_deref() == Some(&result.last_checkpoint[..]));
+    let loot_ok = loot.iter().all(|(_, v)| v.is_some() == result.loot_present);
+    Ok(checkpoints_ok && loot_ok && !checkpoint.is_empty())
+}

@@ -2,10 +2,13 @@
 //! multi-rank tests) and the subcommands' implementations.
 
 pub mod bench;
+pub mod bench_store;
 pub mod chaos;
 pub mod env;
 pub mod launch;
+pub mod peers;
 pub mod ping;
 pub mod probe;
+pub mod stats;
 pub mod tasks;
 pub mod values;

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
-use ftkv_cli::{chaos, env, launch, probe, tasks};
+use ftkv_cli::{bench_store, chaos, env, launch, probe, tasks};
 
 #[derive(Parser)]
 #[command(
@@ -33,9 +33,18 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         json: Option<PathBuf>,
     },
+    /// The MPI side of `ftkv bench store` (ftkv and raw RMA writers).
+    #[command(hide = true)]
+    BenchStoreRank {
+        writers: usize,
+        #[arg(value_delimiter = ',')]
+        sizes: Vec<usize>,
+        millis: u64,
+        copies: usize,
+    },
     /// One pool worker on the ranks of an mpirun job (used by `ftkv demo` and `ftkv bench uts`).
     #[command(hide = true)]
-    TasksRank { workload: String, interval_ms: u64, copies: usize, seed: u64 },
+    TasksRank { workload: String, interval: String, copies: usize, seed: u64 },
     /// Which MPI calls report a dead peer: one-sided calls per window kind, and two-sided calls.
     #[command(long_about = PROBE_HELP)]
     Probe {
@@ -114,6 +123,28 @@ enum BenchCommand {
         #[arg(short = 'n', long = "ranks", default_value_t = DEFAULT_RANKS)]
         ranks: usize,
     },
+    /// The checkpoint workload on ftkv, raw MPI RMA, Redis (SET + WAIT 2) and etcd, 3 copies
+    /// each, side by side: table, ratios, results/bench_store.json and SVG plots.
+    Store {
+        /// Systems to measure.
+        #[arg(long, value_delimiter = ',', default_value = "ftkv,raw_rma,redis,etcd")]
+        systems: Vec<String>,
+        /// Writer counts (ranks, or client threads for Redis and etcd).
+        #[arg(long, value_delimiter = ',', default_values_t = [2usize, 4])]
+        writers: Vec<usize>,
+        /// Value sizes in bytes.
+        #[arg(long, value_delimiter = ',', default_values_t = [1024usize, 65536, 1 << 20])]
+        sizes: Vec<usize>,
+        /// Milliseconds each (system, writers, size) runs.
+        #[arg(long, default_value_t = 2000)]
+        millis: u64,
+        /// Under 2 minutes: 2 writers, 400 ms per run.
+        #[arg(long)]
+        quick: bool,
+        /// Where the JSON and the plots go.
+        #[arg(long, default_value = "results")]
+        out: PathBuf,
+    },
     /// Checkpointing overhead: the same tree failure-free without and with checkpointing.
     Uts {
         #[command(flatten)]
@@ -135,9 +166,9 @@ struct PoolArgs {
     tree: String,
     #[arg(short = 'n', long, default_value_t = 8)]
     ranks: usize,
-    /// Milliseconds between a worker's periodic checkpoints (0: no checkpointing).
-    #[arg(long, default_value_t = 100)]
-    interval: u64,
+    /// A worker's periodic checkpoint interval: `100ms`, `5000tasks`, or `off`.
+    #[arg(long, default_value = "100ms")]
+    interval: String,
     /// Copies of every checkpoint.
     #[arg(long, default_value_t = 3)]
     copies: usize,
@@ -151,11 +182,12 @@ struct PoolArgs {
 impl PoolArgs {
     fn demo(&self, kills: usize) -> Result<tasks::Demo> {
         anyhow::ensure!(self.timeout > 0.0, "--timeout must be positive");
+        tasks::parse_interval(&self.interval)?;
         Ok(tasks::Demo {
             workload: tasks::Workload::parse(&self.tree)?,
             ranks: self.ranks,
             kills,
-            interval_ms: self.interval,
+            interval: self.interval.clone(),
             copies: self.copies,
             seed: self.seed,
             timeout: Duration::from_secs_f64(self.timeout),
@@ -205,8 +237,35 @@ fn run(command: Command) -> Result<()> {
             }
             Ok(())
         }
-        Command::TasksRank { workload, interval_ms, copies, seed } => {
-            tasks::rank_main(&workload, interval_ms, copies, seed)
+        Command::TasksRank { workload, interval, copies, seed } => {
+            tasks::rank_main(&workload, &interval, copies, seed)
+        }
+        Command::Bench(BenchCommand::Store { systems, writers, sizes, millis, quick, out }) => {
+            let systems = systems
+                .iter()
+                .map(|s| {
+                    bench_store::System::ALL
+                        .into_iter()
+                        .find(|x| x.name() == s.trim())
+                        .with_context(|| {
+                            format!("unknown system {s:?} (ftkv, raw_rma, redis, etcd)")
+                        })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let (writers, millis) = if quick { (vec![2], 400) } else { (writers, millis) };
+            anyhow::ensure!(millis > 0, "--millis must be positive");
+            let bench = bench_store::StoreBench {
+                systems,
+                writers,
+                sizes,
+                millis,
+                copies: 3,
+                out_dir: out,
+            };
+            bench_store::run(&exe()?, &bench).map(drop)
+        }
+        Command::BenchStoreRank { writers, sizes, millis, copies } => {
+            ftkv_cli::bench::store_rank_main(writers, &sizes, millis, copies)
         }
         Command::Bench(BenchCommand::Uts { pool, repeat, json }) => {
             anyhow::ensure!(repeat >= 1, "--repeat must be at least 1");

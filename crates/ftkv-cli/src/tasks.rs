@@ -73,14 +73,14 @@ impl Workload {
 }
 
 /// The rank side: runs the pool and prints `result ...` and `done=yes` on every survivor.
-pub fn rank_main(workload: &str, interval_ms: u64, copies: usize, seed: u64) -> Result<()> {
+pub fn rank_main(workload: &str, interval: &str, copies: usize, seed: u64) -> Result<()> {
     let workload = Workload::from_arg(workload)?;
     let mpi = Mpi::init()?;
     let world = mpi.world()?;
     println!("pid={}", std::process::id());
     let config = PoolConfig {
         copies,
-        interval: (interval_ms > 0).then(|| Interval::Time(Duration::from_millis(interval_ms))),
+        interval: parse_interval(interval)?,
         progress: Some(Duration::from_millis(100)),
         seed,
         ..PoolConfig::default()
@@ -108,13 +108,34 @@ pub fn rank_main(workload: &str, interval_ms: u64, copies: usize, seed: u64) -> 
     Ok(())
 }
 
+/// A checkpoint interval: `100ms` (or a bare number of milliseconds), `5000tasks`, or `off`
+/// (also `0`): no checkpointing.
+pub fn parse_interval(text: &str) -> Result<Option<Interval>> {
+    let text = text.trim();
+    if text == "off" || text == "0" {
+        return Ok(None);
+    }
+    let (number, unit) =
+        text.split_at(text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len()));
+    let n: u64 = number
+        .parse()
+        .with_context(|| format!("interval {text:?}: expected e.g. 100ms or 5000tasks"))?;
+    ensure!(n > 0, "interval {text:?} must be positive (or off)");
+    match unit {
+        "" | "ms" => Ok(Some(Interval::Time(Duration::from_millis(n)))),
+        "tasks" => Ok(Some(Interval::Tasks(n))),
+        other => bail!("interval {text:?}: unknown unit {other:?} (ms or tasks)"),
+    }
+}
+
 /// `ftkv demo` options.
 #[derive(Debug, Clone)]
 pub struct Demo {
     pub workload: Workload,
     pub ranks: usize,
     pub kills: usize,
-    pub interval_ms: u64,
+    /// As [`parse_interval`] takes it.
+    pub interval: String,
     pub copies: usize,
     pub seed: u64,
     pub timeout: Duration,
@@ -143,13 +164,16 @@ pub fn run_demo(exe: &Path, demo: &Demo) -> Result<RunReport> {
     ensure!(demo.ranks >= 2, "--ranks must be at least 2");
     ensure!(demo.kills + 1 < demo.ranks, "--kills must leave at least 2 workers");
     ensure!(demo.copies >= 1 && demo.copies < demo.ranks, "--copies must be in 1..ranks");
-    ensure!(demo.kills == 0 || demo.interval_ms > 0, "kills need checkpointing (--interval > 0)");
+    ensure!(
+        demo.kills == 0 || parse_interval(&demo.interval)?.is_some(),
+        "kills need checkpointing (--interval other than off)"
+    );
     eprintln!(
-        "[demo] {} on {} ranks, {} kills, checkpoint every {} ms, {} copies, seed {}",
+        "[demo] {} on {} ranks, {} kills, checkpoint every {}, {} copies, seed {}",
         demo.workload.describe(),
         demo.ranks,
         demo.kills,
-        demo.interval_ms,
+        demo.interval,
         demo.copies,
         demo.seed
     );
@@ -166,7 +190,7 @@ fn run_pool_job(exe: &Path, demo: &Demo, show: bool) -> Result<RunReport> {
     let args = [
         "tasks-rank".to_string(),
         demo.workload.as_arg(),
-        demo.interval_ms.to_string(),
+        demo.interval.clone(),
         demo.copies.to_string(),
         demo.seed.to_string(),
     ];
@@ -384,7 +408,7 @@ pub fn run_bench(exe: &Path, demo: &Demo, repeat: usize, json: &Path) -> Result<
         for (checkpointing, times) in [(false, &mut plain), (true, &mut checkpointed)] {
             let run = Demo {
                 kills: 0,
-                interval_ms: if checkpointing { demo.interval_ms } else { 0 },
+                interval: if checkpointing { demo.interval.clone() } else { "off".into() },
                 ..demo.clone()
             };
             let report = run_pool_job(exe, &run, false)?;
@@ -409,12 +433,12 @@ pub fn run_bench(exe: &Path, demo: &Demo, repeat: usize, json: &Path) -> Result<
     println!("| checkpointing | median ms | runs |\n|---|---|---|");
     println!(
         "| off | {off:.1} | {repeat} |\n| on (every {} ms) | {on:.1} | {repeat} |",
-        demo.interval_ms
+        demo.interval
     );
     println!("overhead: {:.3}x ({:+.1} %)", on / off, (on / off - 1.0) * 100.0);
     let result = serde_json::json!({
         "workload": demo.workload.describe(), "ranks": demo.ranks, "copies": demo.copies,
-        "interval_ms": demo.interval_ms, "off_ms": off, "on_ms": on, "ratio": on / off,
+        "interval": demo.interval, "off_ms": off, "on_ms": on, "ratio": on / off,
         "runs_off": plain, "runs_on": checkpointed,
     });
     if let Some(dir) = json.parent() {

@@ -10,7 +10,7 @@ const FTKV: &str = env!("CARGO_BIN_EXE_ftkv");
 
 /// Runs `workload` on `ranks` workers with `failpoints` armed and returns the job's output.
 fn pool_job(workload: &str, ranks: usize, copies: usize, failpoints: &str) -> JobOutput {
-    let args = ["tasks-rank", workload, "20", &copies.to_string(), "7"];
+    let args = ["tasks-rank", workload, "20ms", &copies.to_string(), "7"];
     let launch = Launch::new(FTKV, ranks)
         .args(args)
         .env("FTKV_FAILPOINT", failpoints)
@@ -59,6 +59,22 @@ fn failure_free_runs_are_exact() {
     assert_exact(&out, 4, &[], Some(1_732), 1_050);
     let out = pool_job(QUEENS, 5, 2, "");
     assert_exact(&out, 5, &[], None, QUEENS_SOLUTIONS);
+}
+
+#[test]
+fn checkpoints_by_task_count_recover_exactly() {
+    let args = ["tasks-rank", "uts:-t 0 -b 200 -q 0.124875 -m 8 -r 42", "5000tasks", "2", "3"];
+    let launch = Launch::new(FTKV, 4)
+        .args(args)
+        .env("FTKV_FAILPOINT", "steal_thief_before_ack@2#1")
+        .timeout(Duration::from_secs(90))
+        .transport_from_env();
+    let out = launch.run().expect("mpirun starts");
+    assert!(!out.timed_out, "the pool hung:\n{}", out.transcript());
+    let expected = ftkv_tasks::problem::solve_sequential(
+        &ftkv_tasks::uts::Params::parse("-t 0 -b 200 -q 0.124875 -m 8 -r 42").unwrap(),
+    );
+    assert_exact(&out, 4, &[2], Some(expected.nodes), expected.leaves);
 }
 
 #[test]

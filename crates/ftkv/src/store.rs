@@ -191,6 +191,25 @@ impl<F: Fabric> Store<F> {
         Ok(self.read_newest(key)?.and_then(|c| (c.header.state == State::Value).then_some(c.data)))
     }
 
+    /// What each live holder of `key` has: its newest complete version (`None` for a deletion
+    /// or nothing). For verification: every entry equals the last acknowledged write.
+    pub fn read_copies(&mut self, key: Key) -> Result<Vec<(i32, Option<Vec<u8>>)>> {
+        self.ensure_healthy()?;
+        let route = self.route(key)?.to_vec();
+        let window = self.window.as_ref().ok_or(Error::Closed)?;
+        let mut copies = Vec::with_capacity(route.len());
+        for copy in route.iter().filter(|c| !self.health.is_failed(c.worker)) {
+            self.health.enter_call();
+            let found = read_copy(window, copy, self.geometry);
+            self.health.leave_call();
+            let found = found.map_err(|e| self.failure(e))?;
+            let value = found.and_then(|c| (c.header.state == State::Value).then_some(c.data));
+            copies.push((copy.worker, value));
+        }
+        self.ensure_alive(&route)?;
+        Ok(copies)
+    }
+
     fn check_key(&self, key: Key) -> Result<()> {
         if key.kind as usize >= self.config.kinds.len() {
             return Err(Error::UnknownKindIndex(key.kind));

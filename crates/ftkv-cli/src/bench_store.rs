@@ -1,0 +1,498 @@
+//! `ftkv bench store`: the checkpoint workload (reference paper §2) on ftkv, raw MPI RMA,
+//! Redis and etcd in one invocation, every value on 3 copies, with the ratios that matter.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context, Result};
+use serde::Serialize;
+
+use crate::bench::{checkpoint_workload, WorkloadResult};
+use crate::launch::Launch;
+use crate::peers::{self, EtcdClient, RespClient, ETCD_PORTS, REDIS_PORTS};
+use crate::stats::Histogram;
+
+/// The systems measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum System {
+    Ftkv,
+    RawRma,
+    Redis,
+    Etcd,
+}
+
+impl System {
+    pub const ALL: [System; 4] = [System::Ftkv, System::RawRma, System::Redis, System::Etcd];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            System::Ftkv => "ftkv",
+            System::RawRma => "raw_rma",
+            System::Redis => "redis",
+            System::Etcd => "etcd",
+        }
+    }
+
+    fn color(self) -> &'static str {
+        match self {
+            System::Ftkv => "#d62728",
+            System::RawRma => "#7f7f7f",
+            System::Redis => "#1f77b4",
+            System::Etcd => "#2ca02c",
+        }
+    }
+}
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct StoreBench {
+    pub systems: Vec<System>,
+    pub writers: Vec<usize>,
+    pub sizes: Vec<usize>,
+    pub millis: u64,
+    pub copies: usize,
+    pub out_dir: PathBuf,
+}
+
+/// One measured (system, writers, size).
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    pub system: System,
+    pub writers: usize,
+    pub size: usize,
+    pub writes: u64,
+    pub writes_per_s: f64,
+    pub mib_per_s: f64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub p999_us: f64,
+    /// The last written value of every key was found on every copy.
+    pub verified: bool,
+}
+
+/// Ratios at one (writers, size).
+#[derive(Debug, Clone, Serialize)]
+pub struct Ratios {
+    pub writers: usize,
+    pub size: usize,
+    pub ftkv_over_raw_p50: Option<f64>,
+    pub ftkv_over_redis_throughput: Option<f64>,
+    pub ftkv_over_etcd_throughput: Option<f64>,
+}
+
+/// Runs everything, prints the table and writes JSON and SVG plots into `out_dir`.
+pub fn run(exe: &Path, bench: &StoreBench) -> Result<Vec<Row>> {
+    ensure!(!bench.sizes.is_empty() && !bench.writers.is_empty(), "nothing to measure");
+    ensure!(bench.writers.iter().all(|&w| w >= 1), "--writers must be at least 1");
+    peers::install_interrupt_handler()?;
+    let mut progress = Progress::new(steps(bench));
+    let mut rows = Vec::new();
+    if bench.systems.iter().any(|s| matches!(s, System::Ftkv | System::RawRma)) {
+        for &writers in &bench.writers {
+            rows.extend(mpi_rows(exe, bench, writers, &mut progress)?);
+        }
+    }
+    if bench.systems.iter().any(|s| matches!(s, System::Redis | System::Etcd)) {
+        peers::ensure_installed()?;
+    }
+    if bench.systems.contains(&System::Redis) {
+        let servers = peers::start_redis()?;
+        rows.extend(peer_rows(bench, System::Redis, &mut progress)?);
+        drop(servers);
+    }
+    if bench.systems.contains(&System::Etcd) {
+        let servers = peers::start_etcd()?;
+        rows.extend(peer_rows(bench, System::Etcd, &mut progress)?);
+        drop(servers);
+    }
+    let ratios = ratios(&rows, bench);
+    print!("{}", markdown(&rows, &ratios));
+    write_outputs(bench, &rows, &ratios)?;
+    ensure!(rows.iter().all(|r| r.verified), "a system did not hold the last value on every copy");
+    Ok(rows)
+}
+
+fn steps(bench: &StoreBench) -> usize {
+    let per_size = bench.systems.len() * bench.sizes.len() * bench.writers.len();
+    per_size.max(1)
+}
+
+/// A one-line progress bar on stderr.
+struct Progress {
+    total: usize,
+    done: usize,
+    started: Instant,
+}
+
+impl Progress {
+    fn new(total: usize) -> Progress {
+        Progress { total, done: 0, started: Instant::now() }
+    }
+
+    fn step(&mut self, row: &Row) {
+        self.done += 1;
+        let filled = self.done * 20 / self.total.max(1);
+        eprintln!(
+            "[bench store] [{}{}] {}/{} {:>6.1} s  {:<8} W={} {:>8}: {:>9.0} writes/s, p50 {:.1} µs{}",
+            "#".repeat(filled),
+            "-".repeat(20 - filled.min(20)),
+            self.done,
+            self.total,
+            self.started.elapsed().as_secs_f64(),
+            row.system.name(),
+            row.writers,
+            size_name(row.size),
+            row.writes_per_s,
+            row.p50_us,
+            if row.verified { "" } else { "  NOT VERIFIED" }
+        );
+    }
+}
+
+pub fn size_name(size: usize) -> String {
+    match size {
+        s if s >= 1 << 20 && s % (1 << 20) == 0 => format!("{} MiB", s >> 20),
+        s if s >= 1 << 10 && s % (1 << 10) == 0 => format!("{} KiB", s >> 10),
+        s => format!("{s} B"),
+    }
+}
+
+/// Per writer: a histogram and totals from one `bench ...` line or one thread.
+struct Measured {
+    result: WorkloadResult,
+    verified: bool,
+}
+
+fn row(system: System, writers: usize, size: usize, measured: &[Measured]) -> Row {
+    let mut histogram = Histogram::default();
+    measured.iter().for_each(|m| histogram.merge(&m.result.histogram));
+    let per_s = |f: fn(&WorkloadResult) -> f64| {
+        measured.iter().map(|m| f(&m.result) / m.result.secs.max(1e-9)).sum()
+    };
+    Row {
+        system,
+        writers,
+        size,
+        writes: measured.iter().map(|m| m.result.writes).sum(),
+        writes_per_s: per_s(|r| r.writes as f64),
+        mib_per_s: per_s(|r| r.bytes as f64) / (1 << 20) as f64,
+        p50_us: histogram.quantile_us(0.5),
+        p99_us: histogram.quantile_us(0.99),
+        p999_us: histogram.quantile_us(0.999),
+        verified: measured.len() == writers && measured.iter().all(|m| m.verified),
+    }
+}
+
+/// ftkv and raw RMA: one mpirun job per writer count (at least copies + 1 ranks, so no copy
+/// lives on its owner).
+fn mpi_rows(
+    exe: &Path,
+    bench: &StoreBench,
+    writers: usize,
+    progress: &mut Progress,
+) -> Result<Vec<Row>> {
+    let ranks = writers.max(bench.copies + 1);
+    let sizes: Vec<String> = bench.sizes.iter().map(|s| s.to_string()).collect();
+    let args = [
+        "bench-store-rank".to_string(),
+        writers.to_string(),
+        sizes.join(","),
+        bench.millis.to_string(),
+        bench.copies.to_string(),
+    ];
+    let budget = Duration::from_millis(bench.millis * bench.sizes.len() as u64 * 2)
+        + Duration::from_secs(60);
+    let out = Launch::new(exe, ranks).args(args).timeout(budget).run()?;
+    ensure!(!out.timed_out, "the MPI benchmark hung:\n{}", out.transcript());
+    let mut rows = Vec::new();
+    for &size in &bench.sizes {
+        for system in
+            [System::RawRma, System::Ftkv].into_iter().filter(|s| bench.systems.contains(s))
+        {
+            let measured = parse_lines(&out, ranks, system, size)?;
+            let r = row(system, writers, size, &measured);
+            progress.step(&r);
+            rows.push(r);
+        }
+    }
+    Ok(rows)
+}
+
+fn parse_lines(
+    out: &crate::launch::JobOutput,
+    ranks: usize,
+    system: System,
+    size: usize,
+) -> Result<Vec<Measured>> {
+    let mut measured = Vec::new();
+    for rank in 0..ranks {
+        for line in out.rank_lines(rank).iter().filter(|l| l.starts_with("bench ")) {
+            let field = |key: &str| {
+                line.split_whitespace().find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
+            };
+            if field("system") != Some(system.name()) || field("size") != Some(&size.to_string()) {
+                continue;
+            }
+            let num =
+                |key: &str| field(key).and_then(|v| v.parse::<f64>().ok()).context("a bench field");
+            let histogram =
+                Histogram::decode(field("hist").unwrap_or("")).context("a histogram")?;
+            let result = WorkloadResult {
+                histogram,
+                writes: num("writes")? as u64,
+                bytes: num("bytes")? as u64,
+                secs: num("secs")?,
+                ..WorkloadResult::default()
+            };
+            measured.push(Measured { result, verified: field("verified") == Some("true") });
+        }
+    }
+    if measured.is_empty() {
+        bail!("no {} results for {size} bytes:\n{}", system.name(), out.transcript());
+    }
+    Ok(measured)
+}
+
+/// Redis or etcd: `writers` client threads in this process.
+fn peer_rows(bench: &StoreBench, system: System, progress: &mut Progress) -> Result<Vec<Row>> {
+    let mut rows = Vec::new();
+    for &writers in &bench.writers {
+        for &size in &bench.sizes {
+            let until = Instant::now() + Duration::from_millis(bench.millis);
+            let measured: Vec<Measured> = std::thread::scope(|s| {
+                let threads: Vec<_> = (0..writers)
+                    .map(|w| s.spawn(move || peer_writer(system, w, size, until)))
+                    .collect();
+                threads.into_iter().map(|t| t.join().expect("writer thread")).collect::<Result<_>>()
+            })?;
+            let r = row(system, writers, size, &measured);
+            progress.step(&r);
+            rows.push(r);
+        }
+    }
+    Ok(rows)
+}
+
+fn keys(writer: usize) -> [Vec<u8>; 2] {
+    [format!("checkpoint:{writer}").into_bytes(), format!("loot:{writer}").into_bytes()]
+}
+
+fn peer_writer(system: System, writer: usize, size: usize, until: Instant) -> Result<Measured> {
+    let keys = keys(writer);
+    match system {
+        System::Redis => {
+            let mut client = RespClient::connect(REDIS_PORTS[0])?;
+            let result = checkpoint_workload(size, until, |kind, value| match value {
+                Some(v) => client.set_and_wait(&keys[kind as usize], v),
+                None => client.del_and_wait(&keys[kind as usize]),
+            })?;
+            let verified = verify_redis(&keys, &result)?;
+            Ok(Measured { result, verified })
+        }
+        System::Etcd => {
+            let mut client = EtcdClient::connect(etcd_leader()?)?;
+            let result = checkpoint_workload(size, until, |kind, value| match value {
+                Some(v) => client.put(&keys[kind as usize], v),
+                None => client.delete(&keys[kind as usize]),
+            })?;
+            let verified = verify_etcd(&keys, &result)?;
+            Ok(Measured { result, verified })
+        }
+        _ => bail!("{} is measured under mpirun", system.name()),
+    }
+}
+
+/// Every Redis server (primary and replicas) has the last checkpoint and the loot's state.
+fn verify_redis(keys: &[Vec<u8>; 2], result: &WorkloadResult) -> Result<bool> {
+    let mut ok = true;
+    for port in REDIS_PORTS {
+        let mut c = RespClient::connect(port)?;
+        ok &= c.get(&keys[0])?.as_deref() == Some(&result.last_checkpoint[..]);
+        ok &= c.get(&keys[1])?.is_some() == result.loot_present;
+    }
+    Ok(ok)
+}
+
+/// Every etcd member's own copy (a serializable read) has the last values; etcd acknowledges
+/// a write once a quorum has it, so the third member gets up to 5 s to apply it.
+fn verify_etcd(keys: &[Vec<u8>; 2], result: &WorkloadResult) -> Result<bool> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    for (port, _) in ETCD_PORTS {
+        let mut c = EtcdClient::connect(port)?;
+        loop {
+            let checkpoint = c.get(&keys[0], true)?;
+            let loot = c.get(&keys[1], true)?;
+            if checkpoint.as_deref() == Some(&result.last_checkpoint[..])
+                && loot.is_some() == result.loot_present
+            {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Ok(false);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    Ok(true)
+}
+
+/// The client port of the current etcd leader (writes sent elsewhere take an extra hop).
+fn etcd_leader() -> Result<u16> {
+    for (port, _) in ETCD_PORTS {
+        let mut c = EtcdClient::connect(port)?;
+        let status = c.status()?;
+        if status.0 == status.1 {
+            return Ok(port);
+        }
+    }
+    Ok(ETCD_PORTS[0].0)
+}
+
+fn ratios(rows: &[Row], bench: &StoreBench) -> Vec<Ratios> {
+    let find = |s: System, w: usize, size: usize| {
+        rows.iter().find(|r| r.system == s && r.writers == w && r.size == size)
+    };
+    let mut out = Vec::new();
+    for &w in &bench.writers {
+        for &size in &bench.sizes {
+            let ftkv = find(System::Ftkv, w, size);
+            let over = |other: System, f: fn(&Row) -> f64, inverse: bool| {
+                let (a, b) = (ftkv?, find(other, w, size)?);
+                Some(if inverse { f(b) / f(a) } else { f(a) / f(b) })
+            };
+            out.push(Ratios {
+                writers: w,
+                size,
+                ftkv_over_raw_p50: over(System::RawRma, |r| r.p50_us, false),
+                ftkv_over_redis_throughput: over(System::Redis, |r| r.writes_per_s, false),
+                ftkv_over_etcd_throughput: over(System::Etcd, |r| r.writes_per_s, false),
+            });
+        }
+    }
+    out
+}
+
+pub fn markdown(rows: &[Row], ratios: &[Ratios]) -> String {
+    let mut text = String::from(
+        "| system | writers | size | writes/s | MiB/s | p50 µs | p99 µs | p99.9 µs | verified |\n|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for r in rows {
+        text += &format!(
+            "| {} | {} | {} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {} |\n",
+            r.system.name(),
+            r.writers,
+            size_name(r.size),
+            r.writes_per_s,
+            r.mib_per_s,
+            r.p50_us,
+            r.p99_us,
+            r.p999_us,
+            if r.verified { "yes" } else { "NO" }
+        );
+    }
+    text += "\n| writers | size | ftkv/raw RMA p50 latency | ftkv/Redis throughput | ftkv/etcd throughput |\n|---|---|---|---|---|\n";
+    let show = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}x"));
+    for q in ratios {
+        text += &format!(
+            "| {} | {} | {} | {} | {} |\n",
+            q.writers,
+            size_name(q.size),
+            show(q.ftkv_over_raw_p50),
+            show(q.ftkv_over_redis_throughput),
+            show(q.ftkv_over_etcd_throughput)
+        );
+    }
+    text
+}
+
+fn write_outputs(bench: &StoreBench, rows: &[Row], ratios: &[Ratios]) -> Result<()> {
+    std::fs::create_dir_all(&bench.out_dir)
+        .with_context(|| format!("creating {}", bench.out_dir.display()))?;
+    let json = serde_json::json!({
+        "copies": bench.copies, "millis_per_run": bench.millis, "rows": rows, "ratios": ratios,
+        "clients": {
+            "ftkv": "ftkv Store::put/delete (passive-target RMA, bitmap detection)",
+            "raw_rma": "MPI_Put of the same bytes to the same 3 holders + MPI_Win_flush per holder",
+            "redis": "minimal RESP client in ftkv: SET + WAIT 2 pipelined in one round trip, WAIT count checked",
+            "etcd": "minimal HTTP/1.1 keep-alive client of etcd's v3 JSON gateway, sent to the leader",
+        },
+    });
+    let path = bench.out_dir.join("bench_store.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&json)? + "\n")?;
+    let writers = bench.writers[0];
+    let throughput = svg_plot(rows, writers, "writes/s", |r| r.writes_per_s);
+    let latency = svg_plot(rows, writers, "p50 latency (µs)", |r| r.p50_us);
+    std::fs::write(bench.out_dir.join("bench_store_throughput.svg"), throughput)?;
+    std::fs::write(bench.out_dir.join("bench_store_latency.svg"), latency)?;
+    eprintln!(
+        "[bench store] wrote {}, bench_store_throughput.svg, bench_store_latency.svg",
+        path.display()
+    );
+    Ok(())
+}
+
+/// A log-log line plot of `metric` against value size, one line per system, for `writers`.
+pub fn svg_plot(rows: &[Row], writers: usize, label: &str, metric: fn(&Row) -> f64) -> String {
+    let (w, h, left, bottom, top, right) = (640.0, 400.0, 70.0, 50.0, 30.0, 130.0);
+    let points: Vec<&Row> =
+        rows.iter().filter(|r| r.writers == writers && metric(r) > 0.0).collect();
+    if points.is_empty() {
+        return format!(
+            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\"></svg>\n"
+        );
+    }
+    let logs = |f: &dyn Fn(&Row) -> f64| {
+        let v: Vec<f64> = points.iter().map(|r| f(r).log10()).collect();
+        (v.iter().cloned().fold(f64::MAX, f64::min), v.iter().cloned().fold(f64::MIN, f64::max))
+    };
+    let (x0, x1) = logs(&|r| r.size as f64);
+    let (y0, y1) = logs(&|r| metric(r));
+    let (y0, y1) = (y0.floor(), y1.ceil().max(y0.floor() + 1.0));
+    let x = |v: f64| left + (v.log10() - x0) / (x1 - x0).max(1e-9) * (w - left - right);
+    let y = |v: f64| h - bottom - (v.log10() - y0) / (y1 - y0) * (h - bottom - top);
+    let mut svg = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n\
+         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
+         <text x=\"{left}\" y=\"18\">{label} vs value size ({writers} writers, 3 copies)</text>\n"
+    );
+    for decade in (y0 as i32)..=(y1 as i32) {
+        let v = 10f64.powi(decade);
+        svg += &format!(
+            "<line x1=\"{left}\" x2=\"{}\" y1=\"{yy:.1}\" y2=\"{yy:.1}\" stroke=\"#ddd\"/><text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">1e{decade}</text>\n",
+            w - right,
+            left - 6.0,
+            y(v) + 4.0,
+            yy = y(v)
+        );
+    }
+    let mut sizes: Vec<usize> = points.iter().map(|r| r.size).collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    for s in &sizes {
+        svg += &format!(
+            "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n",
+            x(*s as f64),
+            h - bottom + 18.0,
+            size_name(*s)
+        );
+    }
+    for (i, system) in System::ALL.iter().enumerate() {
+        let mut line: Vec<&&Row> = points.iter().filter(|r| r.system == *system).collect();
+        if line.is_empty() {
+            continue;
+        }
+        line.sort_by_key(|r| r.size);
+        let coords: Vec<String> =
+            line.iter().map(|r| format!("{:.1},{:.1}", x(r.size as f64), y(metric(r)))).collect();
+        svg += &format!(
+            "<polyline fill=\"none\" stroke=\"{c}\" stroke-width=\"2\" points=\"{}\"/>\n<text x=\"{}\" y=\"{}\" fill=\"{c}\">{}</text>\n",
+            coords.join(" "),
+            w - right + 10.0,
+            top + 20.0 + 18.0 * i as f64,
+            system.name(),
+            c = system.color()
+        );
+    }
+    svg + "</svg>\n"
+}

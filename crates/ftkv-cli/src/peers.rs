@@ -1,0 +1,481 @@
+//! The peer stores `ftkv bench store` compares against, started by ftkv itself on 127.0.0.1
+//! only: Redis 7 (1 primary + 2 replicas) and etcd 3.4 (3 members, data on tmpfs), both from
+//! Debian's packages; and the minimal clients that give each its best numbers.
+//!
+//! Every server is a child process whose PID is registered; [`Servers`] kills them on drop, and
+//! a Ctrl-C handler kills every registered server before the process exits.
+
+use std::io::{BufRead, BufReader, BufWriter, Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context, Result};
+use base64::Engine;
+
+/// PIDs of every server started by this process, for the Ctrl-C handler.
+static RUNNING: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+
+/// Installs (once) the Ctrl-C handler that kills the registered servers and exits.
+pub fn install_interrupt_handler() -> Result<()> {
+    static INSTALLED: std::sync::Once = std::sync::Once::new();
+    let mut result = Ok(());
+    INSTALLED.call_once(|| {
+        result = ctrlc::set_handler(|| {
+            kill_registered();
+            eprintln!("ftkv: interrupted; peer servers stopped");
+            std::process::exit(130);
+        });
+    });
+    result.context("installing the Ctrl-C handler")
+}
+
+fn kill_registered() {
+    let pids = RUNNING.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    for pid in pids {
+        if let Err(e) = crate::launch::kill_pid(pid) {
+            eprintln!("ftkv: stopping server {pid}: {e}");
+        }
+    }
+}
+
+/// Debian packages the peers come from; installed with apt when their binaries are missing.
+pub fn ensure_installed() -> Result<()> {
+    let missing: Vec<&str> = [("redis-server", "redis-server"), ("etcd", "etcd-server")]
+        .iter()
+        .filter(|(bin, _)| which(bin).is_none())
+        .map(|&(_, package)| package)
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    eprintln!("[peers] installing {} with apt", missing.join(" "));
+    let status = Command::new("apt-get")
+        .args(["install", "-y", "-q", "--no-install-recommends"])
+        .args(&missing)
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .stdout(Stdio::null())
+        .status()
+        .context("running apt-get")?;
+    ensure!(status.success(), "apt-get install {} failed", missing.join(" "));
+    for service in ["redis-server", "etcd"] {
+        let _ = Command::new("service")
+            .args([service, "stop"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+    Ok(())
+}
+
+fn which(binary: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path).map(|d| d.join(binary)).find(|p| p.is_file())
+}
+
+/// A group of server processes, killed (by PID) when dropped.
+pub struct Servers {
+    children: Vec<Child>,
+    scratch: Vec<PathBuf>,
+}
+
+impl Servers {
+    fn new() -> Servers {
+        Servers { children: Vec::new(), scratch: Vec::new() }
+    }
+
+    fn spawn(&mut self, command: &mut Command) -> Result<()> {
+        let program = format!("{:?}", command.get_program());
+        let child = command
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .with_context(|| format!("starting {program}"))?;
+        RUNNING.lock().unwrap_or_else(|p| p.into_inner()).push(child.id());
+        self.children.push(child);
+        Ok(())
+    }
+
+    fn check_alive(&mut self) -> Result<()> {
+        for child in &mut self.children {
+            if let Some(status) = child.try_wait()? {
+                bail!("server {} exited early: {status}", child.id());
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Servers {
+    fn drop(&mut self) {
+        let mut running = RUNNING.lock().unwrap_or_else(|p| p.into_inner());
+        for child in &mut self.children {
+            running.retain(|&pid| pid != child.id());
+            if let Err(e) = child.kill().and_then(|()| child.wait().map(drop)) {
+                eprintln!("ftkv: stopping server {}: {e}", child.id());
+            }
+        }
+        for dir in &self.scratch {
+            if let Err(e) = std::fs::remove_dir_all(dir) {
+                eprintln!("ftkv: removing {}: {e}", dir.display());
+            }
+        }
+    }
+}
+
+/// Polls `ready` every 50 ms until it returns true or `bound` passes.
+fn wait_until(
+    what: &str,
+    bound: Duration,
+    servers: &mut Servers,
+    mut ready: impl FnMut() -> bool,
+) -> Result<()> {
+    let start = Instant::now();
+    while !ready() {
+        servers.check_alive()?;
+        ensure!(start.elapsed() < bound, "{what} not ready after {bound:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+/// Ports of the Redis primary and its two replicas.
+pub const REDIS_PORTS: [u16; 3] = [16390, 16391, 16392];
+
+/// Starts Redis: a primary and two replicas of it, no persistence, and waits until both
+/// replicas are connected.
+pub fn start_redis() -> Result<Servers> {
+    let mut servers = Servers::new();
+    let dir = scratch_dir("redis")?;
+    for (i, port) in REDIS_PORTS.iter().enumerate() {
+        let mut cmd = Command::new("redis-server");
+        cmd.args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .args(["--protected-mode", "no", "--dir", &dir.to_string_lossy()])
+        .args(["--dbfilename", &format!("dump{port}.rdb")]);
+        if i > 0 {
+            cmd.args(["--replicaof", "127.0.0.1", &REDIS_PORTS[0].to_string()]);
+        }
+        servers.spawn(&mut cmd)?;
+    }
+    servers.scratch.push(dir);
+    wait_until("redis replication", Duration::from_secs(20), &mut servers, || {
+        let info = RespClient::connect(REDIS_PORTS[0]).and_then(|mut c| c.info_replication());
+        info.is_ok_and(|i| i.contains("connected_slaves:2"))
+            && REDIS_PORTS[1..].iter().all(|&p| {
+                RespClient::connect(p)
+                    .and_then(|mut c| c.info_replication())
+                    .is_ok_and(|i| i.contains("master_link_status:up"))
+            })
+    })?;
+    Ok(servers)
+}
+
+fn scratch_dir(name: &str) -> Result<PathBuf> {
+    let base = if std::path::Path::new("/dev/shm").is_dir() {
+        PathBuf::from("/dev/shm")
+    } else {
+        std::env::temp_dir()
+    };
+    let dir = base.join(format!("ftkv-bench-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    Ok(dir)
+}
+
+/// A minimal RESP client: one connection, pipelined commands, values written without copies.
+pub struct RespClient {
+    reader: BufReader<TcpStream>,
+    writer: BufWriter<TcpStream>,
+}
+
+/// A RESP reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    Status(String),
+    Error(String),
+    Integer(i64),
+    Bulk(Option<Vec<u8>>),
+    Array(Vec<Reply>),
+}
+
+impl RespClient {
+    pub fn connect(port: u16) -> Result<RespClient> {
+        let stream = TcpStream::connect(("127.0.0.1", port))
+            .with_context(|| format!("connecting to redis on {port}"))?;
+        stream.set_nodelay(true)?;
+        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+        Ok(RespClient {
+            reader: BufReader::new(stream.try_clone()?),
+            writer: BufWriter::with_capacity(64 << 10, stream),
+        })
+    }
+
+    /// Queues one command (not sent until [`RespClient::flush`]).
+    pub fn queue(&mut self, args: &[&[u8]]) -> Result<()> {
+        write!(self.writer, "*{}\r\n", args.len())?;
+        for arg in args {
+            write!(self.writer, "${}\r\n", arg.len())?;
+            self.writer.write_all(arg)?;
+            self.writer.write_all(b"\r\n")?;
+        }
+        Ok(())
+    }
+
+    pub fn flush(&mut self) -> Result<()> {
+        Ok(self.writer.flush()?)
+    }
+
+    pub fn read_reply(&mut self) -> Result<Reply> {
+        let mut line = String::new();
+        self.reader.read_line(&mut line)?;
+        let line = line.trim_end_matches("\r\n");
+        let (kind, rest) = line.split_at(line.len().min(1));
+        Ok(match kind {
+            "+" => Reply::Status(rest.to_string()),
+            "-" => Reply::Error(rest.to_string()),
+            ":" => Reply::Integer(rest.parse()?),
+            "$" => {
+                let len: i64 = rest.parse()?;
+                if len < 0 {
+                    Reply::Bulk(None)
+                } else {
+                    let mut data = vec![0u8; len as usize + 2];
+                    self.reader.read_exact(&mut data)?;
+                    data.truncate(len as usize);
+                    Reply::Bulk(Some(data))
+                }
+            }
+            "*" => {
+                let n: i64 = rest.parse()?;
+                Reply::Array((0..n.max(0)).map(|_| self.read_reply()).collect::<Result<_>>()?)
+            }
+            _ => bail!("bad RESP reply {line:?}"),
+        })
+    }
+
+    /// One command, sent and answered.
+    pub fn call(&mut self, args: &[&[u8]]) -> Result<Reply> {
+        self.queue(args)?;
+        self.flush()?;
+        self.read_reply()
+    }
+
+    fn info_replication(&mut self) -> Result<String> {
+        match self.call(&[b"INFO", b"replication"])? {
+            Reply::Bulk(Some(text)) => Ok(String::from_utf8_lossy(&text).into_owned()),
+            other => bail!("INFO replication: {other:?}"),
+        }
+    }
+
+    /// `SET key value` and `WAIT 2 timeout` in one round trip; fails unless both replicas
+    /// acknowledged.
+    pub fn set_and_wait(&mut self, key: &[u8], value: &[u8]) -> Result<()> {
+        self.queue(&[b"SET", key, value])?;
+        self.queue(&[b"WAIT", b"2", b"5000"])?;
+        self.flush()?;
+        self.expect_replicated("SET")
+    }
+
+    /// `DEL key` and `WAIT 2 timeout` in one round trip.
+    pub fn del_and_wait(&mut self, key: &[u8]) -> Result<()> {
+        self.queue(&[b"DEL", key])?;
+        self.queue(&[b"WAIT", b"2", b"5000"])?;
+        self.flush()?;
+        self.expect_replicated("DEL")
+    }
+
+    fn expect_replicated(&mut self, op: &str) -> Result<()> {
+        let first = self.read_reply()?;
+        ensure!(!matches!(first, Reply::Error(_)), "{op}: {first:?}");
+        match self.read_reply()? {
+            Reply::Integer(n) if n >= 2 => Ok(()),
+            other => bail!("{op}: WAIT answered {other:?}, not 2 replicas"),
+        }
+    }
+
+    pub fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        match self.call(&[b"GET", key])? {
+            Reply::Bulk(value) => Ok(value),
+            other => bail!("GET: {other:?}"),
+        }
+    }
+}
+
+/// Client and peer ports of the three etcd members.
+pub const ETCD_PORTS: [(u16, u16); 3] = [(12379, 12380), (22379, 22380), (32379, 32380)];
+
+/// Starts a 3-member etcd cluster with its data directories on tmpfs and waits until every
+/// member answers a linearizable read.
+pub fn start_etcd() -> Result<Servers> {
+    let mut servers = Servers::new();
+    let dir = scratch_dir("etcd")?;
+    let cluster: Vec<String> = ETCD_PORTS
+        .iter()
+        .enumerate()
+        .map(|(i, (_, peer))| format!("m{i}=http://127.0.0.1:{peer}"))
+        .collect();
+    for (i, (client, peer)) in ETCD_PORTS.iter().enumerate() {
+        let data = dir.join(format!("m{i}"));
+        let mut cmd = Command::new("etcd");
+        cmd.args(["--name", &format!("m{i}"), "--data-dir", &data.to_string_lossy()])
+            .args(["--listen-client-urls", &format!("http://127.0.0.1:{client}")])
+            .args(["--advertise-client-urls", &format!("http://127.0.0.1:{client}")])
+            .args(["--listen-peer-urls", &format!("http://127.0.0.1:{peer}")])
+            .args(["--initial-advertise-peer-urls", &format!("http://127.0.0.1:{peer}")])
+            .args(["--initial-cluster", &cluster.join(","), "--initial-cluster-state", "new"])
+            .args(["--initial-cluster-token", "ftkv-bench", "--max-request-bytes", "8388608"])
+            .args(["--quota-backend-bytes", "8589934592", "--auto-compaction-mode", "revision"])
+            .args([
+                "--auto-compaction-retention",
+                "1000",
+                "--logger",
+                "zap",
+                "--log-level",
+                "error",
+            ])
+            .env("ETCD_UNSUPPORTED_ARCH", std::env::consts::ARCH);
+        servers.spawn(&mut cmd)?;
+    }
+    servers.scratch.push(dir);
+    wait_until("etcd", Duration::from_secs(30), &mut servers, || {
+        ETCD_PORTS.iter().all(|&(port, _)| {
+            EtcdClient::connect(port).and_then(|mut c| c.get(b"ftkv-ready", false)).is_ok()
+        })
+    })?;
+    Ok(servers)
+}
+
+/// A minimal client of etcd's v3 JSON gateway (`/v3/kv/*`) over one keep-alive HTTP/1.1
+/// connection.
+pub struct EtcdClient {
+    port: u16,
+    reader: BufReader<TcpStream>,
+    writer: BufWriter<TcpStream>,
+    body: Vec<u8>,
+}
+
+impl EtcdClient {
+    pub fn connect(port: u16) -> Result<EtcdClient> {
+        let stream = TcpStream::connect(("127.0.0.1", port))
+            .with_context(|| format!("connecting to etcd on {port}"))?;
+        stream.set_nodelay(true)?;
+        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+        let reader = BufReader::new(stream.try_clone()?);
+        Ok(EtcdClient {
+            port,
+            reader,
+            writer: BufWriter::with_capacity(64 << 10, stream),
+            body: Vec::new(),
+        })
+    }
+
+    /// A put, acknowledged once a quorum of members has it (etcd's guarantee).
+    pub fn put(&mut self, key: &[u8], value: &[u8]) -> Result<()> {
+        let engine = base64::engine::general_purpose::STANDARD;
+        let mut body = String::with_capacity(value.len() * 4 / 3 + 64);
+        body.push_str("{\"key\":\"");
+        engine.encode_string(key, &mut body);
+        body.push_str("\",\"value\":\"");
+        engine.encode_string(value, &mut body);
+        body.push_str("\"}");
+        self.post("/v3/kv/put", body.as_bytes())?;
+        Ok(())
+    }
+
+    pub fn delete(&mut self, key: &[u8]) -> Result<()> {
+        let body =
+            format!("{{\"key\":\"{}\"}}", base64::engine::general_purpose::STANDARD.encode(key));
+        self.post("/v3/kv/deleterange", body.as_bytes())?;
+        Ok(())
+    }
+
+    /// The value of `key`; `serializable` reads this member's own copy without the leader.
+    pub fn get(&mut self, key: &[u8], serializable: bool) -> Result<Option<Vec<u8>>> {
+        let engine = base64::engine::general_purpose::STANDARD;
+        let body =
+            format!("{{\"key\":\"{}\",\"serializable\":{serializable}}}", engine.encode(key));
+        let reply = self.post("/v3/kv/range", body.as_bytes())?;
+        let json: serde_json::Value = serde_json::from_slice(reply).context("etcd range reply")?;
+        let Some(value) = json["kvs"].get(0).map(|kv| kv["value"].as_str().unwrap_or("")) else {
+            return Ok(None);
+        };
+        Ok(Some(engine.decode(value).context("etcd value")?))
+    }
+
+    /// This member's id and its leader's id.
+    pub fn status(&mut self) -> Result<(String, String)> {
+        let reply = self.post("/v3/maintenance/status", b"{}")?;
+        let json: serde_json::Value = serde_json::from_slice(reply).context("etcd status reply")?;
+        Ok((json["header"]["member_id"].to_string(), json["leader"].to_string()))
+    }
+
+    fn post(&mut self, path: &str, body: &[u8]) -> Result<&[u8]> {
+        write!(
+            self.writer,
+            "POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            self.port,
+            body.len()
+        )?;
+        self.writer.write_all(body)?;
+        self.writer.flush()?;
+        self.read_response(path)
+    }
+
+    fn read_response(&mut self, path: &str) -> Result<&[u8]> {
+        let mut status = String::new();
+        self.reader.read_line(&mut status)?;
+        let (mut length, mut chunked) = (None, false);
+        loop {
+            let mut header = String::new();
+            self.reader.read_line(&mut header)?;
+            let header = header.trim_end();
+            if header.is_empty() {
+                break;
+            }
+            let lower = header.to_ascii_lowercase();
+            if let Some(v) = lower.strip_prefix("content-length:") {
+                length = Some(v.trim().parse::<usize>()?);
+            }
+            chunked |= lower.starts_with("transfer-encoding:") && lower.contains("chunked");
+        }
+        self.body.clear();
+        if chunked {
+            self.read_chunked()?;
+        } else {
+            self.body.resize(length.context("an HTTP response without length")?, 0);
+            self.reader.read_exact(&mut self.body)?;
+        }
+        ensure!(
+            status.contains(" 200 "),
+            "etcd {path}: {} {}",
+            status.trim(),
+            String::from_utf8_lossy(&self.body)
+        );
+        Ok(&self.body)
+    }
+
+    fn read_chunked(&mut self) -> Result<()> {
+        loop {
+            let mut size = String::new();
+            self.reader.read_line(&mut size)?;
+            let n = usize::from_str_radix(size.trim().split(';').next().unwrap_or("0"), 16)?;
+            let start = self.body.len();
+            self.body.resize(start + n + 2, 0);
+            self.reader.read_exact(&mut self.body[start..])?;
+            self.body.truncate(start + n);
+            if n == 0 {
+                return Ok(());
+            }
+        }
+    }
+}

@@ -111,18 +111,26 @@ pub fn detect_rank_main() -> Result<()> {
 
 /// The checkpoint workload of `ftkv bench store` on one writer: overwrite the checkpoint with
 /// `size` bytes until `until`; every 10th write also puts the loot, and 5 writes later deletes
-/// it. `write(kind, value)` (`None`: delete) is the system's blocking write.
+/// it. `write(kind, value)` (`None`: delete) is the system's blocking write. The first
+/// [`warm_up`] of the time is not recorded (connections, page faults, replication start-up).
 pub fn checkpoint_workload(
     size: usize,
     until: Instant,
     mut write: impl FnMut(u16, Option<&[u8]>) -> Result<()>,
 ) -> Result<WorkloadResult> {
+    let record_from = Instant::now() + warm_up(until.saturating_duration_since(Instant::now()));
     let mut value = vec![0u8; size.max(8)];
     value.truncate(size);
     let mut result = WorkloadResult::default();
-    let started = Instant::now();
+    let mut started = Instant::now();
     let mut seq = 0u64;
+    let mut warming = true;
     while Instant::now() < until {
+        if warming && Instant::now() >= record_from {
+            warming = false;
+            result.histogram = crate::stats::Histogram::default();
+            (result.writes, result.bytes, started) = (0, 0, Instant::now());
+        }
         seq += 1;
         stamp(&mut value, seq);
         result.timed(|| write(0, Some(&value)), size)?;
@@ -137,6 +145,11 @@ pub fn checkpoint_workload(
     result.secs = started.elapsed().as_secs_f64();
     result.last_checkpoint = value;
     Ok(result)
+}
+
+/// The unrecorded start of a run of `length`: a fifth of it, at most 300 ms.
+pub fn warm_up(length: Duration) -> Duration {
+    (length / 5).min(Duration::from_millis(300))
 }
 
 /// Puts `seq` into the first bytes of `value` so that every write differs.

@@ -329,6 +329,14 @@ fn verify_etcd(keys: &[Vec<u8>; 2], result: &WorkloadResult) -> Result<bool> {
                 break;
             }
             if Instant::now() > deadline {
+                let found = checkpoint.map(|c| c.len());
+                eprintln!(
+                    "[bench store] etcd member {port}: checkpoint {found:?} bytes, last written {} (equal: {}); loot present {} (expected {})",
+                    result.last_checkpoint.len(),
+                    c.get(&keys[0], true)?.as_deref() == Some(&result.last_checkpoint[..]),
+                    loot.is_some(),
+                    result.loot_present
+                );
                 return Ok(false);
             }
             std::thread::sleep(Duration::from_millis(20));
@@ -415,7 +423,7 @@ fn write_outputs(bench: &StoreBench, rows: &[Row], ratios: &[Ratios]) -> Result<
             "ftkv": "ftkv Store::put/delete (passive-target RMA, bitmap detection)",
             "raw_rma": "MPI_Put of the same bytes to the same 3 holders + MPI_Win_flush per holder",
             "redis": "minimal RESP client in ftkv: SET + WAIT 2 pipelined in one round trip, WAIT count checked",
-            "etcd": "minimal HTTP/1.1 keep-alive client of etcd's v3 JSON gateway, sent to the leader",
+            "etcd": "etcd-client (gRPC, etcd's native v3 API), one connection per writer, sent to the leader",
         },
     });
     let path = bench.out_dir.join("bench_store.json");

@@ -35,13 +35,7 @@ enum Command {
     },
     /// The MPI side of `ftkv bench store` (ftkv and raw RMA writers).
     #[command(hide = true)]
-    BenchStoreRank {
-        writers: usize,
-        #[arg(value_delimiter = ',')]
-        sizes: Vec<usize>,
-        millis: u64,
-        copies: usize,
-    },
+    BenchStoreRank { writers: usize, sizes: String, millis: u64, copies: usize },
     /// One pool worker on the ranks of an mpirun job (used by `ftkv demo` and `ftkv bench uts`).
     #[command(hide = true)]
     TasksRank { workload: String, interval: String, copies: usize, seed: u64 },
@@ -138,7 +132,7 @@ enum BenchCommand {
         /// Milliseconds each (system, writers, size) runs.
         #[arg(long, default_value_t = 2000)]
         millis: u64,
-        /// Under 2 minutes: 2 writers, 400 ms per run.
+        /// Under 2 minutes: 2 writers, 1 s per run.
         #[arg(long)]
         quick: bool,
         /// Where the JSON and the plots go.
@@ -252,7 +246,7 @@ fn run(command: Command) -> Result<()> {
                         })
                 })
                 .collect::<Result<Vec<_>>>()?;
-            let (writers, millis) = if quick { (vec![2], 400) } else { (writers, millis) };
+            let (writers, millis) = if quick { (vec![2], 1000) } else { (writers, millis) };
             anyhow::ensure!(millis > 0, "--millis must be positive");
             let bench = bench_store::StoreBench {
                 systems,
@@ -265,6 +259,7 @@ fn run(command: Command) -> Result<()> {
             bench_store::run(&exe()?, &bench).map(drop)
         }
         Command::BenchStoreRank { writers, sizes, millis, copies } => {
+            let sizes = sizes.split(',').map(str::parse).collect::<Result<Vec<usize>, _>>()?;
             ftkv_cli::bench::store_rank_main(writers, &sizes, millis, copies)
         }
         Command::Bench(BenchCommand::Uts { pool, repeat, json }) => {

@@ -13,7 +13,6 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
-use base64::Engine;
 
 /// PIDs of every server started by this process, for the Ctrl-C handler.
 static RUNNING: Mutex<Vec<u32>> = Mutex::new(Vec::new());
@@ -177,6 +176,12 @@ pub fn start_redis() -> Result<Servers> {
                     .and_then(|mut c| c.info_replication())
                     .is_ok_and(|i| i.contains("master_link_status:up"))
             })
+    })?;
+    wait_until("redis WAIT acknowledgements", Duration::from_secs(20), &mut servers, || {
+        let start = Instant::now();
+        let written = RespClient::connect(REDIS_PORTS[0])
+            .and_then(|mut c| c.set_and_wait(b"ftkv-warm-up", b"1"));
+        written.is_ok() && start.elapsed() < Duration::from_millis(20)
     })?;
     Ok(servers)
 }
@@ -355,127 +360,46 @@ pub fn start_etcd() -> Result<Servers> {
     Ok(servers)
 }
 
-/// A minimal client of etcd's v3 JSON gateway (`/v3/kv/*`) over one keep-alive HTTP/1.1
-/// connection.
+/// An etcd v3 gRPC client (the `etcd-client` crate, etcd's native protocol) driven by a
+/// single-threaded runtime, so each writer thread has its own connection.
 pub struct EtcdClient {
-    port: u16,
-    reader: BufReader<TcpStream>,
-    writer: BufWriter<TcpStream>,
-    body: Vec<u8>,
+    runtime: tokio::runtime::Runtime,
+    client: etcd_client::Client,
 }
 
 impl EtcdClient {
     pub fn connect(port: u16) -> Result<EtcdClient> {
-        let stream = TcpStream::connect(("127.0.0.1", port))
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let endpoint = format!("http://127.0.0.1:{port}");
+        let options = etcd_client::ConnectOptions::new().with_timeout(Duration::from_secs(10));
+        let client = runtime
+            .block_on(etcd_client::Client::connect([endpoint], Some(options)))
             .with_context(|| format!("connecting to etcd on {port}"))?;
-        stream.set_nodelay(true)?;
-        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-        let reader = BufReader::new(stream.try_clone()?);
-        Ok(EtcdClient {
-            port,
-            reader,
-            writer: BufWriter::with_capacity(64 << 10, stream),
-            body: Vec::new(),
-        })
+        Ok(EtcdClient { runtime, client })
     }
 
     /// A put, acknowledged once a quorum of members has it (etcd's guarantee).
     pub fn put(&mut self, key: &[u8], value: &[u8]) -> Result<()> {
-        let engine = base64::engine::general_purpose::STANDARD;
-        let mut body = String::with_capacity(value.len() * 4 / 3 + 64);
-        body.push_str("{\"key\":\"");
-        engine.encode_string(key, &mut body);
-        body.push_str("\",\"value\":\"");
-        engine.encode_string(value, &mut body);
-        body.push_str("\"}");
-        self.post("/v3/kv/put", body.as_bytes())?;
+        self.runtime.block_on(self.client.put(key, value, None))?;
         Ok(())
     }
 
     pub fn delete(&mut self, key: &[u8]) -> Result<()> {
-        let body =
-            format!("{{\"key\":\"{}\"}}", base64::engine::general_purpose::STANDARD.encode(key));
-        self.post("/v3/kv/deleterange", body.as_bytes())?;
+        self.runtime.block_on(self.client.delete(key, None))?;
         Ok(())
     }
 
     /// The value of `key`; `serializable` reads this member's own copy without the leader.
     pub fn get(&mut self, key: &[u8], serializable: bool) -> Result<Option<Vec<u8>>> {
-        let engine = base64::engine::general_purpose::STANDARD;
-        let body =
-            format!("{{\"key\":\"{}\",\"serializable\":{serializable}}}", engine.encode(key));
-        let reply = self.post("/v3/kv/range", body.as_bytes())?;
-        let json: serde_json::Value = serde_json::from_slice(reply).context("etcd range reply")?;
-        let Some(value) = json["kvs"].get(0).map(|kv| kv["value"].as_str().unwrap_or("")) else {
-            return Ok(None);
-        };
-        Ok(Some(engine.decode(value).context("etcd value")?))
+        let options = serializable.then(|| etcd_client::GetOptions::new().with_serializable());
+        let reply = self.runtime.block_on(self.client.get(key, options))?;
+        Ok(reply.kvs().first().map(|kv| kv.value().to_vec()))
     }
 
     /// This member's id and its leader's id.
-    pub fn status(&mut self) -> Result<(String, String)> {
-        let reply = self.post("/v3/maintenance/status", b"{}")?;
-        let json: serde_json::Value = serde_json::from_slice(reply).context("etcd status reply")?;
-        Ok((json["header"]["member_id"].to_string(), json["leader"].to_string()))
-    }
-
-    fn post(&mut self, path: &str, body: &[u8]) -> Result<&[u8]> {
-        write!(
-            self.writer,
-            "POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-            self.port,
-            body.len()
-        )?;
-        self.writer.write_all(body)?;
-        self.writer.flush()?;
-        self.read_response(path)
-    }
-
-    fn read_response(&mut self, path: &str) -> Result<&[u8]> {
-        let mut status = String::new();
-        self.reader.read_line(&mut status)?;
-        let (mut length, mut chunked) = (None, false);
-        loop {
-            let mut header = String::new();
-            self.reader.read_line(&mut header)?;
-            let header = header.trim_end();
-            if header.is_empty() {
-                break;
-            }
-            let lower = header.to_ascii_lowercase();
-            if let Some(v) = lower.strip_prefix("content-length:") {
-                length = Some(v.trim().parse::<usize>()?);
-            }
-            chunked |= lower.starts_with("transfer-encoding:") && lower.contains("chunked");
-        }
-        self.body.clear();
-        if chunked {
-            self.read_chunked()?;
-        } else {
-            self.body.resize(length.context("an HTTP response without length")?, 0);
-            self.reader.read_exact(&mut self.body)?;
-        }
-        ensure!(
-            status.contains(" 200 "),
-            "etcd {path}: {} {}",
-            status.trim(),
-            String::from_utf8_lossy(&self.body)
-        );
-        Ok(&self.body)
-    }
-
-    fn read_chunked(&mut self) -> Result<()> {
-        loop {
-            let mut size = String::new();
-            self.reader.read_line(&mut size)?;
-            let n = usize::from_str_radix(size.trim().split(';').next().unwrap_or("0"), 16)?;
-            let start = self.body.len();
-            self.body.resize(start + n + 2, 0);
-            self.reader.read_exact(&mut self.body[start..])?;
-            self.body.truncate(start + n);
-            if n == 0 {
-                return Ok(());
-            }
-        }
+    pub fn status(&mut self) -> Result<(u64, u64)> {
+        let status = self.runtime.block_on(self.client.status())?;
+        let member = status.header().map_or(0, |h| h.member_id());
+        Ok((member, status.leader()))
     }
 }

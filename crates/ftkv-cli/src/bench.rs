@@ -303,3 +303,112 @@ fn verify_store(store: &mut Store, me: i32, result: &WorkloadResult) -> Result<b
     let loot_ok = loot.iter().all(|(_, v)| v.is_some() == result.loot_present);
     Ok(checkpoints_ok && loot_ok && !checkpoint.is_empty())
 }
+
+/// Microseconds since the Unix epoch: a clock the driver and every rank on this machine share.
+pub fn unix_us() -> u64 {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    now.map_or(0, |d| d.as_micros() as u64)
+}
+
+/// The rank side of `ftkv bench recovery`: every rank stores `bytes` in its checkpoint (2
+/// copies), then puts 1 KiB to a second key in a loop. The driver SIGKILLs one rank; each
+/// survivor prints when it noticed (`detect_us`), when its recovery returned (`recovered_us`),
+/// how long the interrupted put was blocked, and its put latency before and after.
+pub fn recovery_rank_main(bytes: usize) -> Result<()> {
+    let mpi = Mpi::init()?;
+    let world = mpi.world()?.dup()?;
+    let mut config = Config::new(["checkpoint", "small"], 2);
+    config.max_value = bytes.max(1024);
+    config.initial_capacity = bytes.max(1024);
+    let mut store = Store::create(&world, config)?;
+    let me = store.worker();
+    store.put(Key::new(me, 0), &vec![me as u8; bytes])?;
+    store.sync()?;
+    println!("ready pid={}", std::process::id());
+    let small = vec![1u8; 1024];
+    let mut before = crate::stats::Histogram::default();
+    let started = Instant::now();
+    let blocked_from = loop {
+        let t = Instant::now();
+        let unix = unix_us();
+        match store.put(Key::new(me, 1), &small) {
+            Ok(()) => before.record(t.elapsed()),
+            Err(e) if e.needs_recovery() => break (t, unix),
+            Err(e) => return Err(e.into()),
+        }
+        anyhow::ensure!(started.elapsed() < Duration::from_secs(30), "no failure within 30 s");
+        std::thread::sleep(Duration::from_micros(20));
+    };
+    let detect_us = blocked_from.1;
+    let report = store.recover()?;
+    let recovered_us = unix_us();
+    let blocked = blocked_from.0.elapsed();
+    let mut after = crate::stats::Histogram::default();
+    for _ in 0..2000 {
+        let t = Instant::now();
+        store.put(Key::new(me, 1), &small)?;
+        after.record(t.elapsed());
+    }
+    let restored = store.get(Key::new(me, 0))?.is_some_and(|v| v.len() == bytes);
+    store.sync()?;
+    println!(
+        "recovery detect_us={detect_us} recovered_us={recovered_us} store_ms={:.2} blocked_ms={:.2} before_p50_us={:.2} after_p50_us={:.2} keys={} restored={restored}",
+        report.duration.as_secs_f64() * 1e3,
+        blocked.as_secs_f64() * 1e3,
+        before.quantile_us(0.5),
+        after.quantile_us(0.5),
+        report.keys_recovered
+    );
+    drop(store);
+    drop(world);
+    mpi.finalize_bounded(Duration::from_secs(3))?;
+    Ok(())
+}
+
+/// The rank side of `ftkv bench growth`: 1 KiB put latency on this job's ranks (every rank
+/// prints its own), then the machine's shared memory (where windows live) before the store,
+/// after creating it and after every rank stored `stored` bytes (rank 0 prints those).
+pub fn growth_rank_main(copies: usize, stored: usize, millis: u64) -> Result<()> {
+    let mpi = Mpi::init()?;
+    let world = mpi.world()?.dup()?;
+    let mut config = Config::new(["checkpoint", "small"], copies);
+    config.max_value = stored.max(1024);
+    config.initial_capacity = stored.max(1024);
+    world.barrier()?;
+    let shm_empty = shmem_kib()?;
+    let mut store = Store::create(&world, config)?;
+    let me = store.worker();
+    store.sync()?;
+    let shm_created = shmem_kib()?;
+    let mut latency = crate::stats::Histogram::default();
+    let small = vec![3u8; 1024];
+    let until = Instant::now() + Duration::from_millis(millis);
+    while Instant::now() < until {
+        let t = Instant::now();
+        store.put(Key::new(me, 1), &small)?;
+        latency.record(t.elapsed());
+    }
+    store.sync()?;
+    store.put(Key::new(me, 0), &vec![5u8; stored])?;
+    store.sync()?;
+    let shm_stored = shmem_kib()?;
+    println!(
+        "growth ranks={} copies={copies} stored={stored} p50_us={:.2} p99_us={:.2} shm_empty_kib={shm_empty} shm_created_kib={shm_created} shm_stored_kib={shm_stored}",
+        world.size(),
+        latency.quantile_us(0.5),
+        latency.quantile_us(0.99),
+    );
+    store.sync()?;
+    drop(store);
+    drop(world);
+    mpi.finalize_bounded(Duration::from_secs(3))?;
+    Ok(())
+}
+
+/// The machine's shared memory in KiB (`Shmem:` of /proc/meminfo): MPI windows live there.
+fn shmem_kib() -> Result<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo")?;
+    let line = meminfo.lines().find(|l| l.starts_with("Shmem:"));
+    let kib = line.and_then(|l| l.split_whitespace().nth(1)?.parse().ok());
+    kib.ok_or_else(|| anyhow::anyhow!("no Shmem line in /proc/meminfo"))
+}

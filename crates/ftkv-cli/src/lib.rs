@@ -2,6 +2,7 @@
 //! multi-rank tests) and the subcommands' implementations.
 
 pub mod bench;
+pub mod bench_recovery;
 pub mod bench_store;
 pub mod chaos;
 pub mod env;

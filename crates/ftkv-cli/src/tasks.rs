@@ -432,7 +432,7 @@ pub fn run_bench(exe: &Path, demo: &Demo, repeat: usize, json: &Path) -> Result<
     let (off, on) = (median(&plain), median(&checkpointed));
     println!("| checkpointing | median ms | runs |\n|---|---|---|");
     println!(
-        "| off | {off:.1} | {repeat} |\n| on (every {} ms) | {on:.1} | {repeat} |",
+        "| off | {off:.1} | {repeat} |\n| on (every {}) | {on:.1} | {repeat} |",
         demo.interval
     );
     println!("overhead: {:.3}x ({:+.1} %)", on / off, (on / off - 1.0) * 100.0);

@@ -53,6 +53,8 @@ pub struct StoreBench {
     pub millis: u64,
     pub copies: usize,
     pub out_dir: PathBuf,
+    /// The JSON report (default: `out_dir/bench_store.json`).
+    pub json: Option<PathBuf>,
 }
 
 /// One measured (system, writers, size).
@@ -440,7 +442,7 @@ fn write_outputs(bench: &StoreBench, rows: &[Row], ratios: &[Ratios]) -> Result<
             "etcd": "etcd-client (gRPC, etcd's native v3 API), one connection per writer, sent to the leader",
         },
     });
-    let path = bench.out_dir.join("bench_store.json");
+    let path = bench.json.clone().unwrap_or_else(|| bench.out_dir.join("bench_store.json"));
     std::fs::write(&path, serde_json::to_string_pretty(&json)? + "\n")?;
     let writers = bench.writers[0];
     let throughput = svg_plot(rows, writers, "writes/s", |r| r.writes_per_s);

@@ -390,12 +390,15 @@ pub fn recover(store: &mut Store) -> Result<()> {
     println!("recovering");
     let report = store.recover()?;
     let failed: Vec<String> = report.failed.iter().map(|w| w.to_string()).collect();
+    let lost: Vec<String> =
+        report.keys_lost.iter().map(|k| format!("{}/{}", k.owner, k.kind)).collect();
     println!(
-        "recovered failed={} attempts={} keys={} lost={} ms={:.1}",
+        "recovered failed={} attempts={} keys={} lost={} lost_keys={} ms={:.1}",
         failed.join(","),
         report.attempts,
         report.keys_recovered,
         report.keys_lost.len(),
+        if lost.is_empty() { "-".to_string() } else { lost.join(",") },
         report.duration.as_secs_f64() * 1e3
     );
     Ok(())

@@ -144,6 +144,9 @@ enum BenchCommand {
         /// Where the JSON and the plots go.
         #[arg(long, default_value = "results")]
         out: PathBuf,
+        /// The JSON report's path (default: <out>/bench_store.json).
+        #[arg(long, value_name = "FILE")]
+        json: Option<PathBuf>,
     },
     /// SIGKILL one rank of 4 and of 8: kill → detection, detection → copies restored, for
     /// each amount of data per rank, and the put latency around the recovery.
@@ -264,7 +267,15 @@ fn run(command: Command) -> Result<()> {
         Command::TasksRank { workload, interval, copies, seed } => {
             tasks::rank_main(&workload, &interval, copies, seed)
         }
-        Command::Bench(BenchCommand::Store { systems, writers, sizes, millis, quick, out }) => {
+        Command::Bench(BenchCommand::Store {
+            systems,
+            writers,
+            sizes,
+            millis,
+            quick,
+            out,
+            json,
+        }) => {
             let systems = systems
                 .iter()
                 .map(|s| {
@@ -285,6 +296,7 @@ fn run(command: Command) -> Result<()> {
                 millis,
                 copies: 3,
                 out_dir: out,
+                json,
             };
             bench_store::run(&exe()?, &bench).map(drop)
         }

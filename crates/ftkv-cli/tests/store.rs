@@ -177,7 +177,7 @@ fn a_rank_killed_during_recovery_restarts_it() {
     for rank in [0, 2, 4] {
         let attempts: usize = out.rank_value(rank, "attempts").expect("attempts").parse().unwrap();
         assert!(attempts >= 2, "rank {rank} restarted recovery:\n{}", out.transcript());
-        assert_eq!(out.rank_value(rank, "lost"), Some("0"));
+        assert_eq!(out.rank_value(rank, "lost"), Some("0"), "rank {rank}:\n{}", out.transcript());
     }
     assert_survivors_read(&out, 5, &[1, 3], |owner| {
         if [1, 3].contains(&owner) {

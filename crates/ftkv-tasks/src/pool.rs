@@ -154,6 +154,9 @@ struct Worker<'p, P: Problem> {
     received: u64,
     wave: Option<ReduceRequest>,
     quiet_wave: Option<(u64, u64)>,
+    /// Whether this worker took part in the one agreement of the current communicator (at the
+    /// end of the computation, or when a recovery starts).
+    agreed: bool,
     rng: SmallRng,
     last_checkpoint: (Instant, u64),
     last_progress: Instant,
@@ -187,6 +190,7 @@ pub fn run<P: Problem>(world: &Comm, problem: &P, config: &PoolConfig) -> Result
         received: 0,
         wave: None,
         quiet_wave: None,
+        agreed: false,
         rng: SmallRng::seed_from_u64(config.seed ^ ((me as u64) << 40)),
         last_checkpoint: (Instant::now(), 0),
         last_progress: Instant::now(),
@@ -397,7 +401,9 @@ impl<P: Problem> Worker<'_, P> {
         Ok(quiet && previous == Some((sums[1], sums[2])))
     }
 
-    /// Sums the survivors' results, tasks, checkpoints and store bytes.
+    /// Sums the survivors' results, tasks, checkpoints and store bytes. Every survivor then
+    /// agrees on whether all of them got the sums; anything else, also another survivor's
+    /// recovery starting, makes all of them recover and end again.
     fn finish(&mut self) -> Result<(Counts, [u64; 3])> {
         let c = &self.state.counts;
         let mine = [
@@ -409,7 +415,13 @@ impl<P: Problem> Worker<'_, P> {
             self.stats.store_bytes,
         ];
         let bytes: Vec<u8> = mine.iter().flat_map(|w| w.to_le_bytes()).collect();
-        let all = self.comm.allgather(&bytes)?;
+        let gathered = self.comm.allgather(&bytes);
+        self.agreed = true;
+        let agreed = self.comm.agree(gathered.is_ok() as u32)?;
+        let all = gathered?;
+        if agreed.value != 1 {
+            return Err(ftkv::Error::RecoveryNeeded { failed: Vec::new() }.into());
+        }
         let words: Vec<u64> =
             all.chunks(8).map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))).collect();
         let mut total = Counts::default();
@@ -428,9 +440,12 @@ impl<P: Problem> Worker<'_, P> {
         }
         let started = Instant::now();
         loop {
-            if let Err(e) = self.comm.revoke() {
-                eprintln!("ftkv-tasks: revoking the pool communicator: {e}");
+            if let Err(e) =
+                self.comm.revoke().map_err(PoolError::from).and(Ok(self.store.interrupt()?))
+            {
+                eprintln!("ftkv-tasks: revoking the pool and store communicators: {e}");
             }
+            self.join_agreement();
             self.wave = None;
             println!("recovering");
             let report = self.store.recover()?;
@@ -455,10 +470,22 @@ impl<P: Problem> Worker<'_, P> {
         }
     }
 
+    /// Contributes "not done" to the communicator's one agreement unless this worker already
+    /// took part: survivors that reached the end wait in it and learn that they must recover.
+    fn join_agreement(&mut self) {
+        if std::mem::replace(&mut self.agreed, true) {
+            return;
+        }
+        if let Err(e) = self.comm.agree(0) {
+            eprintln!("ftkv-tasks: agreement on the pool communicator: {e}");
+        }
+    }
+
     /// After the store recovered: a new communicator, a fresh checkpoint, then this worker's
     /// part of the plan computed from everyone's stored state.
     fn rejoin(&mut self) -> Result<Vec<i32>> {
         self.comm = self.store.communicator()?;
+        self.agreed = false;
         self.live = self.store.live().to_vec();
         (self.asking, self.sent, self.received, self.quiet_wave) = (None, 0, 0, None);
         self.checkpoint()?;

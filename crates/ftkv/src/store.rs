@@ -377,6 +377,15 @@ impl<F: Fabric> Store<F> {
         self.comm.barrier().map_err(|e| self.failure(e))
     }
 
+    /// Revokes the store's communicator: every member's pending and future collective store
+    /// calls ([`Store::sync`], [`Store::communicator`]) fail with [`Error::RecoveryNeeded`], and
+    /// their detectors raise the alarm. For an application that must bring every member to
+    /// [`Store::recover`] before it calls it itself.
+    pub fn interrupt(&self) -> Result<()> {
+        self.health.raise_alarm();
+        Ok(self.comm.revoke()?)
+    }
+
     /// Whether a failure (or another rank's recovery) was noticed since the last recovery.
     pub fn needs_recovery(&self) -> bool {
         self.health.alarmed()

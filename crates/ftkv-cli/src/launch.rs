@@ -15,6 +15,9 @@ use anyhow::{bail, Context, Result};
 
 use crate::env;
 
+/// Variables of ftkv's that every job's ranks see when they are set here.
+const FORWARDED: [&str; 2] = ["FTKV_FAILPOINT", "FTKV_TRACE"];
+
 /// A job to start: program, arguments, rank count, environment, MCA parameters and timeout.
 #[derive(Debug, Clone)]
 pub struct Launch {
@@ -72,6 +75,8 @@ impl Launch {
     }
 
     /// The `mpirun` command line (without the environment).
+    /// The `mpirun` command line (ftkv's variables set in this process are passed on to the
+    /// ranks: `FTKV_FAILPOINT`, `FTKV_TRACE`).
     pub fn command(&self) -> Command {
         let mut cmd = Command::new(env::mpirun());
         cmd.args(mpirun_flags(self.ranks)).args(["--output", "tag"]);
@@ -80,6 +85,11 @@ impl Launch {
         }
         for (key, value) in &self.env {
             cmd.env(key, value).args(["-x", key]);
+        }
+        for key in FORWARDED {
+            if std::env::var_os(key).is_some() && !self.env.iter().any(|(k, _)| k == key) {
+                cmd.args(["-x", key]);
+            }
         }
         for (key, value) in env::MCA_DEFAULTS {
             if std::env::var_os(key).is_none() {

@@ -5,7 +5,7 @@
 //! | `FTKV_MPIRUN` | `<venv>/bin/mpirun` | the `mpirun` that launches ranks |
 //! | `FTKV_VENV` | `<workspace>/.venv` | the venv `scripts/setup.sh` creates (Open MPI from PyPI) |
 //! | `FTKV_FAILPOINT` | unset | `name[@ranks][#n]` entries: SIGKILL a rank at a named point |
-//! | `FTKV_TRACE` | unset | set: each rank traces its recovery steps on stderr (`ftkv chaos` sets it) |
+//! | `FTKV_TRACE` | unset | set: each rank traces its recovery steps on stderr (`ftkv chaos` sets it; ftkv passes it, and `FTKV_FAILPOINT`, on to the ranks of every job it launches) |
 //! | `FTKV_TEST_BTL` | unset | `tcp`: the real-MPI tests run over `--mca btl self,tcp` |
 //! | `OMPI_MCA_btl` | `^ofi` | set by ftkv when unset: skips probing for absent fabrics |
 //! | `OMPI_MCA_osc` | `^ucx` | set by ftkv when unset: skips probing for absent fabrics |

@@ -49,7 +49,7 @@ pub fn measure_recovery(exe: &Path, ranks: usize, bytes: usize) -> Result<Recove
     std::thread::sleep(Duration::from_millis(300));
     let victim = ranks - 1;
     let killed_us = unix_us();
-    kill_pid(pids[&victim])?;
+    ensure!(kill_pid(pids[&victim])?, "rank {victim} exited before it could be killed");
     while job.next_line(Duration::from_millis(20)).is_some() || job.is_running() {}
     let out = job.finish()?;
     ensure!(!out.timed_out, "the recovery benchmark hung:\n{}", out.transcript());

@@ -224,7 +224,10 @@ impl Killer {
         let alive: Vec<usize> =
             self.pids.keys().copied().filter(|r| !self.killed.contains(r)).collect();
         let victim = alive[rng.gen_range(0..alive.len())];
-        kill_pid(self.pids[&victim])?;
+        if !kill_pid(self.pids[&victim])? {
+            self.plan.truncate(self.killed.len());
+            return Ok(());
+        }
         self.killed.push(victim);
         self.recovering_seen = false;
         Ok(())

@@ -255,13 +255,21 @@ pub fn kill_process_group(pgid: u32) -> Result<()> {
     Ok(())
 }
 
-/// SIGKILLs one process.
-pub fn kill_pid(pid: u32) -> Result<()> {
-    let status = Command::new("kill").args(["-KILL", &pid.to_string()]).status()?;
+/// SIGKILLs one process. `Ok(false)`: it had already exited.
+pub fn kill_pid(pid: u32) -> Result<bool> {
+    let alive = || std::path::Path::new(&format!("/proc/{pid}")).exists();
+    if !alive() {
+        return Ok(false);
+    }
+    let status =
+        Command::new("kill").args(["-KILL", &pid.to_string()]).stderr(Stdio::null()).status()?;
     if !status.success() {
+        if !alive() {
+            return Ok(false);
+        }
         bail!("kill -KILL {pid} failed: {status}");
     }
-    Ok(())
+    Ok(true)
 }
 
 const SHM_DIR: &str = "/dev/shm";

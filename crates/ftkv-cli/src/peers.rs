@@ -34,7 +34,7 @@ pub fn install_interrupt_handler() -> Result<()> {
 fn kill_registered() {
     let pids = RUNNING.lock().unwrap_or_else(|p| p.into_inner()).clone();
     for pid in pids {
-        if let Err(e) = crate::launch::kill_pid(pid) {
+        if let Err(e) = crate::launch::kill_pid(pid).map(drop) {
             eprintln!("ftkv: stopping server {pid}: {e}");
         }
     }

@@ -293,7 +293,11 @@ impl Watch {
         let alive: Vec<usize> =
             self.pids.keys().copied().filter(|r| !self.killed.contains(r)).collect();
         let victim = alive[rng.gen_range(0..alive.len())];
-        kill_pid(self.pids[&victim])?;
+        if !kill_pid(self.pids[&victim])? {
+            eprintln!("[demo] rank {victim} had already exited; its kill is dropped");
+            self.plan.truncate(self.killed.len());
+            return Ok(());
+        }
         self.tasks.remove(&victim);
         self.killed.push(victim);
         self.kill_ms.push(job.elapsed().as_secs_f64() * 1e3);

@@ -227,8 +227,15 @@ impl ReduceRequest {
 
     /// `MPI_Test`: the element-wise sums once every member contributed. A failed member or a
     /// revocation completes the request with an error.
+    ///
+    /// After an error the buffers are leaked: Open MPI completes a failed nonblocking collective
+    /// while rounds of its schedule may still be receiving into them.
     pub fn test(&mut self) -> Result<Option<Vec<u64>>> {
-        if test_raw(&mut self.raw, "MPI_Test(iallreduce)")?.is_none() {
+        let tested = test_raw(&mut self.raw, "MPI_Test(iallreduce)");
+        if tested.is_err() {
+            std::mem::forget(self.buffers.take());
+        }
+        if tested?.is_none() {
             return Ok(None);
         }
         let (_, sums) = self.buffers.take().expect("buffers until completion");

@@ -449,8 +449,8 @@ impl<P: Problem> Worker<'_, P> {
             {
                 eprintln!("ftkv-tasks: revoking the pool and store communicators: {e}");
             }
+            self.settle_wave();
             self.join_agreement();
-            self.wave = None;
             println!("recovering");
             let report = self.store.recover()?;
             match self.rejoin() {
@@ -472,6 +472,20 @@ impl<P: Problem> Worker<'_, P> {
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// Completes the termination wave in flight (revoking the communicator makes it fail) so
+    /// that no collective request outlives its communicator.
+    fn settle_wave(&mut self) {
+        let Some(mut wave) = self.wave.take() else { return };
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < deadline {
+            match wave.test() {
+                Ok(None) => std::thread::sleep(Duration::from_micros(100)),
+                _ => return,
+            }
+        }
+        eprintln!("ftkv-tasks: a termination wave did not end on the revoked communicator");
     }
 
     /// Contributes "not done" to the communicator's one agreement unless this worker already

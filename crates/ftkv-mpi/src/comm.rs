@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::{check, MpiError, Result};
 use crate::ffi;
-use crate::request::{RecvRequest, ReduceRequest, SendRequest};
+use crate::request::{RecvRequest, SendRequest};
 use crate::runtime::{other, Runtime};
 
 /// Matches a message from any source (`MPI_ANY_SOURCE`).
@@ -113,12 +113,6 @@ impl Comm {
         };
         check(rc, "MPI_Allgather")?;
         Ok(out)
-    }
-
-    /// Starts a nonblocking element-wise sum of `values` over all members (`MPI_Iallreduce`);
-    /// every member must start the same sequence of them with equally long vectors.
-    pub fn iallreduce_sum(&self, values: Vec<u64>) -> Result<ReduceRequest> {
-        ReduceRequest::start(self.raw, values)
     }
 
     /// Blocking `MPI_Send`. Small messages are buffered (eager): success does **not** prove the

@@ -135,15 +135,6 @@ extern "C" {
         comm: MPI_Comm,
         status: *mut MPI_Status,
     ) -> c_int;
-    pub fn MPI_Iallreduce(
-        sendbuf: *const c_void,
-        recvbuf: *mut c_void,
-        count: c_int,
-        datatype: MPI_Datatype,
-        op: MPI_Op,
-        comm: MPI_Comm,
-        request: *mut MPI_Request,
-    ) -> c_int;
     pub fn MPI_Isend(
         buf: *const c_void,
         count: c_int,

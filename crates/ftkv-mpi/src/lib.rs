@@ -19,6 +19,6 @@ mod window;
 
 pub use comm::{Agreed, Comm, Status, ANY_SOURCE, ANY_TAG};
 pub use error::{MpiError, Result};
-pub use request::{RecvRequest, ReduceRequest, SendRequest};
+pub use request::{RecvRequest, SendRequest};
 pub use runtime::{wtime, Mpi};
 pub use window::{LockKind, LockedWindow, RmaScope, TargetLock, Window, WindowKind};

@@ -16,8 +16,9 @@
 //! checkpoint, in-flight loot goes to exactly one side. A failure during any of this starts it
 //! again; adoption and loot resolution are recorded in the checkpoints, so they happen once.
 //!
-//! **Termination**: nonblocking sums of (busy workers, loot sent, loot received) in waves;
-//! two consecutive waves with no busy worker and equal counts end the computation. The
+//! **Termination**: the leader (rank 0) probes every worker for (busy, loot sent, loot
+//! received) in waves of point-to-point messages; two consecutive waves with no busy worker and
+//! equal counts end the computation. The
 //! survivors then gather the results and agree that every one of them has them. Each pool
 //! communicator sees exactly one agreement per worker: at the end, or, for a worker that starts
 //! a recovery first, right after it revoked the pool and store communicators (so that nobody
@@ -26,7 +27,7 @@
 use std::time::{Duration, Instant};
 
 use ftkv::{Key, Store};
-use ftkv_mpi::{failpoint, Comm, MpiError, ReduceRequest, ANY_SOURCE};
+use ftkv_mpi::{failpoint, Comm, MpiError, ANY_SOURCE};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -37,6 +38,11 @@ use crate::uts::Counts;
 const STEAL_TAG: i32 = 11;
 const LOOT_TAG: i32 = 12;
 const ACK_TAG: i32 = 13;
+const PROBE_TAG: i32 = 14;
+const STATUS_TAG: i32 = 15;
+const DONE_TAG: i32 = 16;
+/// The shortest time between two termination waves.
+const WAVE_GAP: Duration = Duration::from_millis(1);
 const CHECKPOINT: u16 = 0;
 const LOOT: u16 = 1;
 
@@ -137,6 +143,16 @@ struct Stored<T> {
     loots: Vec<Option<Loot<T>>>,
 }
 
+/// Sums of one termination wave: every worker's (busy, loot sent, loot received) as it
+/// answered the leader's probe.
+struct Wave {
+    id: u64,
+    answers: usize,
+    busy: u64,
+    sent: u64,
+    received: u64,
+}
+
 /// A loot this worker gave away and that its thief has not acknowledged yet.
 struct Pending<T> {
     steal_id: u64,
@@ -156,8 +172,13 @@ struct Worker<'p, P: Problem> {
     asking: Option<i32>,
     sent: u64,
     received: u64,
-    wave: Option<ReduceRequest>,
+    /// The leader's (rank 0's) termination wave in flight.
+    wave: Option<Wave>,
+    waves: u64,
+    last_wave: Instant,
     quiet_wave: Option<(u64, u64)>,
+    /// The leader announced the end.
+    done: bool,
     /// Whether this worker took part in the one agreement of the current communicator (at the
     /// end of the computation, or when a recovery starts).
     agreed: bool,
@@ -193,7 +214,10 @@ pub fn run<P: Problem>(world: &Comm, problem: &P, config: &PoolConfig) -> Result
         sent: 0,
         received: 0,
         wave: None,
+        waves: 0,
+        last_wave: Instant::now(),
         quiet_wave: None,
+        done: false,
         agreed: false,
         rng: SmallRng::seed_from_u64(config.seed ^ ((me as u64) << 40)),
         last_checkpoint: (Instant::now(), 0),
@@ -309,6 +333,9 @@ impl<P: Problem> Worker<'_, P> {
                 STEAL_TAG => self.on_steal_request(status.source)?,
                 LOOT_TAG => self.on_loot(status.source, &buf)?,
                 ACK_TAG => self.on_ack(&buf)?,
+                PROBE_TAG => self.on_probe(status.source, &buf)?,
+                STATUS_TAG => self.on_status(&buf)?,
+                DONE_TAG => self.done = true,
                 _ => {}
             }
         }
@@ -387,22 +414,80 @@ impl<P: Problem> Worker<'_, P> {
         Ok(())
     }
 
-    /// Keeps one termination wave in flight; `Ok(true)` when two consecutive waves saw no busy
-    /// worker and every loot sent received.
+    /// (busy, loot sent, loot received) of this worker; waiting for an acknowledgement counts
+    /// as busy.
+    fn status(&self) -> [u64; 3] {
+        let busy = !self.state.pool.is_empty() || self.pending.is_some();
+        [busy as u64, self.sent, self.received]
+    }
+
+    fn on_probe(&mut self, leader: i32, message: &[u8]) -> Result<()> {
+        let id = Reader { bytes: message, at: 0 }.u64().ok_or(PoolError::Corrupt("probe"))?;
+        let mut reply = id.to_le_bytes().to_vec();
+        self.status().iter().for_each(|w| reply.extend_from_slice(&w.to_le_bytes()));
+        Ok(self.comm.send(&reply, leader, STATUS_TAG)?)
+    }
+
+    fn on_status(&mut self, message: &[u8]) -> Result<()> {
+        let mut r = Reader { bytes: message, at: 0 };
+        let words: Option<Vec<u64>> = (0..4).map(|_| r.u64()).collect();
+        let words = words.ok_or(PoolError::Corrupt("status"))?;
+        if let Some(wave) = self.wave.as_mut().filter(|w| w.id == words[0]) {
+            wave.answers += 1;
+            wave.busy += words[1];
+            wave.sent += words[2];
+            wave.received += words[3];
+        }
+        Ok(())
+    }
+
+    /// Termination detection by the leader (rank 0): a wave probes every worker for its
+    /// status; two consecutive waves with no busy worker, every loot sent received, and equal
+    /// counts end the computation, and the leader tells everyone. `Ok(true)` at the end.
     fn termination_wave(&mut self) -> Result<bool> {
-        let Some(wave) = self.wave.as_mut() else {
-            let busy = (!self.state.pool.is_empty() || self.pending.is_some()) as u64;
-            self.wave = Some(self.comm.iallreduce_sum(vec![busy, self.sent, self.received])?);
+        if self.done {
+            return Ok(true);
+        }
+        if self.comm.rank() != 0 {
             return Ok(false);
-        };
-        let Some(sums) = wave.test()? else { return Ok(false) };
-        self.wave = None;
-        let quiet = sums[0] == 0 && sums[1] == sums[2];
-        let previous = self.quiet_wave.replace((sums[1], sums[2]));
+        }
+        let others = self.comm.size() as usize - 1;
+        match &self.wave {
+            None if self.last_wave.elapsed() >= WAVE_GAP => self.start_wave(),
+            Some(wave) if wave.answers == others => self.end_wave(),
+            _ => Ok(false),
+        }
+    }
+
+    fn start_wave(&mut self) -> Result<bool> {
+        self.waves += 1;
+        let [busy, sent, received] = self.status();
+        self.wave = Some(Wave { id: self.waves, answers: 0, busy, sent, received });
+        for rank in 1..self.comm.size() {
+            self.comm.send(&self.waves.to_le_bytes(), rank, PROBE_TAG)?;
+        }
+        if self.comm.size() == 1 {
+            return self.end_wave();
+        }
+        Ok(false)
+    }
+
+    fn end_wave(&mut self) -> Result<bool> {
+        let wave = self.wave.take().expect("a wave in flight");
+        self.last_wave = Instant::now();
+        let quiet = wave.busy == 0 && wave.sent == wave.received;
+        let previous = self.quiet_wave.replace((wave.sent, wave.received));
         if !quiet {
             self.quiet_wave = None;
         }
-        Ok(quiet && previous == Some((sums[1], sums[2])))
+        if !(quiet && previous == Some((wave.sent, wave.received))) {
+            return Ok(false);
+        }
+        for rank in 1..self.comm.size() {
+            self.comm.send(&[0u8; 8], rank, DONE_TAG)?;
+        }
+        self.done = true;
+        Ok(true)
     }
 
     /// Sums the survivors' results, tasks, checkpoints and store bytes. Every survivor then
@@ -449,7 +534,6 @@ impl<P: Problem> Worker<'_, P> {
             {
                 eprintln!("ftkv-tasks: revoking the pool and store communicators: {e}");
             }
-            self.settle_wave();
             self.join_agreement();
             println!("recovering");
             let report = self.store.recover()?;
@@ -474,20 +558,6 @@ impl<P: Problem> Worker<'_, P> {
         }
     }
 
-    /// Completes the termination wave in flight (revoking the communicator makes it fail) so
-    /// that no collective request outlives its communicator.
-    fn settle_wave(&mut self) {
-        let Some(mut wave) = self.wave.take() else { return };
-        let deadline = Instant::now() + Duration::from_secs(2);
-        while Instant::now() < deadline {
-            match wave.test() {
-                Ok(None) => std::thread::sleep(Duration::from_micros(100)),
-                _ => return,
-            }
-        }
-        eprintln!("ftkv-tasks: a termination wave did not end on the revoked communicator");
-    }
-
     /// Contributes "not done" to the communicator's one agreement unless this worker already
     /// took part: survivors that reached the end wait in it and learn that they must recover.
     fn join_agreement(&mut self) {
@@ -505,7 +575,8 @@ impl<P: Problem> Worker<'_, P> {
         self.comm = self.store.communicator()?;
         self.agreed = false;
         self.live = self.store.live().to_vec();
-        (self.asking, self.sent, self.received, self.quiet_wave) = (None, 0, 0, None);
+        (self.asking, self.sent, self.received) = (None, 0, 0);
+        (self.wave, self.quiet_wave, self.done) = (None, None, false);
         self.checkpoint()?;
         self.store.sync()?;
         let stored = self.read_everyone()?;

@@ -209,13 +209,13 @@ pub fn store_rank_main(
     let writing = (world.rank() as usize) < writers;
     for &size in sizes {
         if systems.contains(&"raw_rma") {
-            let raw = raw_checkpoints(&world, copies, size, millis, writing)?;
+            let raw = raw_checkpoints(&world, Run { copies, size, millis, writing })?;
             if let Some((result, verified)) = raw {
                 println!("{}", result.line("raw_rma", size, world.rank() as usize, verified));
             }
         }
         if systems.contains(&"ftkv") {
-            let ftkv = ftkv_checkpoints(&world, copies, size, millis, writing)?;
+            let ftkv = ftkv_checkpoints(&world, Run { copies, size, millis, writing })?;
             if let Some((result, verified)) = ftkv {
                 println!("{}", result.line("ftkv", size, world.rank() as usize, verified));
             }
@@ -226,15 +226,19 @@ pub fn store_rank_main(
     Ok(())
 }
 
-/// Raw RMA: each (owner, kind) has a `size`-byte slot at the same offset on each of its
-/// holders; a write is one put per holder and one flush per holder, a delete puts 8 zero bytes.
-fn raw_checkpoints(
-    world: &Comm,
+/// One measured run of the checkpoint workload on this rank: whether it writes, for how long.
+#[derive(Debug, Clone, Copy)]
+struct Run {
     copies: usize,
     size: usize,
     millis: u64,
     writing: bool,
-) -> Result<Option<(WorkloadResult, bool)>> {
+}
+
+/// Raw RMA: each (owner, kind) has a `size`-byte slot at the same offset on each of its
+/// holders; a write is one put per holder and one flush per holder, a delete puts 8 zero bytes.
+fn raw_checkpoints(world: &Comm, run: Run) -> Result<Option<(WorkloadResult, bool)>> {
+    let Run { copies, size, millis, writing } = run;
     let slot = size.max(8);
     let ranks = world.size() as usize;
     let window = Window::allocate(world, slot * ranks * 2)?.lock_all()?;
@@ -271,13 +275,8 @@ fn verify_raw(window: &LockedWindow, targets: &[i32], disp: i64, last: &[u8]) ->
     Ok(ok)
 }
 
-fn ftkv_checkpoints(
-    world: &Comm,
-    copies: usize,
-    size: usize,
-    millis: u64,
-    writing: bool,
-) -> Result<Option<(WorkloadResult, bool)>> {
+fn ftkv_checkpoints(world: &Comm, run: Run) -> Result<Option<(WorkloadResult, bool)>> {
+    let Run { copies, size, millis, writing } = run;
     let mut config = Config::new(["checkpoint", "loot"], copies);
     config.max_value = size;
     config.initial_capacity = size;

@@ -194,20 +194,9 @@ impl<F: Fabric> Store<F> {
     /// What each live holder of `key` has: its newest complete version (`None` for a deletion
     /// or nothing). For verification: every entry equals the last acknowledged write.
     pub fn read_copies(&mut self, key: Key) -> Result<Vec<(i32, Option<Vec<u8>>)>> {
-        self.ensure_healthy()?;
-        let route = self.route(key)?.to_vec();
-        let window = self.window.as_ref().ok_or(Error::Closed)?;
-        let mut copies = Vec::with_capacity(route.len());
-        for copy in route.iter().filter(|c| !self.health.is_failed(c.worker)) {
-            self.health.enter_call();
-            let found = read_copy(window, copy, self.geometry);
-            self.health.leave_call();
-            let found = found.map_err(|e| self.failure(e))?;
-            let value = found.and_then(|c| (c.header.state == State::Value).then_some(c.data));
-            copies.push((copy.worker, value));
-        }
-        self.ensure_alive(&route)?;
-        Ok(copies)
+        let copies = self.read_live_copies(key)?;
+        let value = |c: Committed| (c.header.state == State::Value).then_some(c.data);
+        Ok(copies.into_iter().map(|(worker, found)| (worker, found.and_then(value))).collect())
     }
 
     fn check_key(&self, key: Key) -> Result<()> {
@@ -339,21 +328,25 @@ impl<F: Fabric> Store<F> {
     }
 
     fn read_newest(&self, key: Key) -> Result<Option<Committed>> {
+        let copies = self.read_live_copies(key)?;
+        let newest = copies.into_iter().filter_map(|(_, found)| found);
+        Ok(newest.max_by_key(|c| c.header.version))
+    }
+
+    /// Each live holder's newest complete version of `key`, read with watchdog-bounded gets.
+    fn read_live_copies(&self, key: Key) -> Result<Vec<(i32, Option<Committed>)>> {
         self.ensure_healthy()?;
         let route = self.route(key)?;
         let window = self.window.as_ref().ok_or(Error::Closed)?;
-        let mut best: Option<Committed> = None;
+        let mut copies = Vec::with_capacity(route.len());
         for copy in route.iter().filter(|c| !self.health.is_failed(c.worker)) {
             self.health.enter_call();
             let found = read_copy(window, copy, self.geometry);
             self.health.leave_call();
-            let found = found.map_err(|e| self.failure(e))?;
-            if found.as_ref().map(|c| c.header.version) > best.as_ref().map(|c| c.header.version) {
-                best = found;
-            }
+            copies.push((copy.worker, found.map_err(|e| self.failure(e))?));
         }
         self.ensure_alive(route)?;
-        Ok(best)
+        Ok(copies)
     }
 
     fn start_detector(&mut self) -> Result<()> {

@@ -529,10 +529,11 @@ impl<P: Problem> Worker<'_, P> {
         }
         let started = Instant::now();
         loop {
-            if let Err(e) =
-                self.comm.revoke().map_err(PoolError::from).and(Ok(self.store.interrupt()?))
-            {
-                eprintln!("ftkv-tasks: revoking the pool and store communicators: {e}");
+            if let Err(e) = self.comm.revoke() {
+                eprintln!("ftkv-tasks: revoking the pool communicator: {e}");
+            }
+            if let Err(e) = self.store.interrupt() {
+                eprintln!("ftkv-tasks: revoking the store communicator: {e}");
             }
             self.join_agreement();
             println!("recovering");

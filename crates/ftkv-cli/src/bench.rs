@@ -119,8 +119,7 @@ pub fn checkpoint_workload(
     mut write: impl FnMut(u16, Option<&[u8]>) -> Result<()>,
 ) -> Result<WorkloadResult> {
     let record_from = Instant::now() + warm_up(until.saturating_duration_since(Instant::now()));
-    let mut value = vec![0u8; size.max(8)];
-    value.truncate(size);
+    let mut value = vec![0u8; size];
     let mut result = WorkloadResult::default();
     let mut started = Instant::now();
     let mut seq = 0u64;

@@ -210,9 +210,10 @@ fn is_root() -> bool {
     std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
 }
 
-/// Jobs of one process run one at a time: concurrent jobs on 2 cores distort each other's timing
-/// and the shared-memory clean-up must not touch a running job's segments.
-fn job_slot() -> std::sync::MutexGuard<'static, ()> {
+/// Jobs of one process run one at a time (concurrent jobs on 2 cores distort each other's
+/// timing); a test that runs an ftkv command which launches its own job holds this slot for the
+/// command's duration, so the command's job does not share the machine with the test's others.
+pub fn job_slot() -> std::sync::MutexGuard<'static, ()> {
     static SLOT: std::sync::Mutex<()> = std::sync::Mutex::new(());
     SLOT.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
@@ -282,15 +283,64 @@ fn shm_segments() -> Vec<String> {
         .collect()
 }
 
+/// Removes the segments that appeared since `before` and that no live process uses any more.
+///
+/// Another job may be running beside this one (a test that starts `ftkv demo`, which launches
+/// its own job from another process): its segments are new too, and removing one while its
+/// ranks still attach to it breaks that job's shared-memory set-up. A segment is in use while
+/// some process holds it open (between creation and `mmap`) or mapped; the descriptors are read
+/// before the mappings, so a segment moving from one to the other is seen in at least one.
 fn remove_new_shm_segments(before: &[String]) {
-    for name in shm_segments().into_iter().filter(|n| !before.contains(n)) {
+    let new: Vec<String> = shm_segments().into_iter().filter(|n| !before.contains(n)).collect();
+    if new.is_empty() {
+        return;
+    }
+    let in_use = shm_segments_in_use();
+    for name in new.iter().filter(|n| !in_use.contains(n.as_str())) {
         // A segment that vanished meanwhile needs no removal; anything else is worth a warning.
-        if let Err(e) = std::fs::remove_file(Path::new(SHM_DIR).join(&name)) {
+        if let Err(e) = std::fs::remove_file(Path::new(SHM_DIR).join(name)) {
             if e.kind() != std::io::ErrorKind::NotFound {
                 eprintln!("ftkv: cannot remove {SHM_DIR}/{name}: {e}");
             }
         }
     }
+}
+
+/// The names of the `/dev/shm/sm_segment.*` files some live process has open or mapped.
+fn shm_segments_in_use() -> std::collections::HashSet<String> {
+    let pids: Vec<PathBuf> = std::fs::read_dir("/proc")
+        .map(|entries| entries.filter_map(|e| e.ok()).map(|e| e.path()).collect())
+        .unwrap_or_default();
+    let pids: Vec<&PathBuf> = pids.iter().filter(|p| is_pid_dir(p)).collect();
+    let mut in_use: std::collections::HashSet<String> =
+        pids.iter().flat_map(|pid| open_segments(pid)).collect();
+    in_use.extend(pids.iter().flat_map(|pid| mapped_segments(pid)));
+    in_use
+}
+
+fn is_pid_dir(path: &Path) -> bool {
+    path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// Segment names among the open file descriptors of process directory `pid`.
+fn open_segments(pid: &Path) -> Vec<String> {
+    let Ok(fds) = std::fs::read_dir(pid.join("fd")) else { return Vec::new() };
+    fds.filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+        .filter_map(|target| segment_name(&target.to_string_lossy()))
+        .collect()
+}
+
+/// Segment names among the memory mappings of process directory `pid`.
+fn mapped_segments(pid: &Path) -> Vec<String> {
+    let Ok(maps) = std::fs::read_to_string(pid.join("maps")) else { return Vec::new() };
+    maps.lines().filter_map(|line| segment_name(line.split_whitespace().nth(5)?)).collect()
+}
+
+/// `/dev/shm/sm_segment.x (deleted)` → `sm_segment.x`; `None` for other paths.
+fn segment_name(path: &str) -> Option<String> {
+    let name = path.strip_prefix(SHM_DIR)?.strip_prefix('/')?;
+    let name = name.split_whitespace().next()?;
+    name.starts_with("sm_segment.").then(|| name.to_owned())
 }
 
 /// What a job printed, split by rank, and how it ended.
@@ -378,6 +428,33 @@ mod tests {
         for (line, want) in table {
             assert_eq!(parse_tagged(line), want, "{line:?}");
         }
+    }
+
+    #[test]
+    fn segment_names_come_from_shm_paths_only() {
+        let table = [
+            ("/dev/shm/sm_segment.vm.0.d7040001.3", Some("sm_segment.vm.0.d7040001.3")),
+            ("/dev/shm/sm_segment.vm.0.1.0 (deleted)", Some("sm_segment.vm.0.1.0")),
+            ("/dev/shm/other", None),
+            ("/tmp/sm_segment.vm.0.1.0", None),
+            ("/dev/shmsm_segment.x", None),
+        ];
+        for (path, want) in table {
+            assert_eq!(segment_name(path).as_deref(), want, "{path:?}");
+        }
+    }
+
+    #[test]
+    fn a_mapped_segment_is_in_use_and_kept() {
+        let name = format!("sm_segment.ftkv-test.{}", std::process::id());
+        let path = Path::new(SHM_DIR).join(&name);
+        let file = std::fs::File::create(&path).expect("creates a segment file");
+        assert!(shm_segments_in_use().contains(&name), "an open segment counts as in use");
+        remove_new_shm_segments(&[]);
+        assert!(path.exists(), "a segment in use must not be removed");
+        drop(file);
+        remove_new_shm_segments(&[]);
+        assert!(!path.exists(), "an unused new segment is removed");
     }
 
     #[test]

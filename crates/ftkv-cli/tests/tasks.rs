@@ -109,6 +109,7 @@ fn worker_killed_during_recovery() {
 fn t1_is_exact_after_two_random_kills() {
     let mut cmd = Command::new(FTKV);
     cmd.args(["demo", "-n", "8", "--kills", "2", "--seed", "11", "--timeout", "90"]);
+    let _alone = ftkv_cli::launch::job_slot();
     let out = output_within(cmd, Duration::from_secs(150));
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);

@@ -48,11 +48,8 @@ fn rounds(world: &Comm) -> Result<()> {
     while round <= total {
         match one_round(&mut store, round) {
             Ok(()) => round += 1,
-            Err(RoundError::Unacked(e)) => recover(&mut store, e)?,
-            Err(RoundError::Acked(e)) => {
-                recover(&mut store, e)?;
-                round += 1;
-            }
+            Err(RoundError::Unacked(e)) => round = recover_at(&mut store, e, round)?,
+            Err(RoundError::Acked(e)) => round = recover_at(&mut store, e, round + 1)?,
         }
     }
     chaos::finish(&mut store)?;
@@ -75,9 +72,26 @@ fn one_round(store: &mut Store, round: u32) -> std::result::Result<(), RoundErro
     store.sync().map_err(RoundError::Acked)
 }
 
-fn recover(store: &mut Store, cause: Error) -> Result<()> {
+/// Recovers and returns the round every survivor resumes at: the lowest next round among them.
+/// A failure can end a round's sync on some survivors and not on others, so the survivors may
+/// come out of recovery one round apart; without this they would pair their syncs wrongly.
+fn recover_at(store: &mut Store, cause: Error, next: u32) -> Result<u32> {
     ensure!(cause.needs_recovery(), "store call failed: {cause}");
-    chaos::recover(store)
+    loop {
+        chaos::recover(store)?;
+        match lowest_next_round(store, next) {
+            Ok(round) => return Ok(round),
+            Err(e) if e.needs_recovery() => continue,
+            Err(e) => bail!("agreeing on the round failed: {e}"),
+        }
+    }
+}
+
+fn lowest_next_round(store: &Store, next: u32) -> ftkv::Result<u32> {
+    let comm = store.communicator()?;
+    let all = comm.allgather(&next.to_le_bytes()).map_err(ftkv::Error::Mpi)?;
+    let rounds = all.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+    Ok(rounds.min().unwrap_or(next))
 }
 
 fn report_all(store: &mut Store, workers: i32) -> Result<()> {

@@ -365,6 +365,11 @@ impl<F: Fabric> Store<F> {
 
     /// A barrier over the live workers. [`Error::RecoveryNeeded`] if a failure interrupts it or
     /// was noticed before; then every survivor must [`Store::recover`].
+    ///
+    /// The outcome is not uniform: a failure during the barrier can end it with `Ok` on some
+    /// survivors and an error on others (ULFM reports failures per process). Those that got `Ok`
+    /// learn of the failure at a later store call; an application that counts rounds of
+    /// barriers must agree on its round after a recovery (or use `MPIX_Comm_agree` itself).
     pub fn sync(&mut self) -> Result<()> {
         self.ensure_healthy()?;
         self.comm.barrier().map_err(|e| self.failure(e))

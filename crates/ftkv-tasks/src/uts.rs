@@ -72,7 +72,12 @@ pub const SAMPLES: &[(&str, &str, u64, u64)] = &[
     ("default", "", 1_732, 1_050),
     ("T1", "-t 1 -a 3 -d 10 -b 4 -r 19", 4_130_071, 3_305_118),
     ("T5", "-t 1 -a 0 -d 20 -b 4 -r 34", 4_147_582, 2_181_318),
+    ("T2", "-t 1 -a 2 -d 16 -b 6 -r 502", 4_117_769, 2_342_762),
     ("T3", "-t 0 -b 2000 -q 0.124875 -m 8 -r 42", 4_112_897, 3_599_034),
+    ("T4", "-t 2 -a 0 -d 16 -b 6 -r 1 -q 0.234375 -m 4 -r 1", 4_132_453, 3_108_986),
+    ("T1L", "-t 1 -a 3 -d 13 -b 4 -r 29", 102_181_082, 81_746_377),
+    ("T2L", "-t 1 -a 2 -d 23 -b 7 -r 220", 96_793_510, 53_791_152),
+    ("T3L", "-t 0 -b 2000 -q 0.200014 -m 5 -r 7", 111_345_631, 89_076_904),
 ];
 
 /// A bad parameter string.
@@ -309,6 +314,17 @@ mod tests {
     fn default_tree_has_the_published_counts() {
         let c = count_sequential(&Params::default());
         assert_eq!((c.nodes, c.leaves), (1_732, 1_050));
+    }
+
+    /// Every shape (geometric fixed, linear, cyclic; binomial; hybrid) against its published
+    /// sample; the 100 M-node samples are left to `ftkv bench uts --tree T1L`.
+    #[test]
+    #[cfg_attr(debug_assertions, ignore = "4 M nodes per tree: run with --release")]
+    fn small_samples_have_the_published_counts() {
+        for (name, _, nodes, leaves) in SAMPLES.iter().filter(|s| s.2 < 10_000_000) {
+            let c = count_sequential(&Params::parse(name).unwrap());
+            assert_eq!((c.nodes, c.leaves), (*nodes, *leaves), "{name}");
+        }
     }
 
     #[test]

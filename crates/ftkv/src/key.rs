@@ -112,7 +112,7 @@ impl Config {
             self.poll_interval,
             self.recovery_watchdog
         );
-        xxhash_rust::xxh3::xxh3_64(text.as_bytes())
+        twox_hash::XxHash3_64::oneshot(text.as_bytes())
     }
 
     /// The index of the kind called `name`.

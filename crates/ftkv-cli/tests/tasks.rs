@@ -99,10 +99,9 @@ fn buddy_killed_after_adopting() {
     assert_exact(&out, 5, &[1, 2], None, QUEENS_SOLUTIONS);
 }
 
-/// Killed mid re-replication, after every survivor left the shrink (see the store tests).
 #[test]
 fn worker_killed_during_recovery() {
-    let out = pool_job(QUEENS, 5, 3, "steal_victim_before_send@0#1;recovery_mid_copy@3#1");
+    let out = pool_job(QUEENS, 5, 3, "steal_victim_before_send@0#1;recovery_after_shrink@3#1");
     assert_exact(&out, 5, &[0, 3], None, QUEENS_SOLUTIONS);
 }
 

@@ -170,13 +170,9 @@ fn two_simultaneous_kills_with_three_copies_lose_nothing() {
     });
 }
 
-/// The second kill lands in the middle of the re-replication, after every survivor has left
-/// `MPIX_Comm_shrink`: a process that dies while others are still inside the shrink can make
-/// Open MPI 5.0.11 crash them there (SIGSEGV, see the README's known limits), an extra failure
-/// no store can prevent.
 #[test]
 fn a_rank_killed_during_recovery_restarts_it() {
-    let spec = "store_round@1#3;recovery_mid_copy@3";
+    let spec = "store_round@1#3;recovery_after_shrink@3";
     let out = run(job("store-rounds", 5).env("STORE_COPIES", "3").env("FTKV_FAILPOINT", spec));
     for rank in [0, 2, 4] {
         let attempts: usize = out.rank_value(rank, "attempts").expect("attempts").parse().unwrap();

@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use crate::bench::unix_us;
 use crate::bench_store::size_name;
-use crate::launch::{kill_pid, JobOutput, Launch};
+use crate::launch::{field, kill_pid, JobOutput, Launch};
 
 /// One recovery measurement.
 #[derive(Debug, Clone, Serialize)]
@@ -85,10 +85,6 @@ fn recovery_row(
         keys_recovered: max(values("keys")) as u64,
         restored: lines.iter().all(|l| field(l, "restored") == Some("true")),
     })
-}
-
-fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
-    line.split_whitespace().find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
 }
 
 fn median(mut v: Vec<f64>) -> f64 {

@@ -8,7 +8,7 @@ use anyhow::{bail, ensure, Context, Result};
 use serde::Serialize;
 
 use crate::bench::{checkpoint_workload, WorkloadResult};
-use crate::launch::Launch;
+use crate::launch::{field, Launch};
 use crate::peers::{self, EtcdClient, RespClient, ETCD_PORTS, REDIS_PORTS};
 use crate::stats::Histogram;
 
@@ -237,16 +237,16 @@ fn parse_lines(
     let mut measured = Vec::new();
     for rank in 0..ranks {
         for line in out.rank_lines(rank).iter().filter(|l| l.starts_with("bench ")) {
-            let field = |key: &str| {
-                line.split_whitespace().find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
-            };
-            if field("system") != Some(system.name()) || field("size") != Some(&size.to_string()) {
+            if field(line, "system") != Some(system.name())
+                || field(line, "size") != Some(&size.to_string())
+            {
                 continue;
             }
-            let num =
-                |key: &str| field(key).and_then(|v| v.parse::<f64>().ok()).context("a bench field");
+            let num = |key: &str| {
+                field(line, key).and_then(|v| v.parse::<f64>().ok()).context("a bench field")
+            };
             let histogram =
-                Histogram::decode(field("hist").unwrap_or("")).context("a histogram")?;
+                Histogram::decode(field(line, "hist").unwrap_or("")).context("a histogram")?;
             let result = WorkloadResult {
                 histogram,
                 writes: num("writes")? as u64,
@@ -254,7 +254,7 @@ fn parse_lines(
                 secs: num("secs")?,
                 ..WorkloadResult::default()
             };
-            measured.push(Measured { result, verified: field("verified") == Some("true") });
+            measured.push(Measured { result, verified: field(line, "verified") == Some("true") });
         }
     }
     if measured.is_empty() {

@@ -380,11 +380,7 @@ impl JobOutput {
 
     /// The value `v` of the first `key=v` word that rank `rank` printed.
     pub fn rank_value(&self, rank: usize, key: &str) -> Option<&str> {
-        let prefix = format!("{key}=");
-        self.rank_lines(rank)
-            .iter()
-            .flat_map(|line| line.split_whitespace())
-            .find_map(|word| word.strip_prefix(prefix.as_str()))
+        self.rank_lines(rank).iter().find_map(|line| field(line, key))
     }
 
     /// All output, for failure messages.
@@ -401,6 +397,11 @@ impl JobOutput {
         text.push_str(&format!("[stderr]\n{}", self.stderr));
         text
     }
+}
+
+/// The value `v` of the first `key=v` word in `line` (ranks report their results this way).
+pub fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    line.split_whitespace().find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
 }
 
 /// `[1,3]<stdout>: text` → `(3, "text")`.

@@ -14,7 +14,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use crate::launch::{kill_pid, JobOutput, Launch};
+use crate::launch::{field, kill_pid, JobOutput, Launch};
 
 /// What the pool computes: a UTS tree (the reference's flags or a sample name) or N-Queens.
 #[derive(Debug, Clone, PartialEq)]
@@ -321,11 +321,6 @@ impl Watch {
             self.recoveries.len()
         );
     }
-}
-
-/// `key=value` in a line of words.
-fn field<'a>(text: &'a str, key: &str) -> Option<&'a str> {
-    text.split_whitespace().find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
 }
 
 fn tail(out: &JobOutput) -> String {

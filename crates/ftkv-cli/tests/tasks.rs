@@ -39,8 +39,7 @@ fn assert_exact(out: &JobOutput, ranks: usize, killed: &[usize], nodes: Option<u
         let result =
             result.unwrap_or_else(|| panic!("rank {rank}: no result\n{}", out.transcript()));
         let field = |key: &str| -> u64 {
-            let word =
-                result.split_whitespace().find_map(|w| w.strip_prefix(key)?.strip_prefix('='));
+            let word = ftkv_cli::launch::field(&result, key);
             word.and_then(|v| v.parse().ok()).expect("a numeric field")
         };
         assert_eq!(field("leaves"), leaves, "rank {rank}: {result}\n{}", out.transcript());

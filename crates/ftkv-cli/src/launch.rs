@@ -233,17 +233,47 @@ fn read_all(pipe: &mut impl Read) -> String {
 }
 
 fn wait_with_timeout(child: &mut Child, timeout: Duration) -> Result<(Option<ExitStatus>, bool)> {
+    wait_with_timeout_by(child, timeout, |c| kill_process_group(c.id()))
+}
+
+/// Waits for `child` at most `timeout`, then ends it with `kill` and reaps it. `true`: timed out.
+fn wait_with_timeout_by(
+    child: &mut Child,
+    timeout: Duration,
+    kill: impl FnOnce(&mut Child) -> Result<()>,
+) -> Result<(Option<ExitStatus>, bool)> {
     let deadline = Instant::now() + timeout;
     loop {
         if let Some(status) = child.try_wait()? {
             return Ok((Some(status), false));
         }
         if Instant::now() >= deadline {
-            kill_process_group(child.id())?;
+            kill(child)?;
             child.wait()?;
             return Ok((None, true));
         }
         std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Runs `cmd` (an ftkv command that launches its own jobs) to completion with its output
+/// captured; SIGKILLs it and fails if it runs longer than `bound`.
+/// The pipes are drained while it runs, so a talkative command cannot block on a full pipe.
+pub fn output_within(mut cmd: Command, bound: Duration) -> Result<std::process::Output> {
+    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
+    let mut out_pipe = child.stdout.take().context("stdout pipe")?;
+    let mut err_pipe = child.stderr.take().context("stderr pipe")?;
+    let stdout = std::thread::spawn(move || read_all(&mut out_pipe));
+    let stderr = std::thread::spawn(move || read_all(&mut err_pipe));
+    let (status, timed_out) = wait_with_timeout_by(&mut child, bound, |c| Ok(c.kill()?))?;
+    let (stdout, stderr) = (stdout.join(), stderr.join());
+    match status {
+        Some(status) if !timed_out => Ok(std::process::Output {
+            status,
+            stdout: stdout.unwrap_or_default().into_bytes(),
+            stderr: stderr.unwrap_or_default().into_bytes(),
+        }),
+        _ => bail!("{cmd:?} did not end within {bound:?}"),
     }
 }
 
@@ -429,6 +459,19 @@ mod tests {
         for (line, want) in table {
             assert_eq!(parse_tagged(line), want, "{line:?}");
         }
+    }
+
+    #[test]
+    fn output_within_returns_the_output_or_fails_on_overrun() {
+        let mut echo = Command::new("sh");
+        echo.args(["-c", "echo out; echo err >&2"]);
+        let out = output_within(echo, Duration::from_secs(10)).expect("echo ends");
+        assert_eq!((&out.stdout[..], &out.stderr[..]), (&b"out\n"[..], &b"err\n"[..]));
+        let mut sleep = Command::new("sleep");
+        sleep.arg("10");
+        let started = Instant::now();
+        assert!(output_within(sleep, Duration::from_millis(200)).is_err());
+        assert!(started.elapsed() < Duration::from_secs(5), "the overrun was cut short");
     }
 
     #[test]

@@ -1,8 +1,13 @@
 //! `ftkv probe` on the cases whose Open MPI behaviour ftkv's design rests on.
 
 use std::process::Command;
+use std::time::Duration;
 
+use ftkv_cli::launch::output_within;
 use serde_json::Value;
+
+/// Every selected case runs in its own bounded job; this bounds the whole command.
+const PROBE_BOUND: Duration = Duration::from_secs(120);
 
 fn probe(cases: &[&str]) -> Vec<(String, String, String, String)> {
     let json = std::env::temp_dir().join(format!("ftkv-probe-test-{}.json", std::process::id()));
@@ -11,7 +16,7 @@ fn probe(cases: &[&str]) -> Vec<(String, String, String, String)> {
     for case in cases {
         cmd.args(["--case", case]);
     }
-    let out = cmd.output().expect("ftkv probe runs");
+    let out = output_within(cmd, PROBE_BOUND).expect("ftkv probe ends in time");
     assert!(out.status.success(), "probe failed: {}", String::from_utf8_lossy(&out.stderr));
     let text = std::fs::read_to_string(&json).expect("probe wrote its JSON");
     std::fs::remove_file(&json).expect("remove the JSON");
@@ -61,10 +66,9 @@ fn probe_reports_the_behaviour_the_design_rests_on() {
 
 #[test]
 fn probe_rejects_unknown_cases() {
-    let out = Command::new(env!("CARGO_BIN_EXE_ftkv"))
-        .args(["probe", "--case", "allocate:teleport"])
-        .output()
-        .expect("ftkv runs");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ftkv"));
+    cmd.args(["probe", "--case", "allocate:teleport"]);
+    let out = output_within(cmd, PROBE_BOUND).expect("ftkv ends in time");
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("no probe case matches"));
 }

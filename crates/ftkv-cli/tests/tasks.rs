@@ -4,7 +4,7 @@
 use std::process::Command;
 use std::time::Duration;
 
-use ftkv_cli::launch::{JobOutput, Launch};
+use ftkv_cli::launch::{output_within, JobOutput, Launch};
 
 const FTKV: &str = env!("CARGO_BIN_EXE_ftkv");
 
@@ -109,26 +109,11 @@ fn t1_is_exact_after_two_random_kills() {
     let mut cmd = Command::new(FTKV);
     cmd.args(["demo", "-n", "8", "--kills", "2", "--seed", "11", "--timeout", "90"]);
     let _alone = ftkv_cli::launch::job_slot();
-    let out = output_within(cmd, Duration::from_secs(150));
+    let out = output_within(cmd, Duration::from_secs(150)).expect("the demo ends in time");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "demo failed:\n{stdout}\n{stderr}");
     assert!(stdout.contains("4130071 nodes, 3305118 leaves"), "{stdout}");
     assert!(stdout.contains("MATCH") && !stdout.contains("MISMATCH"), "{stdout}");
     assert_eq!(stderr.matches("SIGKILL rank").count(), 2, "two kills:\n{stderr}");
-}
-
-/// Runs `cmd` to completion; kills it and fails the test if it runs longer than `bound`.
-fn output_within(mut cmd: Command, bound: Duration) -> std::process::Output {
-    use std::process::Stdio;
-    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("starts");
-    let start = std::time::Instant::now();
-    while child.try_wait().expect("waits").is_none() {
-        if start.elapsed() > bound {
-            child.kill().expect("kills the hung command");
-            panic!("{cmd:?} did not end within {bound:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    child.wait_with_output().expect("collects the output")
 }

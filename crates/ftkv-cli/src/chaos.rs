@@ -18,7 +18,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use crate::launch::{kill_pid, Launch, RunningJob};
+use crate::launch::{kill_random_rank, Launch, RunningJob};
 use crate::values::{check_value, value};
 
 /// Campaign parameters.
@@ -221,13 +221,10 @@ impl Killer {
         if !due || self.pids.len() < self.plan.len() + 2 {
             return Ok(());
         }
-        let alive: Vec<usize> =
-            self.pids.keys().copied().filter(|r| !self.killed.contains(r)).collect();
-        let victim = alive[rng.gen_range(0..alive.len())];
-        if !kill_pid(self.pids[&victim])? {
+        let Some(victim) = kill_random_rank(&self.pids, &self.killed, rng)? else {
             self.plan.truncate(self.killed.len());
             return Ok(());
-        }
+        };
         self.killed.push(victim);
         self.recovering_seen = false;
         Ok(())

@@ -286,6 +286,23 @@ pub fn kill_process_group(pgid: u32) -> Result<()> {
     Ok(())
 }
 
+/// SIGKILLs a rank chosen by `rng` among those of `pids` not in `killed` (in rank order, so a
+/// seed picks the same victims every run) and returns it; `Ok(None)` when no rank is left or
+/// the chosen one had already exited.
+pub fn kill_random_rank(
+    pids: &std::collections::HashMap<usize, u32>,
+    killed: &[usize],
+    rng: &mut impl rand::Rng,
+) -> Result<Option<usize>> {
+    let mut alive: Vec<usize> = pids.keys().copied().filter(|r| !killed.contains(r)).collect();
+    if alive.is_empty() {
+        return Ok(None);
+    }
+    alive.sort_unstable();
+    let victim = alive[rng.gen_range(0..alive.len())];
+    Ok(kill_pid(pids[&victim])?.then_some(victim))
+}
+
 /// SIGKILLs one process. `Ok(false)`: it had already exited.
 pub fn kill_pid(pid: u32) -> Result<bool> {
     let alive = || std::path::Path::new(&format!("/proc/{pid}")).exists();

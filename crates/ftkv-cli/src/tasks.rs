@@ -14,7 +14,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use crate::launch::{field, kill_pid, JobOutput, Launch};
+use crate::launch::{field, kill_random_rank, JobOutput, Launch};
 
 /// What the pool computes: a UTS tree (the reference's flags or a sample name) or N-Queens.
 #[derive(Debug, Clone, PartialEq)]
@@ -290,14 +290,11 @@ impl Watch {
         if self.progress(job.elapsed()) < at || self.pids.len() < 2 {
             return Ok(());
         }
-        let alive: Vec<usize> =
-            self.pids.keys().copied().filter(|r| !self.killed.contains(r)).collect();
-        let victim = alive[rng.gen_range(0..alive.len())];
-        if !kill_pid(self.pids[&victim])? {
-            eprintln!("[demo] rank {victim} had already exited; its kill is dropped");
+        let Some(victim) = kill_random_rank(&self.pids, &self.killed, rng)? else {
+            eprintln!("[demo] the chosen rank had already exited; its kill is dropped");
             self.plan.truncate(self.killed.len());
             return Ok(());
-        }
+        };
         self.tasks.remove(&victim);
         self.killed.push(victim);
         self.kill_ms.push(job.elapsed().as_secs_f64() * 1e3);

@@ -355,10 +355,9 @@ fn remove_new_shm_segments(before: &[String]) {
 
 /// The names of the `/dev/shm/sm_segment.*` files some live process has open or mapped.
 fn shm_segments_in_use() -> std::collections::HashSet<String> {
-    let pids: Vec<PathBuf> = std::fs::read_dir("/proc")
-        .map(|entries| entries.filter_map(|e| e.ok()).map(|e| e.path()).collect())
-        .unwrap_or_default();
-    let pids: Vec<&PathBuf> = pids.iter().filter(|p| is_pid_dir(p)).collect();
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Default::default() };
+    let pids: Vec<PathBuf> =
+        entries.filter_map(|e| Some(e.ok()?.path())).filter(|p| is_pid_dir(p)).collect();
     let mut in_use: std::collections::HashSet<String> =
         pids.iter().flat_map(|pid| open_segments(pid)).collect();
     in_use.extend(pids.iter().flat_map(|pid| mapped_segments(pid)));

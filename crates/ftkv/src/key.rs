@@ -112,7 +112,7 @@ impl Config {
             self.poll_interval,
             self.recovery_watchdog
         );
-        twox_hash::XxHash3_64::oneshot(text.as_bytes())
+        crate::slot::xxh3_64(text.as_bytes())
     }
 
     /// The index of the kind called `name`.

@@ -19,7 +19,7 @@
 
 /// XXH3 (64 bit); `twox-hash` picks its AVX2 loop at run time where the CPU has it (about twice
 /// as fast as SSE2 on a 1 MiB value, which the torn-write check hashes on every put).
-fn xxh3_64(bytes: &[u8]) -> u64 {
+pub(crate) fn xxh3_64(bytes: &[u8]) -> u64 {
     twox_hash::XxHash3_64::oneshot(bytes)
 }
 

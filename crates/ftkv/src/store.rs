@@ -478,7 +478,7 @@ impl<F: Fabric> Store<F> {
         self.epoch += 1;
         shrunk.failpoint("recovery_after_shrink");
         let attempt = self.rebuild(&shrunk, retained);
-        let ok = attempt.is_ok() && shrunk.failed_ranks().is_ok_and(|f| f.is_empty());
+        let ok = attempt.result.is_ok() && shrunk.failed_ranks().is_ok_and(|f| f.is_empty());
         if !ok {
             let revoked = shrunk.revoke();
             if let Err(e) = revoked {
@@ -489,17 +489,41 @@ impl<F: Fabric> Store<F> {
         // failures per process), so it alone decides; a failure that the agreement itself met
         // raises the alarm and the next store call asks for another recovery.
         self.trace(&format!("rebuilt ok={ok}"));
-        let agreed = shrunk.agree(ok as u32)?;
+        let agreed = match shrunk.agree(attempt.flags(ok)) {
+            Ok(agreed) => agreed,
+            Err(e) => {
+                attempt.abandon_window();
+                return Err(Error::Mpi(e));
+            }
+        };
         self.trace(&format!("agreed {}", agreed.value));
-        if agreed.value != 1 {
+        if agreed.value & ATTEMPT_SUCCEEDED == 0 {
+            self.dispose(attempt, agreed.value & WINDOW_OPENED != 0);
             return Ok(None);
         }
-        let (window, recovered) = attempt.expect("agreement implies local success");
+        let window = attempt.window.expect("agreement implies a window");
+        let recovered = attempt.result.expect("agreement implies local success");
         self.window = Some(window);
         if agreed.unacknowledged_failures {
             self.pending_alarm = true;
         }
         Ok(Some(recovered))
+    }
+
+    /// Frees a failed attempt's window when every survivor opened it (the agreement says so,
+    /// and freeing is collective); otherwise leaves it allocated, since a collective free that
+    /// some survivors never join would not return.
+    fn dispose(&self, attempt: Attempt<F::Window>, everyone_opened: bool) {
+        let Some(window) = attempt.window else { return };
+        if !everyone_opened {
+            self.trace("failed attempt's window left allocated");
+            window.abandon();
+            return;
+        }
+        match window.close() {
+            Ok(()) => self.trace("failed attempt's window freed"),
+            Err(e) => eprintln!("ftkv: freeing a failed recovery attempt's window: {e}"),
+        }
     }
 
     /// A recovery progress line on stderr when `FTKV_TRACE` is set (chaos runs set it, so a
@@ -514,23 +538,17 @@ impl<F: Fabric> Store<F> {
         Ok(shrunk.ranks_in(&self.origin)?)
     }
 
-    /// New window, exchange of surviving versions, copies to the new holders. A window of an
-    /// attempt that fails is left allocated: freeing is collective, and the survivors may not
-    /// all have it.
-    fn rebuild(
-        &self,
-        shrunk: &F,
-        retained: &Retained<F::Window>,
-    ) -> Result<(F::Window, Recovered)> {
-        let window = open_window(shrunk, &self.layout, self.geometry)?;
+    /// New window, exchange of surviving versions, copies to the new holders. The window, when
+    /// it was opened, comes back also when the attempt failed: [`Store::dispose`] decides,
+    /// uniformly, whether it can be freed.
+    fn rebuild(&self, shrunk: &F, retained: &Retained<F::Window>) -> Attempt<F::Window> {
+        let window = match open_window(shrunk, &self.layout, self.geometry) {
+            Ok(window) => window,
+            Err(e) => return Attempt { window: None, result: Err(e) },
+        };
         self.trace("window open");
-        match self.fill(shrunk, retained, &window) {
-            Ok(recovered) => Ok((window, recovered)),
-            Err(e) => {
-                window.abandon();
-                Err(e)
-            }
-        }
+        let result = self.fill(shrunk, retained, &window);
+        Attempt { window: Some(window), result }
     }
 
     fn fill(
@@ -581,6 +599,32 @@ impl<F: Fabric> Store<F> {
 }
 
 const MAX_RECOVERY_ATTEMPTS: usize = 16;
+
+/// Agreement flag: this survivor's attempt succeeded and it saw no new failure.
+const ATTEMPT_SUCCEEDED: u32 = 1;
+/// Agreement flag: this survivor opened the attempt's window.
+const WINDOW_OPENED: u32 = 2;
+
+/// One recovery attempt's window (if it was opened) and outcome.
+struct Attempt<W: FabricWindow> {
+    window: Option<W>,
+    result: Result<Recovered>,
+}
+
+impl<W: FabricWindow> Attempt<W> {
+    /// This survivor's contribution to the attempt's agreement (a bitwise AND).
+    fn flags(&self, ok: bool) -> u32 {
+        let opened = if self.window.is_some() { WINDOW_OPENED } else { 0 };
+        opened | if ok { ATTEMPT_SUCCEEDED } else { 0 }
+    }
+
+    /// Leaves the window allocated: nobody knows whether the others will free it.
+    fn abandon_window(self) {
+        if let Some(window) = self.window {
+            window.abandon();
+        }
+    }
+}
 
 /// The outcome of a successful rebuild.
 struct Recovered {

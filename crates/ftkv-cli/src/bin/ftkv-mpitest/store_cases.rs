@@ -66,6 +66,7 @@ fn one_round(store: &mut Store, round: u32) -> std::result::Result<(), RoundErro
     let checkpoint = Key::new(me, 0);
     let loot = Key::new(me, 1);
     store.put(checkpoint, &value(me, round, round_len(round))).map_err(RoundError::Unacked)?;
+    println!("acked round={round}");
     failpoint::hit("store_round");
     store.put(loot, &value(me, round, 64)).map_err(RoundError::Acked)?;
     store.delete(loot).map_err(RoundError::Acked)?;

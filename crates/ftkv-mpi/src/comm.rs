@@ -79,23 +79,12 @@ impl Comm {
     }
 
     /// `MPI_Comm_dup`: a new communicator with the same group and its own message space.
-    /// Collective; fails with `ProcFailed` if a member is dead. Returns once every live member
-    /// has the new communicator (see [`Comm::settled`]).
+    /// Collective; fails with `ProcFailed` if a member is dead.
     pub fn dup(&self) -> Result<Comm> {
         let mut raw = null_comm();
         // SAFETY: `self.raw` is a valid communicator; `raw` is a valid out-pointer.
         check(unsafe { ffi::MPI_Comm_dup(self.raw, &mut raw) }, "MPI_Comm_dup")?;
-        Comm::owned(raw, self.runtime.clone())?.settled()
-    }
-
-    /// Waits (with a fault-tolerant agreement) until every live member has finished creating
-    /// this new communicator. Open MPI 5.0.11 crashes (SIGSEGV in `ompi_comm_revoke_local`, on
-    /// the half-built communicator's missing collective module) a member that receives a revoke
-    /// of a communicator it is still creating; after this, a member that revokes it can no
-    /// longer reach one in that state. A failure the agreement meets is left to the next call.
-    fn settled(self) -> Result<Comm> {
-        self.agree(1)?;
-        Ok(self)
+        Comm::owned(raw, self.runtime.clone())
     }
 
     /// `MPI_Barrier`. Returns `ProcFailed` (or `Revoked`) instead of hanging when a member died.
@@ -245,13 +234,22 @@ impl Comm {
     }
 
     /// `MPIX_Comm_shrink`: a new communicator of the surviving members (collective over them),
-    /// ranks renumbered in the old order. Works on a revoked communicator. Returns once every
-    /// live member has the new communicator (see [`Comm::settled`]).
+    /// ranks renumbered in the old order. Works on a revoked communicator.
+    ///
+    /// Returns once every live member has the new communicator: an agreement on it follows the
+    /// shrink (every process that returns from a shrink is a member, so all of them join).
+    /// Open MPI 5.0.11 crashes a process that receives a revoke of a communicator it is still
+    /// creating (SIGSEGV in `ompi_comm_revoke_local` on the half-built communicator's missing
+    /// collective module); after the agreement, a member that meets the next failure and
+    /// revokes the new communicator reaches nobody in that state. A failure the agreement meets
+    /// is left to the next call on the communicator.
     pub fn shrink(&self) -> Result<Comm> {
         let mut raw = null_comm();
         // SAFETY: `self.raw` is a valid communicator; `raw` a valid out-pointer.
         check(unsafe { ffi::MPIX_Comm_shrink(self.raw, &mut raw) }, "MPIX_Comm_shrink")?;
-        Comm::owned(raw, self.runtime.clone())?.settled()
+        let shrunk = Comm::owned(raw, self.runtime.clone())?;
+        shrunk.agree(1)?;
+        Ok(shrunk)
     }
 
     /// `MPIX_Comm_agree`: fault-tolerant consensus on the bitwise AND of `flag` over the

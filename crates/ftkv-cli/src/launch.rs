@@ -74,7 +74,6 @@ impl Launch {
         self
     }
 
-    /// The `mpirun` command line (without the environment).
     /// The `mpirun` command line (ftkv's variables set in this process are passed on to the
     /// ranks: `FTKV_FAILPOINT`, `FTKV_TRACE`).
     pub fn command(&self) -> Command {

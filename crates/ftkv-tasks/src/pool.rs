@@ -18,11 +18,11 @@
 //!
 //! **Termination**: the leader (rank 0) probes every worker for (busy, loot sent, loot
 //! received) in waves of point-to-point messages; two consecutive waves with no busy worker and
-//! equal counts end the computation. The
-//! survivors then gather the results and agree that every one of them has them. Each pool
-//! communicator sees exactly one agreement per worker: at the end, or, for a worker that starts
-//! a recovery first, right after it revoked the pool and store communicators (so that nobody
-//! waits in the agreement for a worker that waits elsewhere).
+//! equal counts end the computation. The survivors then gather the results and agree that
+//! every one of them has them. Each pool communicator sees exactly one agreement per worker: at
+//! the end, or, for a worker that starts a recovery first, right after it revoked the pool and
+//! store communicators (so that nobody waits in the agreement for a worker that waits
+//! elsewhere).
 
 use std::time::{Duration, Instant};
 

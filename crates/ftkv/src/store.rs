@@ -492,7 +492,7 @@ impl<F: Fabric> Store<F> {
         let agreed = match shrunk.agree(attempt.flags(ok)) {
             Ok(agreed) => agreed,
             Err(e) => {
-                attempt.abandon_window();
+                self.dispose(attempt, false);
                 return Err(Error::Mpi(e));
             }
         };
@@ -510,9 +510,9 @@ impl<F: Fabric> Store<F> {
         Ok(Some(recovered))
     }
 
-    /// Frees a failed attempt's window when every survivor opened it (the agreement says so,
-    /// and freeing is collective); otherwise leaves it allocated, since a collective free that
-    /// some survivors never join would not return.
+    /// Frees a failed attempt's window when every survivor opened it (only an agreement can say
+    /// so, and freeing is collective); otherwise leaves it allocated, since a collective free
+    /// that some survivors never join would not return.
     fn dispose(&self, attempt: Attempt<F::Window>, everyone_opened: bool) {
         let Some(window) = attempt.window else { return };
         if !everyone_opened {
@@ -616,13 +616,6 @@ impl<W: FabricWindow> Attempt<W> {
     fn flags(&self, ok: bool) -> u32 {
         let opened = if self.window.is_some() { WINDOW_OPENED } else { 0 };
         opened | if ok { ATTEMPT_SUCCEEDED } else { 0 }
-    }
-
-    /// Leaves the window allocated: nobody knows whether the others will free it.
-    fn abandon_window(self) {
-        if let Some(window) = self.window {
-            window.abandon();
-        }
     }
 }
 

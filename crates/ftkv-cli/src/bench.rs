@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use ftkv::{placement, Config, Detection, Key, Store};
 use ftkv_mpi::{failpoint, Comm, LockedWindow, Mpi, Window};
 
@@ -46,8 +46,26 @@ fn holders(world: &Comm, copies: usize) -> Vec<i32> {
     placement::holders(world.rank(), 0, &live, copies)
 }
 
+/// Fails on every rank alike, before anything is allocated, when windows of `per_rank` bytes on
+/// every rank would not fit the shared memory of some rank's host.
+fn ensure_windows_fit(world: &Comm, per_rank: usize) -> Result<()> {
+    let ranks = world.size() as u128;
+    let fits = ftkv_mpi::shared_memory_capacity()
+        .is_none_or(|capacity| per_rank as u128 * ranks <= capacity as u128);
+    let all = world.allgather(&[fits as u8])?;
+    anyhow::ensure!(
+        all.iter().all(|&f| f == 1),
+        "raw RMA windows of {per_rank} bytes on each of {ranks} ranks exceed the shared memory \
+         of the hosts of ranks {:?}",
+        all.iter().enumerate().filter(|(_, &f)| f == 0).map(|(r, _)| r).collect::<Vec<_>>()
+    );
+    Ok(())
+}
+
 fn raw_put(world: &Comm, copies: usize, size: usize, iterations: usize) -> Result<Vec<Duration>> {
-    let window: LockedWindow = Window::allocate(world, size * world.size() as usize)?.lock_all()?;
+    let per_rank = size.checked_mul(world.size() as usize).context("window size overflows")?;
+    ensure_windows_fit(world, per_rank)?;
+    let window: LockedWindow = Window::allocate(world, per_rank)?.lock_all()?;
     world.barrier()?;
     let targets = holders(world, copies);
     let data = vec![7u8; size];

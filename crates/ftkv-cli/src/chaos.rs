@@ -1,6 +1,10 @@
 //! `ftkv chaos`: randomized SIGKILL campaigns under real `mpirun --with-ft ulfm`, checked
 //! against the history of acknowledged writes.
 //!
+//! Who died is what the survivors agreed on (`done=yes failed=<ids>`), not what the driver
+//! killed: a rank killed from outside counts like one the driver killed, and so does one that
+//! ended itself as a fail-stop failure.
+//!
 //! Every rank loops put/delete on its own keys with self-describing values (`values`), printing
 //! `try <kind> <seq> <put|del>` before and `ack <kind> <seq>` after each acknowledged write. The
 //! driver SIGKILLs ranks from outside at random moments (every second kill as soon as a
@@ -18,6 +22,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
+use crate::args::{self, Opt};
 use crate::launch::{kill_random_rank, Launch, RunningJob};
 use crate::values::{check_value, value};
 
@@ -41,18 +46,27 @@ pub struct Summary {
     pub lost_writes: u64,
     pub torn_reads: u64,
     pub hangs: usize,
-    /// Survivors that ended themselves as fail-stop failures (a recovery call stuck or crashed
-    /// inside Open MPI), with the evidence on their stderr; the others recovered from them.
+    /// Keys a recovery reported lost (every holder died before the copies were restored). Not
+    /// a silent loss: only allowed when the run killed at least `copies` ranks.
+    pub keys_reported_lost: u64,
+    /// Ranks that ended themselves as fail-stop failures (a recovery call stuck or crashed
+    /// inside Open MPI, a watchdog), with the evidence on their stderr.
     pub fail_stops: usize,
+    /// Failures that neither the driver nor a fail-stop caused (a rank killed from outside),
+    /// learnt from the survivors' agreed failed set.
+    pub outside_failures: usize,
+    /// Runs in which a recovery attempt stayed stuck inside Open MPI until the recovery
+    /// deadline ended its ranks (each names the step); counted apart from lost data.
+    pub stuck_runs: usize,
     pub failed_runs: usize,
 }
 
 impl Campaign {
     pub fn validate(&self) -> Result<()> {
-        ensure!(self.ranks >= 2, "--ranks must be at least 2");
-        ensure!(self.copies >= 1 && self.copies < self.ranks, "--copies must be in 1..ranks");
-        ensure!(self.kills + 1 < self.ranks, "--kills must leave at least 2 survivors");
-        ensure!(self.runs >= 1, "--runs must be at least 1");
+        let ranks = Opt::new("--ranks", self.ranks);
+        args::check_copies(Opt::new("--copies", self.copies), ranks)?;
+        args::check_kills(Opt::new("--kills", self.kills), ranks)?;
+        ensure!(self.runs >= 1, "--runs {} must be at least 1", self.runs);
         Ok(())
     }
 }
@@ -70,27 +84,19 @@ pub fn run(exe: &std::path::Path, campaign: &Campaign) -> Result<Summary> {
         summary.lost_writes += result.verdict.lost;
         summary.torn_reads += result.verdict.torn;
         summary.hangs += result.hung as usize;
+        summary.keys_reported_lost += result.verdict.reported_lost;
         summary.fail_stops += result.fail_stops;
-        let failed =
-            result.hung || result.verdict.lost + result.verdict.torn > 0 || result.incomplete;
+        summary.outside_failures += result.outside;
+        summary.stuck_runs += result.stuck as usize;
+        let loss_allowed = result.kills + result.outside + result.fail_stops >= campaign.copies;
+        let unexplained_loss = result.verdict.reported_lost > 0 && !loss_allowed;
+        let failed = result.hung
+            || result.verdict.lost + result.verdict.torn > 0
+            || unexplained_loss
+            || (result.incomplete && !result.stuck);
         summary.failed_runs += failed as usize;
-        eprintln!(
-            "[chaos {:>3}/{}] seed={seed} kills={}{} acked={} lost={} torn={} {}{}",
-            run + 1,
-            campaign.runs,
-            result.kills,
-            if result.fail_stops > 0 {
-                format!("+{} fail-stop", result.fail_stops)
-            } else {
-                String::new()
-            },
-            result.verdict.acked,
-            result.verdict.lost,
-            result.verdict.torn,
-            if result.hung { "HANG " } else { "" },
-            if result.incomplete { "INCOMPLETE" } else { "ok" },
-        );
-        if failed || result.fail_stops > 0 {
+        eprintln!("[chaos {:>3}/{}] seed={seed} {}", run + 1, campaign.runs, result.line());
+        if failed || result.fail_stops > 0 || result.stuck {
             eprintln!("{}", result.transcript_tail);
         }
     }
@@ -103,7 +109,33 @@ struct RunResult {
     hung: bool,
     incomplete: bool,
     fail_stops: usize,
+    outside: usize,
+    stuck: bool,
     transcript_tail: String,
+}
+
+impl RunResult {
+    /// The run's progress line after the seed.
+    fn line(&self) -> String {
+        let mut kills = self.kills.to_string();
+        if self.fail_stops > 0 {
+            kills += &format!("+{} fail-stop", self.fail_stops);
+        }
+        if self.outside > 0 {
+            kills += &format!("+{} outside", self.outside);
+        }
+        let v = &self.verdict;
+        let verdict = match (self.hung, self.stuck, self.incomplete) {
+            (true, _, _) => "HANG",
+            (false, true, _) => "STUCK in recovery (Open MPI)",
+            (false, false, true) => "INCOMPLETE",
+            _ => "ok",
+        };
+        format!(
+            "kills={kills} acked={} lost={} torn={} reported_lost={} {verdict}",
+            v.acked, v.lost, v.torn, v.reported_lost
+        )
+    }
 }
 
 fn run_once(exe: &std::path::Path, campaign: &Campaign, seed: u64) -> Result<RunResult> {
@@ -122,20 +154,41 @@ fn run_once(exe: &std::path::Path, campaign: &Campaign, seed: u64) -> Result<Run
     }
     let out = job.finish()?;
     let histories = parse_histories(&out, campaign.ranks);
-    let survivors: Vec<usize> =
-        (0..campaign.ranks).filter(|r| !killer.killed.contains(r)).collect();
+    let agreed_failed = agreed_failed(&out, campaign.ranks);
+    let dead = |r: &usize| killer.killed.contains(r) || agreed_failed.contains(r);
+    let survivors: Vec<usize> = (0..campaign.ranks).filter(|r| !dead(r)).collect();
     let (finished, unfinished): (Vec<usize>, Vec<usize>) =
         survivors.iter().partition(|&&r| out.rank_value(r, "done") == Some("yes"));
-    let fail_stops = unfinished.iter().filter(|&&r| ended_as_fail_stop(&out, r)).count();
+    let not_killed = (0..campaign.ranks).filter(|r| !killer.killed.contains(r));
+    let ended: Vec<usize> = not_killed.filter(|r| !finished.contains(r)).collect();
+    let fail_stops = ended.iter().filter(|&&r| ended_as_fail_stop(&out, r)).count();
+    let stuck = ended.iter().any(|&r| ended_stuck_in_recovery(&out, r));
+    let outside = ended.iter().filter(|r| agreed_failed.contains(r)).count();
+    let outside = outside.saturating_sub(fail_stops);
     let verdict = judge_all(&histories, &finished, campaign.ranks);
+    let explained = unfinished.iter().all(|&r| ended_as_fail_stop(&out, r));
     Ok(RunResult {
         kills: killer.killed.len(),
         verdict,
         hung: out.timed_out,
-        incomplete: out.timed_out || fail_stops < unfinished.len() || finished.is_empty(),
+        incomplete: out.timed_out || !explained || finished.is_empty(),
         fail_stops,
+        outside,
+        stuck,
         transcript_tail: diagnose(&out, &killer.killed, &unfinished),
     })
+}
+
+/// The workers that the finished survivors agreed had failed (`done=yes failed=1,3`).
+fn agreed_failed(out: &crate::launch::JobOutput, ranks: usize) -> Vec<usize> {
+    let done_line = |r: usize| out.rank_lines(r).iter().find(|l| l.starts_with("done=yes"));
+    let mut failed: Vec<usize> = (0..ranks)
+        .filter_map(|r| crate::launch::field(done_line(r)?, "failed"))
+        .flat_map(|list| list.split(',').filter_map(|w| w.parse().ok()).collect::<Vec<_>>())
+        .collect();
+    failed.sort_unstable();
+    failed.dedup();
+    failed
 }
 
 /// Who was killed, and for each survivor that did not finish its last lines and its stderr.
@@ -169,6 +222,14 @@ fn ended_as_fail_stop(out: &crate::launch::JobOutput, rank: usize) -> bool {
         (l.starts_with("ftkv:") && l.contains("ending this process"))
             || l.contains("*** Process received signal")
     })
+}
+
+/// Whether `rank` was ended by the recovery deadline (a recovery attempt stuck inside Open MPI).
+fn ended_stuck_in_recovery(out: &crate::launch::JobOutput, rank: usize) -> bool {
+    let tag = format!("[1,{rank}]<stderr>:");
+    let own = out.stderr.lines().filter_map(|l| l.strip_prefix(&tag));
+    own.map(str::trim)
+        .any(|l| l.starts_with("ftkv:") && l.contains("recovery attempt has not ended"))
 }
 
 /// Whether a rank's stderr line comes from ftkv or the Rust runtime rather than from Open MPI's
@@ -245,6 +306,8 @@ pub enum Observed {
     Seq(u32),
     Absent,
     Torn,
+    /// The store reported the key lost (`Error::KeyLost`): every holder died.
+    Lost,
 }
 
 /// Writers' histories per key and every survivor's final reads.
@@ -285,6 +348,7 @@ pub fn parse_line(h: &mut Histories, rank: usize, line: &str) {
             let (Some(owner), Some(kind)) = (num(1), num(2)) else { return };
             let observed = match words.get(3).copied() {
                 Some("absent") => Observed::Absent,
+                Some("lost") => Observed::Lost,
                 Some(s) => s.parse().map_or(Observed::Torn, Observed::Seq),
                 None => Observed::Torn,
             };
@@ -298,8 +362,11 @@ pub fn parse_line(h: &mut Histories, rank: usize, line: &str) {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Verdict {
     pub acked: u64,
+    /// Reads older than the last acknowledged write: silently lost data.
     pub lost: u64,
     pub torn: u64,
+    /// Keys the store reported lost.
+    pub reported_lost: u64,
 }
 
 /// Whether `observed` is allowed by the key's history: the last acknowledged write or any write
@@ -308,7 +375,7 @@ pub fn allowed(ops: &[Op], observed: Observed) -> bool {
     let last_acked = ops.iter().rposition(|o| o.acked);
     let candidates = &ops[last_acked.unwrap_or(0)..];
     match observed {
-        Observed::Torn => false,
+        Observed::Torn | Observed::Lost => false,
         Observed::Seq(seq) => candidates.iter().any(|o| o.seq == seq && !o.delete),
         Observed::Absent => last_acked.is_none() || candidates.iter().any(|o| o.delete),
     }
@@ -327,6 +394,7 @@ pub fn judge_all(h: &Histories, survivors: &[usize], ranks: usize) -> Verdict {
                 match finals.get(&(owner, kind)) {
                     None => {}
                     Some(Observed::Torn) => verdict.torn += 1,
+                    Some(Observed::Lost) => verdict.reported_lost += 1,
                     Some(&o) if !allowed(ops, o) => verdict.lost += 1,
                     Some(_) => {}
                 }
@@ -349,7 +417,7 @@ pub fn rank_main(copies: usize, duration: Duration, seed: u64) -> Result<()> {
     write_loop(&mut store, &mut rng, duration)?;
     finish(&mut store)?;
     report_finals(&mut store, world.size())?;
-    println!("done=yes");
+    println!("done=yes failed={}", failed_list(&store));
     drop(store);
     drop(world);
     mpi.finalize_bounded(Duration::from_secs(3))?;
@@ -415,15 +483,30 @@ pub fn finish(store: &mut Store) -> Result<()> {
     }
 }
 
+/// The workers that are not in the store's live set, as `1,3` (`-` for none): the same on
+/// every survivor, since the live set is the shrunk communicator's membership.
+pub fn failed_list(store: &Store) -> String {
+    let live = store.live();
+    let failed: Vec<String> =
+        (0..store.workers() as i32).filter(|w| !live.contains(w)).map(|w| w.to_string()).collect();
+    if failed.is_empty() {
+        "-".to_owned()
+    } else {
+        failed.join(",")
+    }
+}
+
 fn report_finals(store: &mut Store, workers: i32) -> Result<()> {
     for owner in 0..workers {
         for kind in 0..2u16 {
-            let read = match store.get(Key::new(owner, kind))? {
-                None => "absent".to_string(),
-                Some(v) => match check_value(&v) {
+            let read = match store.get(Key::new(owner, kind)) {
+                Ok(None) => "absent".to_string(),
+                Ok(Some(v)) => match check_value(&v) {
                     Some((o, seq)) if o == owner => seq.to_string(),
                     _ => "torn".to_string(),
                 },
+                Err(ftkv::Error::KeyLost(_)) => "lost".to_string(),
+                Err(e) => return Err(e.into()),
             };
             println!("final {owner} {kind} {read}");
         }
@@ -472,6 +555,6 @@ mod tests {
             parse_line(&mut h, 0, line);
         }
         let v = judge_all(&h, &[0], 2);
-        assert_eq!(v, Verdict { acked: 2, lost: 1, torn: 0 });
+        assert_eq!(v, Verdict { acked: 2, lost: 1, torn: 0, reported_lost: 0 });
     }
 }

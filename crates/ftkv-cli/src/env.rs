@@ -6,6 +6,7 @@
 //! | `FTKV_VENV` | `<workspace>/.venv` | the venv `scripts/setup.sh` creates (Open MPI from PyPI) |
 //! | `FTKV_FAILPOINT` | unset | `name[@ranks][#n]` entries: SIGKILL a rank at a named point |
 //! | `FTKV_TRACE` | unset | set: each rank traces its recovery steps on stderr (`ftkv chaos` sets it; ftkv passes it, and `FTKV_FAILPOINT`, on to the ranks of every job it launches) |
+//! | `FTKV_MAX_RANKS` | 8 × the cores | the most ranks a job ftkv launches may have (`-n`, `--ranks`, `--writers`) |
 //! | `FTKV_TEST_BTL` | unset | `tcp`: the real-MPI tests run over `--mca btl self,tcp` |
 //! | `OMPI_MCA_btl` | `^ofi` | set by ftkv when unset: skips probing for absent fabrics |
 //! | `OMPI_MCA_osc` | `^ucx` | set by ftkv when unset: skips probing for absent fabrics |
@@ -26,6 +27,12 @@ pub fn venv_dir() -> PathBuf {
 /// The `mpirun` to use: `FTKV_MPIRUN` or the venv's.
 pub fn mpirun() -> PathBuf {
     std::env::var_os("FTKV_MPIRUN").map_or_else(|| venv_dir().join("bin/mpirun"), PathBuf::from)
+}
+
+/// `FTKV_MAX_RANKS`, if set: overrides the limit on a job's ranks that ftkv derives from the
+/// machine's cores (`args::rank_limit` parses it and refuses a value that is not a number ≥ 1).
+pub fn max_ranks() -> Option<std::ffi::OsString> {
+    std::env::var_os("FTKV_MAX_RANKS")
 }
 
 /// MCA defaults ftkv applies unless the user set them: the PyPI build probes for OFI and UCX

@@ -99,8 +99,9 @@ impl Launch {
         cmd
     }
 
-    /// Runs the job to completion or until the timeout (then the whole process group is
-    /// SIGKILLed and `timed_out` is set). Removes shared-memory segments the job left behind.
+    /// Runs the job to completion or until the timeout (then `mpirun` and every process under
+    /// it are SIGKILLed and `timed_out` is set). Removes shared-memory segments the job left
+    /// behind, however it ended.
     pub fn run(&self) -> Result<JobOutput> {
         self.spawn()?.finish()
     }
@@ -108,9 +109,12 @@ impl Launch {
     /// Starts the job; its output can be read line by line while it runs.
     pub fn spawn(&self) -> Result<RunningJob> {
         let slot = job_slot();
+        crate::interrupt::install()?;
+        remove_unused_segments(&[]);
         let shm_before = shm_segments();
         let start = Instant::now();
         let mut child = spawn(self.command())?;
+        let processes = JobProcesses::register(child.id(), shm_before);
         let stdout = child.stdout.take().context("mpirun stdout")?;
         let mut stderr = child.stderr.take().context("mpirun stderr")?;
         let (sender, lines) = std::sync::mpsc::channel();
@@ -119,11 +123,11 @@ impl Launch {
         Ok(RunningJob {
             _slot: slot,
             child,
+            processes,
             lines,
             seen: Vec::new(),
             out_reader: Some(out_reader),
             err_reader: Some(err_reader),
-            shm_before,
             start,
             deadline: start + self.timeout,
         })
@@ -134,11 +138,11 @@ impl Launch {
 pub struct RunningJob {
     _slot: std::sync::MutexGuard<'static, ()>,
     child: Child,
+    processes: JobProcesses,
     lines: std::sync::mpsc::Receiver<String>,
     seen: Vec<String>,
     out_reader: Option<std::thread::JoinHandle<()>>,
     err_reader: Option<std::thread::JoinHandle<String>>,
-    shm_before: Vec<String>,
     start: Instant,
     deadline: Instant,
 }
@@ -157,6 +161,7 @@ impl RunningJob {
 
     /// Whether `mpirun` is still running.
     pub fn is_running(&mut self) -> bool {
+        self.processes.refresh_if_due();
         Instant::now() < self.deadline && matches!(self.child.try_wait(), Ok(None))
     }
 
@@ -168,14 +173,18 @@ impl RunningJob {
     /// Waits for the end (or the job's timeout) and returns everything it printed.
     pub fn finish(mut self) -> Result<JobOutput> {
         let remaining = self.deadline.saturating_duration_since(Instant::now());
-        let (status, timed_out) = wait_with_timeout(&mut self.child, remaining)?;
+        let processes = &mut self.processes;
+        let (status, timed_out) = wait_with_timeout_by(&mut self.child, remaining, |c| {
+            processes.refresh();
+            kill_process_group(c.id())
+        })?;
+        self.processes.end();
         if let Some(reader) = self.out_reader.take() {
             reader.join().expect("stdout reader panicked");
         }
         self.seen.extend(self.lines.try_iter());
         let stderr =
             self.err_reader.take().map(|r| r.join().unwrap_or_default()).unwrap_or_default();
-        remove_new_shm_segments(&self.shm_before);
         let stdout = self.seen.join("\n");
         Ok(JobOutput::parse(&stdout, stderr, status, timed_out, self.start.elapsed()))
     }
@@ -229,10 +238,6 @@ fn read_all(pipe: &mut impl Read) -> String {
         return format!("<output unreadable: {e}>");
     }
     String::from_utf8_lossy(&bytes).replace('\0', "")
-}
-
-fn wait_with_timeout(child: &mut Child, timeout: Duration) -> Result<(Option<ExitStatus>, bool)> {
-    wait_with_timeout_by(child, timeout, |c| kill_process_group(c.id()))
 }
 
 /// Waits for `child` at most `timeout`, then ends it with `kill` and reaps it. `true`: timed out.
@@ -321,22 +326,33 @@ pub fn kill_pid(pid: u32) -> Result<bool> {
 
 const SHM_DIR: &str = "/dev/shm";
 
-fn shm_segments() -> Vec<String> {
+/// Open MPI's files in [`SHM_DIR`]: the shared-memory transport's segments and the backing
+/// files of shared-memory windows.
+const SHM_PREFIXES: [&str; 2] = ["sm_segment.", "osc_sm."];
+
+fn is_mpi_segment(name: &str) -> bool {
+    SHM_PREFIXES.iter().any(|p| name.starts_with(p))
+}
+
+/// The names of Open MPI's files in `/dev/shm` now.
+pub fn shm_segments() -> Vec<String> {
     let Ok(entries) = std::fs::read_dir(SHM_DIR) else { return Vec::new() };
     entries
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .filter(|name| name.starts_with("sm_segment."))
+        .filter(|name| is_mpi_segment(name))
         .collect()
 }
 
-/// Removes the segments that appeared since `before` and that no live process uses any more.
+/// Removes the segments that appeared since `before` (all, when `before` is empty: a job whose
+/// driver was SIGKILLed leaves segments that nobody else will remove) and that no live process
+/// uses any more.
 ///
 /// Another job may be running beside this one (a test that starts `ftkv demo`, which launches
 /// its own job from another process): its segments are new too, and removing one while its
 /// ranks still attach to it breaks that job's shared-memory set-up. A segment is in use while
 /// some process holds it open (between creation and `mmap`) or mapped; the descriptors are read
 /// before the mappings, so a segment moving from one to the other is seen in at least one.
-fn remove_new_shm_segments(before: &[String]) {
+fn remove_unused_segments(before: &[String]) {
     let new: Vec<String> = shm_segments().into_iter().filter(|n| !before.contains(n)).collect();
     if new.is_empty() {
         return;
@@ -352,7 +368,7 @@ fn remove_new_shm_segments(before: &[String]) {
     }
 }
 
-/// The names of the `/dev/shm/sm_segment.*` files some live process has open or mapped.
+/// The names of Open MPI's `/dev/shm` files that some live process has open or mapped.
 fn shm_segments_in_use() -> std::collections::HashSet<String> {
     let Ok(entries) = std::fs::read_dir("/proc") else { return Default::default() };
     let pids: Vec<PathBuf> =
@@ -385,7 +401,142 @@ fn mapped_segments(pid: &Path) -> Vec<String> {
 fn segment_name(path: &str) -> Option<String> {
     let name = path.strip_prefix(SHM_DIR)?.strip_prefix('/')?;
     let name = name.split_whitespace().next()?;
-    name.starts_with("sm_segment.").then(|| name.to_owned())
+    is_mpi_segment(name).then(|| name.to_owned())
+}
+
+/// A process identity that survives pid reuse: pid and start time (clock ticks since boot).
+type ProcessId = (u32, u64);
+
+/// The processes of one job: `mpirun` and everything started under it, as last seen. The ranks
+/// run in process groups of their own (PRRTE's daemon gives each one), so killing `mpirun`'s
+/// group does not reach them, and once `mpirun` is gone they are no longer its descendants:
+/// they are remembered while it runs.
+struct JobProcesses {
+    root: u32,
+    seen: std::collections::HashSet<ProcessId>,
+    refreshed: Instant,
+    shm_before: Vec<String>,
+    registered: usize,
+}
+
+/// A running job as the interrupt handler sees it: registration id, processes, and the
+/// shared-memory files that existed before it started.
+type JobEntry = (usize, Vec<ProcessId>, Vec<String>);
+
+/// The jobs of this process that are running, for the interrupt handler.
+static RUNNING_JOBS: std::sync::Mutex<Vec<JobEntry>> = std::sync::Mutex::new(Vec::new());
+
+impl JobProcesses {
+    fn register(root: u32, shm_before: Vec<String>) -> JobProcesses {
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let registered = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut job = JobProcesses {
+            root,
+            seen: Default::default(),
+            refreshed: Instant::now(),
+            shm_before,
+            registered,
+        };
+        job.refresh();
+        job
+    }
+
+    /// [`JobProcesses::refresh`] at most every 100 ms.
+    fn refresh_if_due(&mut self) {
+        if self.refreshed.elapsed() >= Duration::from_millis(100) {
+            self.refresh();
+        }
+    }
+
+    /// Adds the live descendants of `mpirun` and publishes them to the interrupt handler.
+    fn refresh(&mut self) {
+        self.refreshed = Instant::now();
+        if let Some(start) = start_time(self.root) {
+            self.seen.insert((self.root, start));
+        }
+        self.seen.extend(descendants(self.root));
+        let entry = (self.registered, self.seen.iter().copied().collect(), self.shm_before.clone());
+        let mut running = RUNNING_JOBS.lock().unwrap_or_else(|p| p.into_inner());
+        running.retain(|(id, _, _)| *id != self.registered);
+        running.push(entry);
+    }
+
+    /// After `mpirun` ended: SIGKILLs what is left of the job, waits (at most 5 s) until it is
+    /// gone, and removes the job's shared-memory files.
+    fn end(&mut self) {
+        let seen: Vec<ProcessId> = self.seen.iter().copied().collect();
+        end_processes(&seen, &self.shm_before);
+        let mut running = RUNNING_JOBS.lock().unwrap_or_else(|p| p.into_inner());
+        running.retain(|(id, _, _)| *id != self.registered);
+    }
+}
+
+/// Ends every running job of this process (for SIGINT/SIGTERM of a driver): SIGKILL, wait,
+/// remove their shared-memory files.
+pub fn end_running_jobs() {
+    let jobs = std::mem::take(&mut *RUNNING_JOBS.lock().unwrap_or_else(|p| p.into_inner()));
+    for (_, processes, shm_before) in jobs {
+        end_processes(&processes, &shm_before);
+    }
+}
+
+fn end_processes(processes: &[ProcessId], shm_before: &[String]) {
+    let alive = |&&(pid, start): &&ProcessId| start_time(pid) == Some(start);
+    for &(pid, _) in processes.iter().filter(alive) {
+        if let Err(e) = kill_pid(pid) {
+            eprintln!("ftkv: ending a leftover process of the job: {e}");
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while processes.iter().any(|p| alive(&p)) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    remove_unused_segments(shm_before);
+}
+
+/// The pids of every live process under `root` whose command line contains `word` (a test
+/// finds the ranks of a job that an ftkv command launched this way).
+pub fn processes_under(root: u32, word: &str) -> Vec<u32> {
+    let matches = |pid: u32| {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        String::from_utf8_lossy(&cmdline).replace('\0', " ").contains(word)
+    };
+    descendants(root).into_iter().map(|(pid, _)| pid).filter(|&pid| matches(pid)).collect()
+}
+
+/// Every live process under `root` (children, their children, ...), with start times.
+fn descendants(root: u32) -> Vec<ProcessId> {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    let table: Vec<(u32, u32, u64)> = entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| {
+            let (ppid, start) = parent_and_start(pid)?;
+            Some((pid, ppid, start))
+        })
+        .collect();
+    let mut found = vec![root];
+    let mut out = Vec::new();
+    while let Some(parent) = found.pop() {
+        for &(pid, ppid, start) in &table {
+            if ppid == parent && !out.iter().any(|&(p, _)| p == pid) {
+                out.push((pid, start));
+                found.push(pid);
+            }
+        }
+    }
+    out
+}
+
+/// Parent pid and start time of `pid`, from `/proc/<pid>/stat` (the fields after the command
+/// name, which may itself hold spaces and parentheses).
+fn parent_and_start(pid: u32) -> Option<(u32, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    Some((fields.get(1)?.parse().ok()?, fields.get(19)?.parse().ok()?))
+}
+
+fn start_time(pid: u32) -> Option<u64> {
+    parent_and_start(pid).map(|(_, start)| start)
 }
 
 /// What a job printed, split by rank, and how it ended.
@@ -509,10 +660,10 @@ mod tests {
         let path = Path::new(SHM_DIR).join(&name);
         let file = std::fs::File::create(&path).expect("creates a segment file");
         assert!(shm_segments_in_use().contains(&name), "an open segment counts as in use");
-        remove_new_shm_segments(&[]);
+        remove_unused_segments(&[]);
         assert!(path.exists(), "a segment in use must not be removed");
         drop(file);
-        remove_new_shm_segments(&[]);
+        remove_unused_segments(&[]);
         assert!(!path.exists(), "an unused new segment is removed");
     }
 

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
-use ftkv_cli::{bench_store, chaos, env, launch, probe, tasks};
+use ftkv_cli::args::{self, Opt};
+use ftkv_cli::{bench_store, chaos, env, launch, probe, rank_failure, tasks};
 
 #[derive(Parser)]
 #[command(
@@ -27,7 +28,8 @@ enum Command {
         #[command(flatten)]
         pool: PoolArgs,
         /// Workers to SIGKILL at random moments.
-        #[arg(long, default_value_t = 2)]
+        #[arg(long, default_value_t = DEMO_KILLS, value_parser = args::at_least(0usize))]
+        #[arg(allow_negative_numbers = true)]
         kills: usize,
         /// Also write the report as JSON.
         #[arg(long, value_name = "FILE")]
@@ -52,42 +54,56 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         json: Option<PathBuf>,
         /// Seconds after which a call that has not returned counts as `hang`.
-        #[arg(long, default_value_t = 5.0, value_name = "SECS")]
-        hang_after: f64,
+        #[arg(long, default_value = "5", value_parser = args::seconds, value_name = "SECS")]
+        #[arg(allow_negative_numbers = true)]
+        hang_after: Duration,
         /// Run only these cases: `window:call[:known|unknown]` (e.g. `allocate:put`) or a call.
         #[arg(long = "case", value_name = "CASE")]
         cases: Vec<String>,
     },
     /// Two-sided round-trip times from rank 0 to every other rank (the cost of a ping).
     Ping {
-        /// Number of ranks (ftkv starts itself under mpirun when run without it).
+        /// Number of ranks, at least 2 (ftkv starts itself under mpirun when run without it).
         #[arg(short = 'n', long = "ranks", default_value_t = DEFAULT_RANKS)]
+        #[arg(value_parser = args::at_least(1usize), allow_negative_numbers = true)]
         ranks: usize,
         /// Round trips per peer.
-        #[arg(long, default_value_t = 1000)]
+        #[arg(long, default_value_t = 1000, value_parser = args::at_least(1usize))]
+        #[arg(allow_negative_numbers = true)]
         count: usize,
     },
     /// Randomized SIGKILL campaign against the store, checked against the write history.
     Chaos {
-        #[arg(long, default_value_t = 10)]
+        /// Jobs to run, one after another.
+        #[arg(long, default_value_t = 10, value_parser = args::at_least(1usize))]
+        #[arg(allow_negative_numbers = true)]
         runs: usize,
-        #[arg(long, default_value_t = 6)]
+        /// Ranks of each job.
+        #[arg(long, default_value_t = CHAOS_RANKS, value_parser = args::at_least(1usize))]
+        #[arg(allow_negative_numbers = true)]
         ranks: usize,
-        #[arg(long, default_value_t = 2)]
+        /// Copies of every key, held by ranks other than its owner.
+        #[arg(long, default_value_t = CHAOS_COPIES, value_parser = args::at_least(1usize))]
+        #[arg(allow_negative_numbers = true)]
         copies: usize,
-        #[arg(long, default_value_t = 1)]
+        /// Ranks SIGKILLed per job: the 1st, 3rd, ... at a random moment of the run, the 2nd,
+        /// 4th, ... as soon as a survivor reports that it is recovering.
+        #[arg(long, default_value_t = CHAOS_KILLS, value_parser = args::at_least(0usize))]
+        #[arg(allow_negative_numbers = true)]
         kills: usize,
-        #[arg(long, default_value_t = 1)]
+        /// Seed of the first job (its victims, kill times and writes); job i uses seed + i.
+        #[arg(long, default_value_t = 1, value_parser = args::at_least(0u64))]
+        #[arg(allow_negative_numbers = true)]
         seed: u64,
         /// Seconds each run writes before the survivors check.
-        #[arg(long, default_value_t = 2.0)]
-        duration: f64,
+        #[arg(long, default_value = "2", value_parser = args::seconds, value_name = "SECS")]
+        #[arg(allow_negative_numbers = true)]
+        duration: Duration,
         /// Write the summary as JSON.
         #[arg(long, value_name = "FILE")]
         json: Option<PathBuf>,
     },
-    /// Benchmarks (`put`: ftkv's put path in each detection mode against raw MPI RMA;
-    /// `detect`: time from a SIGKILL to the detector's alarm).
+    /// Benchmarks: put, detect, store, recovery, growth and uts.
     #[command(subcommand)]
     Bench(BenchCommand),
     /// One chaos run on the ranks of an mpirun job (used by `ftkv chaos`).
@@ -99,8 +115,8 @@ enum Command {
         window: String,
         call: String,
         failure: String,
-        #[arg(long, default_value_t = 5.0)]
-        hang_after: f64,
+        #[arg(long, default_value = "5", value_parser = args::seconds)]
+        hang_after: Duration,
     },
 }
 
@@ -108,19 +124,28 @@ enum Command {
 enum BenchCommand {
     /// Put latency: raw MPI RMA vs ftkv (bitmap detection) vs ftkv (ping before every put).
     Put {
+        /// Number of ranks (ftkv starts itself under mpirun when run without it).
         #[arg(short = 'n', long = "ranks", default_value_t = DEFAULT_RANKS)]
+        #[arg(value_parser = args::at_least(1usize), allow_negative_numbers = true)]
         ranks: usize,
-        #[arg(long, default_value_t = 3)]
+        /// Copies of every value, held by ranks other than the writer.
+        #[arg(long, default_value_t = PUT_COPIES, value_parser = args::at_least(1usize))]
+        #[arg(allow_negative_numbers = true)]
         copies: usize,
         /// Value sizes in bytes.
         #[arg(long, value_delimiter = ',', default_values_t = [1024usize, 1 << 20])]
+        #[arg(value_parser = args::at_least(1usize), allow_negative_numbers = true)]
         sizes: Vec<usize>,
-        #[arg(long, default_value_t = 2000)]
+        /// Puts per size and mode; rank 0 reports the p50, p99 and mean of its own.
+        #[arg(long, default_value_t = 2000, value_parser = args::at_least(1usize))]
+        #[arg(allow_negative_numbers = true)]
         iterations: usize,
     },
     /// Milliseconds from a SIGKILL to the first survivor's alarm.
     Detect {
+        /// Number of ranks, at least 2: the last one is killed, rank 0 measures.
         #[arg(short = 'n', long = "ranks", default_value_t = DEFAULT_RANKS)]
+        #[arg(value_parser = args::at_least(1usize), allow_negative_numbers = true)]
         ranks: usize,
     },
     /// The checkpoint workload on ftkv, raw MPI RMA, Redis (SET + WAIT 2) and etcd, 3 copies
@@ -131,12 +156,15 @@ enum BenchCommand {
         systems: Vec<String>,
         /// Writer counts (ranks, or client threads for Redis and etcd).
         #[arg(long, value_delimiter = ',', default_values_t = [2usize, 4])]
+        #[arg(value_parser = args::at_least(1usize), allow_negative_numbers = true)]
         writers: Vec<usize>,
         /// Value sizes in bytes.
         #[arg(long, value_delimiter = ',', default_values_t = [1024usize, 65536, 1 << 20])]
+        #[arg(value_parser = args::at_least(1usize), allow_negative_numbers = true)]
         sizes: Vec<usize>,
         /// Milliseconds each (system, writers, size) runs.
-        #[arg(long, default_value_t = 2000)]
+        #[arg(long, default_value_t = 2000, value_parser = args::at_least(1u64))]
+        #[arg(allow_negative_numbers = true)]
         millis: u64,
         /// Under 2 minutes: 2 writers, 1 s per run.
         #[arg(long)]
@@ -151,24 +179,33 @@ enum BenchCommand {
     /// SIGKILL one rank of 4 and of 8: kill → detection, detection → copies restored, for
     /// each amount of data per rank, and the put latency around the recovery.
     Recovery {
+        /// Job sizes, each at least 3 (2 copies, then the last rank is killed).
         #[arg(long, value_delimiter = ',', default_values_t = [4usize, 8])]
+        #[arg(value_parser = args::at_least(1usize), allow_negative_numbers = true)]
         ranks: Vec<usize>,
         /// Bytes stored per rank.
         #[arg(long, value_delimiter = ',', default_values_t = [1usize << 20, 16 << 20, 64 << 20])]
+        #[arg(value_parser = args::at_least(1usize), allow_negative_numbers = true)]
         sizes: Vec<usize>,
+        /// Where bench_recovery.json goes.
         #[arg(long, default_value = "results")]
         out: PathBuf,
     },
     /// 1 KiB put latency and window memory as the job grows.
     Growth {
+        /// Job sizes, each at least 2.
         #[arg(long, value_delimiter = ',', default_values_t = [2usize, 4, 8, 16])]
+        #[arg(value_parser = args::at_least(1usize), allow_negative_numbers = true)]
         ranks: Vec<usize>,
         /// Bytes each rank stores for the memory measurement.
-        #[arg(long, default_value_t = 16 << 20)]
+        #[arg(long, default_value_t = 16 << 20, value_parser = args::at_least(1usize))]
+        #[arg(allow_negative_numbers = true)]
         stored: usize,
         /// Milliseconds of puts per job.
-        #[arg(long, default_value_t = 1000)]
+        #[arg(long, default_value_t = 1000, value_parser = args::at_least(1u64))]
+        #[arg(allow_negative_numbers = true)]
         millis: u64,
+        /// Where bench_growth.json goes.
         #[arg(long, default_value = "results")]
         out: PathBuf,
     },
@@ -177,8 +214,10 @@ enum BenchCommand {
         #[command(flatten)]
         pool: PoolArgs,
         /// Runs of each variant (alternating); the medians are compared.
-        #[arg(long, default_value_t = 5)]
+        #[arg(long, default_value_t = 5, value_parser = args::at_least(1usize))]
+        #[arg(allow_negative_numbers = true)]
         repeat: usize,
+        /// Where the comparison goes: both variants' times, checkpoints and medians.
         #[arg(long, default_value = "results/bench_uts.json", value_name = "FILE")]
         json: PathBuf,
     },
@@ -191,33 +230,46 @@ struct PoolArgs {
     /// (default, T1 to T5, T1L, T2L, T3L), or `queens:N` for N-Queens.
     #[arg(long, default_value = "T1", allow_hyphen_values = true)]
     tree: String,
-    #[arg(short = 'n', long, default_value_t = 8)]
+    /// Number of ranks, one worker on each.
+    #[arg(short = 'n', long, default_value_t = POOL_RANKS, value_parser = args::at_least(1usize))]
+    #[arg(allow_negative_numbers = true)]
     ranks: usize,
     /// A worker's periodic checkpoint interval: `100ms`, `5000tasks`, or `off`.
-    #[arg(long, default_value = "100ms")]
+    #[arg(long, default_value = "100ms", allow_negative_numbers = true)]
     interval: String,
     /// Copies of every checkpoint.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = POOL_COPIES, value_parser = args::at_least(1usize))]
+    #[arg(allow_negative_numbers = true)]
     copies: usize,
-    #[arg(long, default_value_t = 1)]
+    /// Seed of the random choices: which workers are killed and when, whom idle workers rob.
+    #[arg(long, default_value_t = 1, value_parser = args::at_least(0u64))]
+    #[arg(allow_negative_numbers = true)]
     seed: u64,
     /// Seconds after which the job counts as hung.
-    #[arg(long, default_value_t = 120.0)]
-    timeout: f64,
+    #[arg(long, default_value = "120", value_parser = args::seconds, value_name = "SECS")]
+    #[arg(allow_negative_numbers = true)]
+    timeout: Duration,
 }
 
 impl PoolArgs {
-    fn demo(&self, kills: usize) -> Result<tasks::Demo> {
-        anyhow::ensure!(self.timeout > 0.0, "--timeout must be positive");
+    /// The pool job these options describe, refused before any launch when it cannot run:
+    /// `kills` (`None` for `bench uts`, which kills nobody) must leave two workers alive.
+    fn demo(&self, kills: Option<usize>) -> Result<tasks::Demo> {
+        let ranks = Opt::with_default("--ranks", self.ranks, POOL_RANKS);
+        args::check_before_launch(&[ranks])?;
+        args::check_copies(Opt::with_default("--copies", self.copies, POOL_COPIES), ranks)?;
+        if let Some(kills) = kills {
+            args::check_kills(Opt::with_default("--kills", kills, DEMO_KILLS), ranks)?;
+        }
         tasks::parse_interval(&self.interval)?;
         Ok(tasks::Demo {
             workload: tasks::Workload::parse(&self.tree)?,
             ranks: self.ranks,
-            kills,
+            kills: kills.unwrap_or(0),
             interval: self.interval.clone(),
             copies: self.copies,
             seed: self.seed,
-            timeout: Duration::from_secs_f64(self.timeout),
+            timeout: self.timeout,
         })
     }
 }
@@ -225,6 +277,16 @@ impl PoolArgs {
 /// Ranks of a job when `-n` is not given: 4, so that ranks outnumber the cores of a 2-core
 /// machine, as they do on every busy node.
 const DEFAULT_RANKS: usize = 4;
+
+/// The defaults of `demo` and `bench uts` (`POOL_*`), `demo --kills`, `chaos` and `bench put
+/// --copies`, which error messages name when they were in effect.
+const POOL_RANKS: usize = 8;
+const POOL_COPIES: usize = 3;
+const DEMO_KILLS: usize = 2;
+const CHAOS_RANKS: usize = 6;
+const CHAOS_COPIES: usize = 2;
+const CHAOS_KILLS: usize = 1;
+const PUT_COPIES: usize = 3;
 
 const PROBE_HELP: &str = "\
 Reproduces, with ftkv's own MPI layer, the experiment that shows Open MPI's ULFM does not \
@@ -247,7 +309,17 @@ as proc_failed can serve as failure detectors.";
 
 fn main() {
     let cli = Cli::parse();
+    if env::running_under_mpirun() {
+        rank_failure::end_job_on_panic();
+    }
     if let Err(e) = run(cli.command) {
+        if env::running_under_mpirun() {
+            rank_failure::end_job_on_error(&e);
+        }
+        if ftkv_cli::interrupt::interrupted() {
+            eprintln!("ftkv: interrupted");
+            std::process::exit(130);
+        }
         eprintln!("ftkv: {e:#}");
         std::process::exit(1);
     }
@@ -257,7 +329,7 @@ fn run(command: Command) -> Result<()> {
     let exe = || std::env::current_exe().context("locating the ftkv binary");
     match command {
         Command::Demo { pool, kills, json } => {
-            let report = tasks::run_demo(&exe()?, &pool.demo(kills)?)?;
+            let report = tasks::run_demo(&exe()?, &pool.demo(Some(kills))?)?;
             if let Some(path) = json {
                 std::fs::write(&path, serde_json::to_string_pretty(&report)? + "\n")
                     .with_context(|| format!("writing {}", path.display()))?;
@@ -288,7 +360,7 @@ fn run(command: Command) -> Result<()> {
                 })
                 .collect::<Result<Vec<_>>>()?;
             let (writers, millis) = if quick { (vec![2], 1000) } else { (writers, millis) };
-            anyhow::ensure!(millis > 0, "--millis must be positive");
+            check_jobs("--writers", &writers, 1, "bench store")?;
             let bench = bench_store::StoreBench {
                 systems,
                 writers,
@@ -301,9 +373,11 @@ fn run(command: Command) -> Result<()> {
             bench_store::run(&exe()?, &bench).map(drop)
         }
         Command::Bench(BenchCommand::Recovery { ranks, sizes, out }) => {
+            check_jobs("--ranks", &ranks, 3, "bench recovery (2 copies, then a kill)")?;
             ftkv_cli::bench_recovery::run_recovery(&exe()?, &ranks, &sizes, &out).map(drop)
         }
         Command::Bench(BenchCommand::Growth { ranks, stored, millis, out }) => {
+            check_jobs("--ranks", &ranks, 2, "bench growth")?;
             ftkv_cli::bench_recovery::run_growth(&exe()?, &ranks, stored, millis, &out).map(drop)
         }
         Command::BenchRecoveryRank { bytes } => ftkv_cli::bench::recovery_rank_main(bytes),
@@ -316,25 +390,28 @@ fn run(command: Command) -> Result<()> {
             ftkv_cli::bench::store_rank_main(&systems, writers, &sizes, millis, copies)
         }
         Command::Bench(BenchCommand::Uts { pool, repeat, json }) => {
-            anyhow::ensure!(repeat >= 1, "--repeat must be at least 1");
-            tasks::run_bench(&exe()?, &pool.demo(0)?, repeat, &json)
+            tasks::run_bench(&exe()?, &pool.demo(None)?, repeat, &json)
         }
         Command::Probe { json, hang_after, cases } => run_probe(json, hang_after, &cases),
         Command::Ping { ranks, count } => {
+            check_jobs("--ranks", &[ranks], 2, "ping (rank 0 and a peer)")?;
             launch_under_mpirun(ranks)?;
             ftkv_cli::ping::rank_main(count)
         }
         Command::Chaos { runs, ranks, copies, kills, seed, duration, json } => {
-            anyhow::ensure!(duration > 0.0, "--duration must be positive");
-            let duration = Duration::from_secs_f64(duration);
+            check_chaos(ranks, copies, kills)?;
             let campaign = chaos::Campaign { runs, ranks, copies, kills, seed, duration };
             run_chaos(&campaign, json)
         }
         Command::Bench(BenchCommand::Put { ranks, copies, sizes, iterations }) => {
-            launch_under_mpirun(ranks)?;
+            let ranks = Opt::with_default("--ranks", ranks, DEFAULT_RANKS);
+            args::check_before_launch(&[ranks])?;
+            args::check_copies(Opt::with_default("--copies", copies, PUT_COPIES), ranks)?;
+            launch_under_mpirun(ranks.value)?;
             ftkv_cli::bench::put_rank_main(copies, &sizes, iterations)
         }
         Command::Bench(BenchCommand::Detect { ranks }) => {
+            check_jobs("--ranks", &[ranks], 2, "bench detect (a rank to kill and rank 0)")?;
             launch_under_mpirun(ranks)?;
             ftkv_cli::bench::detect_rank_main()
         }
@@ -343,9 +420,25 @@ fn run(command: Command) -> Result<()> {
         }
         Command::ProbeCase { window, call, failure, hang_after } => {
             let failure = probe::Knowledge::parse(&failure)?;
-            probe::rank_main(&window, &call, failure, Duration::from_secs_f64(hang_after))
+            probe::rank_main(&window, &call, failure, hang_after)
         }
     }
+}
+
+/// The checks of a subcommand whose jobs have the sizes given by `flag`: each at least `min`
+/// ranks (`what` says who needs them), none beyond the rank limit, and a working directory.
+fn check_jobs(flag: &'static str, sizes: &[usize], min: usize, what: &str) -> Result<()> {
+    let jobs: Vec<Opt> = sizes.iter().map(|&n| Opt::new(flag, n)).collect();
+    args::check_before_launch(&jobs)?;
+    jobs.iter().try_for_each(|&ranks| args::check_min_ranks(ranks, min, what))
+}
+
+/// `chaos`'s checks before its first job, naming the defaults in effect.
+fn check_chaos(ranks: usize, copies: usize, kills: usize) -> Result<()> {
+    let ranks = Opt::with_default("--ranks", ranks, CHAOS_RANKS);
+    args::check_before_launch(&[ranks])?;
+    args::check_copies(Opt::with_default("--copies", copies, CHAOS_COPIES), ranks)?;
+    args::check_kills(Opt::with_default("--kills", kills, CHAOS_KILLS), ranks)
 }
 
 fn run_chaos(campaign: &chaos::Campaign, json: Option<PathBuf>) -> Result<()> {
@@ -367,11 +460,11 @@ fn run_chaos(campaign: &chaos::Campaign, json: Option<PathBuf>) -> Result<()> {
     Ok(())
 }
 
-fn run_probe(json: Option<PathBuf>, hang_after: f64, filters: &[String]) -> Result<()> {
-    anyhow::ensure!(hang_after > 0.0, "--hang-after must be positive");
+fn run_probe(json: Option<PathBuf>, hang_after: Duration, filters: &[String]) -> Result<()> {
+    args::check_before_launch(&[])?;
     let cases = probe::select_cases(filters)?;
     let exe = std::env::current_exe().context("locating the ftkv binary")?;
-    let outcomes = probe::run_cases(&exe, &cases, Duration::from_secs_f64(hang_after))?;
+    let outcomes = probe::run_cases(&exe, &cases, hang_after)?;
     print!("{}", probe::markdown(&outcomes));
     if let Some(path) = json {
         let text = serde_json::to_string_pretty(&outcomes)?;

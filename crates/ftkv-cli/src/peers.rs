@@ -17,21 +17,13 @@ use anyhow::{bail, ensure, Context, Result};
 /// PIDs of every server started by this process, for the Ctrl-C handler.
 static RUNNING: Mutex<Vec<u32>> = Mutex::new(Vec::new());
 
-/// Installs (once) the Ctrl-C handler that kills the registered servers and exits.
+/// Installs (once) the interrupt handler that kills the registered servers and exits.
 pub fn install_interrupt_handler() -> Result<()> {
-    static INSTALLED: std::sync::Once = std::sync::Once::new();
-    let mut result = Ok(());
-    INSTALLED.call_once(|| {
-        result = ctrlc::set_handler(|| {
-            kill_registered();
-            eprintln!("ftkv: interrupted; peer servers stopped");
-            std::process::exit(130);
-        });
-    });
-    result.context("installing the Ctrl-C handler")
+    crate::interrupt::install()
 }
 
-fn kill_registered() {
+/// Kills every registered server.
+pub fn kill_registered() {
     let pids = RUNNING.lock().unwrap_or_else(|p| p.into_inner()).clone();
     for pid in pids {
         if let Err(e) = crate::launch::kill_pid(pid).map(drop) {

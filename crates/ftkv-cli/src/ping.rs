@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{ensure, Result};
 use ftkv_mpi::{Comm, Mpi};
 
 const PING: i32 = 11;
@@ -13,9 +13,12 @@ const PONG: i32 = 12;
 
 /// The rank side: every rank answers pings until rank 0 has measured `count` round trips to each
 /// peer; rank 0 prints one line per peer with the median and 99th percentile in microseconds.
+/// A job of one rank has nobody to ping and fails instead of printing nothing.
 pub fn rank_main(count: usize) -> Result<()> {
+    ensure!(count >= 1, "--count {count} must be at least 1");
     let mpi = Mpi::init()?;
     let world = Arc::new(mpi.world()?.dup()?);
+    ensure!(world.size() >= 2, "ping needs at least 2 ranks, this job has {}", world.size());
     let stop = Arc::new(AtomicBool::new(false));
     let responder = spawn_responder(world.clone(), stop.clone());
     world.barrier()?;
@@ -36,7 +39,7 @@ pub fn rank_main(count: usize) -> Result<()> {
 }
 
 fn measure(world: &Comm, peer: i32, count: usize) -> Result<Vec<Duration>> {
-    (0..count.max(1))
+    (0..count)
         .map(|_| world.ping(peer, PING, PONG, Duration::from_secs(5)).map_err(Into::into))
         .collect()
 }

@@ -14,6 +14,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
+use crate::args::{self, Opt};
 use crate::launch::{field, kill_random_rank, JobOutput, Launch};
 
 /// What the pool computes: a UTS tree (the reference's flags or a sample name) or N-Queens.
@@ -92,14 +93,16 @@ pub fn rank_main(workload: &str, interval: &str, copies: usize, seed: u64) -> Re
         }
     };
     let t = outcome.total;
+    let failed: Vec<String> = outcome.failed.iter().map(|w| w.to_string()).collect();
     println!(
-        "result nodes={} leaves={} depth={} tasks={} checkpoints={} store_bytes={} ms={:.1}",
+        "result nodes={} leaves={} depth={} tasks={} checkpoints={} store_bytes={} failed={} ms={:.1}",
         t.nodes,
         t.leaves,
         t.max_depth,
         outcome.tasks,
         outcome.checkpoints,
         outcome.store_bytes,
+        if failed.is_empty() { "-".to_owned() } else { failed.join(",") },
         outcome.elapsed.as_secs_f64() * 1e3
     );
     println!("done=yes");
@@ -151,8 +154,11 @@ pub struct RunReport {
     pub checkpoints: u64,
     pub store_bytes: u64,
     pub wall_ms: f64,
+    /// Ranks this driver SIGKILLed.
     pub killed: Vec<usize>,
     pub kill_ms: Vec<f64>,
+    /// Ranks the survivors agreed had failed: the killed ones and any that died otherwise.
+    pub failed: Vec<usize>,
     /// Per recovery seen by the survivors: the slowest survivor's store and total milliseconds.
     pub recoveries: Vec<(f64, f64)>,
     pub matches_published: Option<bool>,
@@ -161,9 +167,9 @@ pub struct RunReport {
 /// Runs the demo: the pool under mpirun, kills at random moments, progress on stderr, a
 /// verdict at the end (an error if the result is wrong).
 pub fn run_demo(exe: &Path, demo: &Demo) -> Result<RunReport> {
-    ensure!(demo.ranks >= 2, "--ranks must be at least 2");
-    ensure!(demo.kills + 1 < demo.ranks, "--kills must leave at least 2 workers");
-    ensure!(demo.copies >= 1 && demo.copies < demo.ranks, "--copies must be in 1..ranks");
+    let ranks = Opt::new("--ranks", demo.ranks);
+    args::check_kills(Opt::new("--kills", demo.kills), ranks)?;
+    args::check_copies(Opt::new("--copies", demo.copies), ranks)?;
     ensure!(
         demo.kills == 0 || parse_interval(&demo.interval)?.is_some(),
         "kills need checkpointing (--interval other than off)"
@@ -211,7 +217,13 @@ fn run_pool_job(exe: &Path, demo: &Demo, show: bool) -> Result<RunReport> {
         }
     }
     let out = job.finish()?;
-    ensure!(!out.timed_out, "the pool did not finish within {:?}:\n{}", demo.timeout, tail(&out));
+    ensure!(
+        !out.timed_out,
+        "the pool did not finish within {:?}:\n{}{}",
+        demo.timeout,
+        rank_errors(&out),
+        tail(&out)
+    );
     let mut report = result_of(&out, demo, &watch)?;
     report.matches_published = demo
         .workload
@@ -320,23 +332,49 @@ impl Watch {
     }
 }
 
+/// The ranks' own error lines (`ftkv: rank R: error: ...`), to put first in a failure message.
+fn rank_errors(out: &JobOutput) -> String {
+    let lines = crate::rank_failure::error_lines(&out.stderr, 5);
+    lines.iter().map(|l| format!("{l}\n")).collect()
+}
+
 fn tail(out: &JobOutput) -> String {
     let text = out.transcript();
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(40)..].join("\n")
 }
 
-/// Every survivor's `result` line must agree; the report takes it.
+/// The `result` line of `rank`, if it printed one.
+fn result_line(out: &JobOutput, rank: usize) -> Option<&String> {
+    out.rank_lines(rank).iter().find(|l| l.starts_with("result "))
+}
+
+/// The workers that the survivors agreed had failed (the `failed=` field of their results):
+/// whoever killed them, this driver or anyone else.
+fn agreed_failed(out: &JobOutput, ranks: usize) -> Vec<usize> {
+    let lists = (0..ranks).filter_map(|r| field(result_line(out, r)?, "failed"));
+    let mut failed: Vec<usize> = lists
+        .flat_map(|l| l.split(',').filter_map(|w| w.parse().ok()).collect::<Vec<_>>())
+        .collect();
+    failed.sort_unstable();
+    failed.dedup();
+    failed
+}
+
+/// Every survivor's `result` line must agree; the report takes it. Survivors are the ranks
+/// that neither this driver killed nor the survivors agreed had failed.
 fn result_of(out: &JobOutput, demo: &Demo, watch: &Watch) -> Result<RunReport> {
-    let survivors: Vec<usize> = (0..demo.ranks).filter(|r| !watch.killed.contains(r)).collect();
+    let failed = agreed_failed(out, demo.ranks);
+    let dead = |r: &usize| watch.killed.contains(r) || failed.contains(r);
+    let survivors: Vec<usize> = (0..demo.ranks).filter(|r| !dead(r)).collect();
     let mut results = Vec::new();
     for &rank in &survivors {
-        let line = out.rank_lines(rank).iter().find(|l| l.starts_with("result "));
-        let Some(line) = line else {
-            bail!("survivor {rank} reported no result:\n{}", tail(out));
+        let Some(line) = result_line(out, rank) else {
+            bail!("{}survivor {rank} reported no result:\n{}", rank_errors(out), tail(out));
         };
         results.push(line.clone());
     }
+    ensure!(!results.is_empty(), "no rank reported a result:\n{}{}", rank_errors(out), tail(out));
     let without_time = |l: &String| l.split(" ms=").next().unwrap_or_default().to_string();
     let agreed = results.windows(2).all(|w| without_time(&w[0]) == without_time(&w[1]));
     ensure!(agreed, "survivors disagree: {results:?}");
@@ -347,7 +385,13 @@ fn result_of(out: &JobOutput, demo: &Demo, watch: &Watch) -> Result<RunReport> {
         .iter()
         .map(|r| r.iter().fold((0.0f64, 0.0f64), |m, &(s, t)| (m.0.max(s), m.1.max(t))))
         .collect();
+    let outside: Vec<usize> =
+        failed.iter().copied().filter(|r| !watch.killed.contains(r)).collect();
+    if !outside.is_empty() {
+        eprintln!("[demo] ranks {outside:?} failed without a kill of this driver's; the survivors recovered");
+    }
     Ok(RunReport {
+        failed,
         nodes: num("nodes") as u64,
         leaves: num("leaves") as u64,
         depth: num("depth") as u64,
@@ -380,9 +424,10 @@ fn print_verdict(demo: &Demo, r: &RunReport) {
         _ => println!("published: none for these parameters"),
     }
     println!(
-        "killed ranks {:?} at {:?} ms; recoveries (slowest survivor, store ms / total ms): {:?}",
+        "killed ranks {:?} at {:?} ms; failed ranks as the survivors agreed {:?}; recoveries (slowest survivor, store ms / total ms): {:?}",
         r.killed,
         r.kill_ms.iter().map(|m| m.round()).collect::<Vec<_>>(),
+        r.failed,
         r.recoveries
     );
     println!(

@@ -20,5 +20,5 @@ mod window;
 pub use comm::{Agreed, Comm, Status, ANY_SOURCE, ANY_TAG};
 pub use error::{MpiError, Result};
 pub use request::{RecvRequest, SendRequest};
-pub use runtime::{wtime, Mpi};
+pub use runtime::{end_job, shared_memory_capacity, wtime, Mpi};
 pub use window::{LockKind, LockedWindow, RmaScope, TargetLock, Window, WindowKind};

@@ -11,7 +11,8 @@ use crate::ffi;
 
 static INITIALISED: AtomicBool = AtomicBool::new(false);
 
-/// Keeps MPI initialised; shared by every handle so that `MPI_Finalize` runs after the last one.
+/// Keeps MPI initialised; shared by every handle, so that [`Mpi::finalize`] can tell whether any
+/// is still alive. Dropping it does not finalise MPI (see [`Mpi`]).
 #[derive(Debug)]
 pub(crate) struct Runtime {
     finalized: AtomicBool,
@@ -28,18 +29,13 @@ impl Runtime {
     }
 }
 
-impl Drop for Runtime {
-    fn drop(&mut self) {
-        if let Err(e) = self.finalize() {
-            eprintln!("ftkv-mpi: {e}");
-        }
-    }
-}
-
 /// The MPI library, initialised once per process.
 ///
-/// Dropping it (or calling [`Mpi::finalize`]) finalises MPI once no [`Comm`] or window derived
-/// from it is alive.
+/// Only [`Mpi::finalize`] and [`Mpi::finalize_bounded`] finalise MPI. Dropping it does not: a
+/// rank that leaves on an error path must not enter `MPI_Finalize`, which under ULFM waits for
+/// peers that may never come (seen: 4 ranks spinning for 300 s after a failed window
+/// allocation). A process that ends without finalising counts as failed for its peers; to end
+/// the whole job instead, call [`end_job`].
 #[derive(Debug)]
 pub struct Mpi {
     runtime: Arc<Runtime>,
@@ -103,6 +99,53 @@ impl Mpi {
         }
         self.runtime.finalize()
     }
+}
+
+/// Ends the whole job after an error on this rank and leaves the process with `code`.
+///
+/// `MPI_Abort` does not do it under `--with-ft ulfm` (Open MPI 5.0.11, measured: the caller
+/// exits and the others are never told; they wait in their next collective forever). So this
+/// asks the launcher to end the job: SIGTERM to the parent process when it is PRRTE's
+/// (`prterun`, or `prted` on a host of a multi-host job, whose loss ends the job), then `_exit`.
+/// The caller prints the error first; the parent's other ranks end within seconds.
+pub fn end_job(code: i32) -> ! {
+    // SAFETY: getppid(2) has no preconditions.
+    let parent = unsafe { libc::getppid() };
+    if is_launcher(parent) {
+        // SAFETY: kill(2) with a valid pid and signal number; a failure only means the job
+        // cannot be ended this way, and the process exits below either way.
+        unsafe { libc::kill(parent, libc::SIGTERM) };
+    }
+    crate::failpoint::exit_now(code)
+}
+
+/// Whether process `pid` is one of PRRTE's launcher processes.
+fn is_launcher(pid: libc::pid_t) -> bool {
+    let name = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+    matches!(name.trim(), "prterun" | "prted" | "mpirun" | "mpiexec")
+}
+
+/// Bytes of shared memory this host can give windows: the size of the file system behind
+/// `/dev/shm` (where Open MPI's shared-memory windows live), at most the physical memory.
+/// `None` when neither can be read.
+pub fn shared_memory_capacity() -> Option<u64> {
+    let shm = statvfs_size(c"/dev/shm");
+    // SAFETY: sysconf(3) has no memory-safety preconditions.
+    let (pages, page) =
+        unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
+    let physical = (pages > 0 && page > 0).then(|| pages as u64 * page as u64);
+    match (shm, physical) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+fn statvfs_size(path: &std::ffi::CStr) -> Option<u64> {
+    // SAFETY: an all-zero `statvfs` is a valid value of this plain C struct.
+    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `path` is NUL-terminated and `stat` a valid out-pointer.
+    let rc = unsafe { libc::statvfs(path.as_ptr(), &mut stat) };
+    (rc == 0).then(|| stat.f_blocks as u64 * stat.f_frsize as u64)
 }
 
 /// `MPI_Wtime`: seconds since an arbitrary point in the past.

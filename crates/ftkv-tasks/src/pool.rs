@@ -134,6 +134,9 @@ pub struct Outcome {
     pub store_bytes: u64,
     pub stats: Stats,
     pub elapsed: Duration,
+    /// The workers that failed during the run, as the survivors agreed (the store's live set
+    /// at the end is the same on every survivor).
+    pub failed: Vec<i32>,
 }
 
 /// What the store holds for every worker, by worker id.
@@ -226,7 +229,10 @@ pub fn run<P: Problem>(world: &Comm, problem: &P, config: &PoolConfig) -> Result
     };
     worker.start()?;
     let (total, sums) = worker.work()?;
+    let workers = worker.state.received.len() as i32;
+    let failed = (0..workers).filter(|w| !worker.live.contains(w)).collect();
     Ok(Outcome {
+        failed,
         total,
         tasks: sums[0],
         checkpoints: sums[1],

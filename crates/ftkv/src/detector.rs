@@ -176,30 +176,91 @@ impl StuckCall {
     }
 }
 
+/// The steps of a recovery attempt, in order, named for the message of a [`Deadline`] that
+/// expires inside one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Step {
+    Revoke,
+    Shrink,
+    OpenWindow,
+    ExchangeRecords,
+    CopyOut,
+    Barrier,
+    Agree,
+    FreeWindow,
+}
+
+impl Step {
+    const ALL: [Step; 8] = [
+        Step::Revoke,
+        Step::Shrink,
+        Step::OpenWindow,
+        Step::ExchangeRecords,
+        Step::CopyOut,
+        Step::Barrier,
+        Step::Agree,
+        Step::FreeWindow,
+    ];
+
+    /// The step and the MPI call it waits in.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Step::Revoke => "revoke (MPIX_Comm_revoke)",
+            Step::Shrink => "shrink (MPIX_Comm_shrink)",
+            Step::OpenWindow => "open window (MPI_Win_allocate on the shrunk communicator)",
+            Step::ExchangeRecords => "exchange records (MPI_Allgather)",
+            Step::CopyOut => "copy to new holders (MPI_Put, MPI_Win_flush)",
+            Step::Barrier => "barrier after the copies (MPI_Barrier)",
+            Step::Agree => "agree on the attempt (MPIX_Comm_agree)",
+            Step::FreeWindow => "free the old window (MPI_Win_free)",
+        }
+    }
+}
+
+/// The step a recovery attempt is in, shared between the store and its [`Deadline`].
+#[derive(Debug, Default)]
+pub(crate) struct StepMarker(std::sync::atomic::AtomicUsize);
+
+impl StepMarker {
+    pub fn set(&self, step: Step) {
+        let index = Step::ALL.iter().position(|&s| s == step).unwrap_or_default();
+        self.0.store(index, Ordering::Release);
+    }
+
+    pub fn get(&self) -> Step {
+        Step::ALL[self.0.load(Ordering::Acquire).min(Step::ALL.len() - 1)]
+    }
+}
+
 /// Ends the process (fail-stop, through the fabric) unless dropped within its bound: for the
-/// recovery calls that Open MPI can leave stuck on one member. Dropping it wakes and joins its
-/// thread, so the communicator it holds is released before the drop returns.
+/// recovery calls that Open MPI can leave stuck on one member, or on all (then the job ends,
+/// each member naming the step it was stuck in). Dropping it wakes and joins its thread, so the
+/// communicator it holds is released before the drop returns.
 pub(crate) struct Deadline {
     done: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl Deadline {
-    pub fn start<F: Fabric>(comm: Arc<F>, bound: Duration, what: &'static str) -> Deadline {
+    /// Watches a recovery attempt whose current step `step` shows.
+    pub fn start<F: Fabric>(comm: Arc<F>, bound: Duration, step: Arc<StepMarker>) -> Deadline {
         let done = Arc::new(AtomicBool::new(false));
         let flag = done.clone();
         let spawned = std::thread::Builder::new().name("ftkv-deadline".into()).spawn(move || {
             let start = Instant::now();
             while !flag.load(Ordering::Acquire) {
                 if start.elapsed() > bound {
-                    comm.fail_stop(&format!("{what} has not ended after {bound:?}"));
+                    comm.fail_stop(&format!(
+                        "a recovery attempt has not ended after {bound:?}: stuck in step {}",
+                        step.get().describe()
+                    ));
                     return;
                 }
                 std::thread::park_timeout(Duration::from_millis(10).min(bound));
             }
         });
         let thread = spawned
-            .map_err(|e| eprintln!("ftkv: cannot start the {what} deadline thread: {e}"))
+            .map_err(|e| eprintln!("ftkv: cannot start the recovery deadline thread: {e}"))
             .ok();
         Deadline { done, thread }
     }

@@ -25,6 +25,11 @@ pub enum Error {
     InvalidConfig(String),
     #[error("configuration differs between ranks (ranks {ranks:?} disagree with rank 0)")]
     ConfigMismatch { ranks: Vec<i32> },
+    #[error(
+        "windows of {per_rank} bytes on each of {ranks} ranks exceed this host's {capacity} bytes \
+         of shared memory (lower max_value, kinds or copies)"
+    )]
+    WindowTooLarge { per_rank: usize, ranks: usize, capacity: u64 },
     #[error("the store is closed")]
     Closed,
     #[error("workers {failed:?} failed: call recover() on every survivor")]

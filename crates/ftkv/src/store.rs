@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use ftkv_mpi::{Comm, MpiError};
 
-use crate::detector::{Deadline, Detector, Health, Watch};
+use crate::detector::{Deadline, Detector, Health, Step, StepMarker, Watch};
 use crate::error::{Error, Result};
 use crate::fabric::{Fabric, FabricWindow, RmaOps};
 use crate::key::{Config, Detection, Key};
@@ -70,20 +70,23 @@ impl<F: Fabric> Store<F> {
     /// Creates the store collectively on every member of `comm`.
     ///
     /// Every rank must pass an equal `config`; a rank whose config is invalid gets
-    /// [`Error::InvalidConfig`], and if configs differ every rank gets
-    /// [`Error::ConfigMismatch`] (no rank hangs). A dead member makes creation fail with an MPI
-    /// failure error.
+    /// [`Error::InvalidConfig`] (or [`Error::WindowTooLarge`] when its window would not fit
+    /// this host's shared memory, checked before anything is allocated), and every other rank
+    /// gets [`Error::ConfigMismatch`], also when configs differ (no rank hangs). A dead member
+    /// makes creation fail with an MPI failure error.
     pub fn create(comm: &F, config: Config) -> Result<Store<F>> {
         let workers = comm.size() as usize;
-        let valid = config.validate(workers);
-        agree_on_config(comm, &config, valid.is_ok())?;
-        valid?;
-        let origin = comm.dup()?;
         let geometry = SlotGeometry::new(config.max_value);
         let live: Vec<i32> = (0..comm.size()).collect();
         let me = comm.rank();
-        let layout =
-            Layout::compute(&live, workers, config.kinds.len(), config.copies, geometry, me);
+        let valid = config.validate(workers).map(|()| {
+            Layout::compute(&live, workers, config.kinds.len(), config.copies, geometry, me)
+        });
+        let valid = valid
+            .and_then(|layout| check_window_memory(layout.window_len, workers).map(|()| layout));
+        agree_on_config(comm, &config, valid.is_ok())?;
+        let layout = valid?;
+        let origin = comm.dup()?;
         let store_comm = Arc::new(comm.dup()?);
         let window = open_window(store_comm.as_ref(), &layout, geometry)?;
         let mut store = Store::<F> {
@@ -149,6 +152,10 @@ impl<F: Fabric> Store<F> {
     /// nothing; [`Error::RecoveryNeeded`] means a process failed: the new version may be on some
     /// holders, all, or none, and the previous version is intact on every live holder; after
     /// [`Store::recover`] a get returns one of the two.
+    ///
+    /// A key that a recovery reported lost (every holder died) is restored by its owner's next
+    /// acknowledged put or delete: the write goes to the key's new holders, and from then on
+    /// gets return it again.
     pub fn put(&mut self, key: Key, value: &[u8]) -> Result<()> {
         self.check_own(key)?;
         self.check_value(value)?;
@@ -169,7 +176,8 @@ impl<F: Fabric> Store<F> {
 
     /// Writes a key owned by another worker that the application handed to this one (a thief
     /// writing its victim's data). The application guarantees a single writer per key at a time;
-    /// the first handed write reads the key's current version from its holders.
+    /// the first handed write reads the key's current version from its holders. Like
+    /// [`Store::put`], it restores a key reported lost.
     pub fn put_handed(&mut self, key: Key, value: &[u8]) -> Result<()> {
         self.check_key(key)?;
         self.check_value(value)?;
@@ -186,7 +194,7 @@ impl<F: Fabric> Store<F> {
 
     /// The newest committed value of `key` on any live holder, `None` if it was deleted or never
     /// written. Reads with one-sided gets (the holders are not interrupted); used in recovery.
-    /// [`Error::KeyLost`] if no copy survived the last recovery.
+    /// [`Error::KeyLost`] if no copy survived the last recovery and nobody wrote it since.
     pub fn get(&mut self, key: Key) -> Result<Option<Vec<u8>>> {
         Ok(self.read_newest(key)?.and_then(|c| (c.header.state == State::Value).then_some(c.data)))
     }
@@ -235,7 +243,11 @@ impl<F: Fabric> Store<F> {
     fn next_handed_version(&mut self, key: Key) -> Result<u64> {
         let current = match self.handed.get(&key) {
             Some(&v) => v,
-            None => self.read_newest(key)?.map_or(0, |c| c.header.version),
+            None => match self.read_newest(key) {
+                Ok(newest) => newest.map_or(0, |c| c.header.version),
+                Err(Error::KeyLost(_)) => 0,
+                Err(e) => return Err(e),
+            },
         };
         self.handed.insert(key, current + 1);
         Ok(current + 1)
@@ -264,16 +276,24 @@ impl<F: Fabric> Store<F> {
         Ok(())
     }
 
+    /// Where the copies of `key` live in this epoch (also of a key reported lost: a write
+    /// restores it there).
     fn route(&self, key: Key) -> Result<&[Copy]> {
-        if self.lost.contains(&key) {
-            return Err(Error::KeyLost(key));
-        }
         self.layout.route(key).ok_or(Error::UnknownOwner(key.owner))
+    }
+
+    /// Writes `key` and, once the write is acknowledged, no longer reports it lost.
+    fn write(&mut self, key: Key, header: Header, data: &[u8]) -> Result<()> {
+        self.write_copies(key, header, data)?;
+        if !self.lost.is_empty() {
+            self.lost.retain(|&k| k != key);
+        }
+        Ok(())
     }
 
     /// The fast path: header and data to the version's half on every holder, one flush per
     /// holder, failure knowledge checked before and after.
-    fn write(&mut self, key: Key, header: Header, data: &[u8]) -> Result<()> {
+    fn write_copies(&mut self, key: Key, header: Header, data: &[u8]) -> Result<()> {
         self.ensure_healthy()?;
         let route = self.route(key)?;
         self.ensure_alive(route)?;
@@ -334,7 +354,17 @@ impl<F: Fabric> Store<F> {
     }
 
     /// Each live holder's newest complete version of `key`, read with watchdog-bounded gets.
+    /// [`Error::KeyLost`] for a key the last recovery reported lost that nobody wrote since.
     fn read_live_copies(&self, key: Key) -> Result<Vec<(i32, Option<Committed>)>> {
+        let copies = self.read_holders(key)?;
+        let rewritten = copies.iter().any(|(_, found)| found.is_some());
+        if !rewritten && self.lost.contains(&key) {
+            return Err(Error::KeyLost(key));
+        }
+        Ok(copies)
+    }
+
+    fn read_holders(&self, key: Key) -> Result<Vec<(i32, Option<Committed>)>> {
         self.ensure_healthy()?;
         let route = self.route(key)?;
         let window = self.window.as_ref().ok_or(Error::Closed)?;
@@ -405,18 +435,18 @@ impl<F: Fabric> Store<F> {
             None => return Err(Error::Closed),
         };
         for attempt in 1..=MAX_RECOVERY_ATTEMPTS {
-            let deadline = Deadline::start(
-                self.comm.clone(),
-                self.config.recovery_watchdog,
-                "a recovery attempt",
-            );
-            let outcome = self.recover_once(&retained);
-            drop(deadline);
-            if let Some(recovered) = outcome? {
-                retained.window.close()?;
+            let step = Arc::new(StepMarker::default());
+            let deadline =
+                Deadline::start(self.comm.clone(), self.config.recovery_watchdog, step.clone());
+            if let Some(recovered) = self.recover_once(&retained, &step)? {
+                step.set(Step::FreeWindow);
+                let freed = retained.window.close();
+                drop(deadline);
+                freed?;
                 self.trace("old window freed");
                 return self.finish_recovery(recovered, attempt, started);
             }
+            drop(deadline);
             eprintln!(
                 "ftkv: worker {}: recovery attempt {attempt} met a failure, retrying",
                 self.me
@@ -454,11 +484,18 @@ impl<F: Fabric> Store<F> {
 
     /// One attempt. `Ok(None)`: a failure interrupted it (uniformly known through the final
     /// agreement), try again.
-    fn recover_once(&mut self, retained: &Retained<F::Window>) -> Result<Option<Recovered>> {
+    fn recover_once(
+        &mut self,
+        retained: &Retained<F::Window>,
+        step: &StepMarker,
+    ) -> Result<Option<Recovered>> {
+        step.set(Step::Revoke);
         if let Err(e) = self.comm.revoke() {
             return Err(Error::Mpi(e));
         }
         self.trace("revoked");
+        step.set(Step::Shrink);
+        self.comm.stall_point("recovery_stall_shrink");
         let shrunk = match self.comm.shrink() {
             Ok(c) => Arc::new(c),
             Err(e) if e.is_failure() => return Ok(None),
@@ -477,7 +514,7 @@ impl<F: Fabric> Store<F> {
         );
         self.epoch += 1;
         shrunk.failpoint("recovery_after_shrink");
-        let attempt = self.rebuild(&shrunk, retained);
+        let attempt = self.rebuild(&shrunk, retained, step);
         let ok = attempt.result.is_ok() && shrunk.failed_ranks().is_ok_and(|f| f.is_empty());
         if !ok {
             let revoked = shrunk.revoke();
@@ -489,6 +526,7 @@ impl<F: Fabric> Store<F> {
         // failures per process), so it alone decides; a failure that the agreement itself met
         // raises the alarm and the next store call asks for another recovery.
         self.trace(&format!("rebuilt ok={ok}"));
+        step.set(Step::Agree);
         let agreed = match shrunk.agree(attempt.flags(ok)) {
             Ok(agreed) => agreed,
             Err(e) => {
@@ -541,13 +579,19 @@ impl<F: Fabric> Store<F> {
     /// New window, exchange of surviving versions, copies to the new holders. The window, when
     /// it was opened, comes back also when the attempt failed: [`Store::dispose`] decides,
     /// uniformly, whether it can be freed.
-    fn rebuild(&self, shrunk: &F, retained: &Retained<F::Window>) -> Attempt<F::Window> {
+    fn rebuild(
+        &self,
+        shrunk: &F,
+        retained: &Retained<F::Window>,
+        step: &StepMarker,
+    ) -> Attempt<F::Window> {
+        step.set(Step::OpenWindow);
         let window = match open_window(shrunk, &self.layout, self.geometry) {
             Ok(window) => window,
             Err(e) => return Attempt { window: None, result: Err(e) },
         };
         self.trace("window open");
-        let result = self.fill(shrunk, retained, &window);
+        let result = self.fill(shrunk, retained, &window, step);
         Attempt { window: Some(window), result }
     }
 
@@ -556,6 +600,7 @@ impl<F: Fabric> Store<F> {
         shrunk: &F,
         retained: &Retained<F::Window>,
         window: &F::Window,
+        step: &StepMarker,
     ) -> Result<Recovered> {
         let local = scan_local(retained, self.geometry)?;
         let mut records: Vec<Record> = local
@@ -563,11 +608,14 @@ impl<F: Fabric> Store<F> {
             .map(|(key, c)| Record { key: *key, version: c.header.version, source: shrunk.rank() })
             .collect();
         records.extend(self.owner_marks());
+        step.set(Step::ExchangeRecords);
         let all = recovery::exchange(shrunk, &records)?;
         self.trace("records exchanged");
         let plan = recovery::plan(&all, &self.layout, shrunk.rank());
         shrunk.failpoint("recovery_mid_copy");
+        step.set(Step::CopyOut);
         copy_out(window, &self.layout, &plan.sends, &local, self.geometry)?;
+        step.set(Step::Barrier);
         shrunk.barrier()?;
         let lost = plan
             .lost_candidates
@@ -641,6 +689,19 @@ fn agree_on_config<F: Fabric>(comm: &F, config: &Config, valid: bool) -> Result<
         return Ok(());
     }
     Err(Error::ConfigMismatch { ranks: differing })
+}
+
+/// Refuses windows of `per_rank` bytes on each of `ranks` ranks that this host's shared memory
+/// could not hold if every rank ran on it (the conservative case: the host count is unknown
+/// here). Memory is reserved, not resident, until values are written, but Open MPI sizes the
+/// backing file for the whole reservation and fails when the file system is smaller.
+fn check_window_memory(per_rank: usize, ranks: usize) -> Result<()> {
+    let Some(capacity) = ftkv_mpi::shared_memory_capacity() else { return Ok(()) };
+    let total = (per_rank as u128) * ranks as u128;
+    if total > capacity as u128 {
+        return Err(Error::WindowTooLarge { per_rank, ranks, capacity });
+    }
+    Ok(())
 }
 
 /// Allocates the window of `layout`, empties this rank's slot headers, opens the lock_all epoch

@@ -303,3 +303,46 @@ fn random_kills_lose_no_acknowledged_write() {
         random_scenario(seed);
     }
 }
+
+/// Every holder of a live owner's key dies (1 copy, its holder killed): recovery reports the key
+/// lost, reads of it say so, and the owner's next put restores it for every reader.
+#[test]
+fn a_live_owner_restores_its_lost_key_by_writing_it() {
+    let cluster = LocalCluster::new(4);
+    cluster.arm(1, "holder_dies", 1);
+    let results = within(30, "lost key restored".into(), move || {
+        cluster.run(|fabric| {
+            let mut store = Store::create(&fabric, config(1)).expect("create");
+            let me = store.worker();
+            store.put(Key::new(me, 0), &value(me, 1, 100)).expect("first put");
+            store.sync().expect("sync");
+            fabric_point(&fabric, "holder_dies");
+            let report = loop {
+                match store.sync() {
+                    Ok(()) => store.sync().expect("a failure was expected"),
+                    Err(e) if e.needs_recovery() => break store.recover().expect("recover"),
+                    Err(e) => panic!("sync: {e}"),
+                }
+            };
+            let before = store.get(Key::new(0, 0));
+            if me == 0 {
+                store.put(Key::new(0, 0), &value(0, 2, 200)).expect("the owner rewrites its key");
+            }
+            sync_until_done(&mut store);
+            let after = store.get(Key::new(0, 0)).expect("the restored key reads");
+            (report.keys_lost, before.map_err(|e| e.to_string()), after)
+        })
+    });
+    assert!(results[1].is_none(), "holder 1 was killed");
+    for (rank, result) in results.into_iter().enumerate().filter(|(r, _)| *r != 1) {
+        let (lost, before, after) = result.expect("a survivor");
+        assert!(lost.contains(&Key::new(0, 0)), "rank {rank}: reported lost {lost:?}");
+        assert!(before.is_err_and(|e| e.contains("lost")), "rank {rank}: lost before rewrite");
+        assert_eq!(after, Some(value(0, 2, 200)), "rank {rank} reads the restored value");
+    }
+}
+
+fn fabric_point(fabric: &LocalFabric, name: &str) {
+    use ftkv::fabric::Fabric;
+    fabric.failpoint(name);
+}

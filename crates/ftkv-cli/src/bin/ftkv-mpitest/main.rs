@@ -38,6 +38,8 @@ fn run(case: &str) -> Result<()> {
         "rma" => rma(&world),
         "detect" => detect(&world),
         "shrink" => shrink(&world),
+        "error-on-one-rank" => error_on_one_rank(&world, false),
+        "panic-on-one-rank" => error_on_one_rank(&world, true),
         store if store.starts_with("store-") => store_cases::run(store, &world),
         other => Err(anyhow::anyhow!("unknown case {other:?}")),
     };
@@ -49,6 +51,27 @@ fn run(case: &str) -> Result<()> {
     mpi.finalize_bounded(Duration::from_secs(3))?;
     println!("finalized=yes");
     Ok(())
+}
+
+/// Rank 1 meets an error (or panics) while the others wait in collectives: the ftkv binary's
+/// rank-side handling must end the whole job and show the error, never leave the others waiting.
+fn error_on_one_rank(world: &Comm, panic: bool) -> Result<()> {
+    ftkv_cli::rank_failure::end_job_on_panic();
+    world.barrier()?;
+    if world.rank() == 1 {
+        if panic {
+            let empty: Vec<u32> = Vec::new();
+            println!("never={}", empty[world.rank() as usize]);
+        }
+        ftkv_cli::rank_failure::end_job_on_error(&anyhow::anyhow!("injected error"));
+    }
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(120) {
+        if world.barrier().is_err() {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    bail!("the job was not ended")
 }
 
 fn hello(world: &Comm) -> Result<()> {

@@ -29,6 +29,10 @@ fn config(ranks: usize) -> Config {
         Config::new(["checkpoint", "loot"], env_usize("STORE_COPIES", 2).min(ranks - 1));
     config.initial_capacity = 1024;
     config.max_value = 4 << 20;
+    if let Some(ms) = std::env::var("STORE_RECOVERY_WATCHDOG_MS").ok().and_then(|v| v.parse().ok())
+    {
+        config.recovery_watchdog = std::time::Duration::from_millis(ms);
+    }
     config
 }
 

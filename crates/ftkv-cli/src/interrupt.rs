@@ -1,0 +1,31 @@
+//! One handler for SIGINT, SIGTERM and SIGHUP of a driver process: it ends every job this
+//! process launched (SIGKILL to `mpirun` and its ranks, their shared-memory files removed) and
+//! every peer server it started, then exits with 130.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use anyhow::{Context, Result};
+
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+/// Whether the handler ran: the driver's own error (its job ended under it) is then a
+/// consequence of the interrupt, and the process exits with 130 as well.
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(Ordering::Acquire)
+}
+
+/// Installs the handler once per process; later calls do nothing.
+pub fn install() -> Result<()> {
+    static INSTALLED: std::sync::Once = std::sync::Once::new();
+    let mut result = Ok(());
+    INSTALLED.call_once(|| {
+        result = ctrlc::set_handler(|| {
+            INTERRUPTED.store(true, Ordering::Release);
+            crate::launch::end_running_jobs();
+            crate::peers::kill_registered();
+            eprintln!("ftkv: interrupted; jobs and peer servers stopped");
+            std::process::exit(130);
+        });
+    });
+    result.context("installing the interrupt handler")
+}

@@ -1,0 +1,215 @@
+//! What a hostile first week of use finds, under real `mpirun --with-ft ulfm`: failures that ftkv
+//! did not inject (a rank killed from outside by PID), errors and panics on some ranks, a live
+//! owner whose key lost every copy, a recovery stuck inside Open MPI, and the shared-memory files
+//! a job leaves behind however it ends. Every run has a hard bound.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ftkv_cli::launch::{job_slot, output_within, processes_under, shm_segments};
+
+mod common;
+
+const FTKV: &str = env!("CARGO_BIN_EXE_ftkv");
+
+/// Starts `ftkv args` with piped output.
+fn start(args: &[&str]) -> Child {
+    let mut cmd = Command::new(FTKV);
+    cmd.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.spawn().expect("ftkv starts")
+}
+
+/// Waits until `driver` runs at least `count` processes whose command line holds `word`, and
+/// returns their pids.
+fn wait_for_ranks(driver: &Child, word: &str, count: usize) -> Vec<u32> {
+    let started = Instant::now();
+    loop {
+        let ranks = processes_under(driver.id(), word);
+        if ranks.len() >= count {
+            return ranks;
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "the ranks of {word} never started");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Waits for `driver` to end within `bound` (SIGKILLed and failed otherwise) and returns its
+/// status, stdout and stderr.
+fn wait_bounded(mut driver: Child, bound: Duration) -> (std::process::ExitStatus, String, String) {
+    let mut stdout = driver.stdout.take().expect("stdout");
+    let mut stderr = driver.stderr.take().expect("stderr");
+    let out = std::thread::spawn(move || read(&mut stdout));
+    let err = std::thread::spawn(move || read(&mut stderr));
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = driver.try_wait().expect("wait") {
+            break status;
+        }
+        if started.elapsed() > bound {
+            driver.kill().expect("kill the driver");
+            panic!("ftkv did not end within {bound:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    (status, out.join().unwrap(), err.join().unwrap())
+}
+
+fn read(pipe: &mut impl std::io::Read) -> String {
+    let mut text = String::new();
+    pipe.read_to_string(&mut text).expect("readable output");
+    text.replace('\0', "")
+}
+
+fn kill(pid: u32, signal: &str) {
+    let status = Command::new("kill").args([signal, &pid.to_string()]).status().expect("kill");
+    assert!(status.success(), "kill {signal} {pid}");
+}
+
+#[test]
+fn a_rank_killed_from_outside_is_judged_by_the_survivors_agreed_failed_set() {
+    let _slot = job_slot();
+    let driver = start(&["demo", "-n", "6", "--kills", "0", "--tree", "T3L", "--timeout", "90"]);
+    let ranks = wait_for_ranks(&driver, "tasks-rank", 6);
+    std::thread::sleep(Duration::from_secs(2));
+    kill(ranks[2], "-KILL");
+    let (status, stdout, stderr) = wait_bounded(driver, Duration::from_secs(120));
+    assert!(status.success(), "the demo failed:\n{stdout}\n{stderr}");
+    assert!(stdout.contains("-> MATCH"), "{stdout}");
+    assert!(stderr.contains("failed without a kill of this driver's"), "{stderr}");
+}
+
+#[test]
+fn chaos_counts_a_rank_killed_from_outside_as_a_failure_not_a_lost_survivor() {
+    let _slot = job_slot();
+    let args = ["chaos", "--runs", "1", "--ranks", "6", "--copies", "2", "--kills", "0"];
+    let driver = start(&[&args[..], &["--duration", "4"]].concat());
+    let ranks = wait_for_ranks(&driver, "chaos-rank", 6);
+    std::thread::sleep(Duration::from_secs(1));
+    kill(ranks[4], "-KILL");
+    let (status, stdout, stderr) = wait_bounded(driver, Duration::from_secs(90));
+    assert!(status.success(), "the campaign failed:\n{stdout}\n{stderr}");
+    let summary: serde_json::Value = serde_json::from_str(stdout.trim()).expect("JSON summary");
+    assert_eq!(summary["outside_failures"], 1, "{stdout}");
+    assert_eq!(summary["lost_writes"], 0, "{stdout}");
+    assert_eq!(summary["failed_runs"], 0, "{stdout}");
+}
+
+#[test]
+fn a_window_too_large_for_the_host_ends_the_job_at_once_with_the_error() {
+    let _slot = job_slot();
+    let mut cmd = Command::new(FTKV);
+    cmd.args(["bench", "put", "--sizes", "999999999999", "--iterations", "10"]);
+    let started = Instant::now();
+    let out = output_within(cmd, Duration::from_secs(60)).expect("ends, no hang");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "an error must fail the command");
+    assert!(stderr.contains("exceed the shared memory"), "{stderr}");
+    assert!(started.elapsed() < Duration::from_secs(20), "took {:?}", started.elapsed());
+}
+
+fn assert_one_rank_ends_the_job(case: &str, message: &str) {
+    let started = Instant::now();
+    let out = common::run(common::job(case, 4, Duration::from_secs(60)));
+    assert!(started.elapsed() < Duration::from_secs(30), "took {:?}", started.elapsed());
+    assert!(out.stderr.contains(message), "{}", out.transcript());
+    for rank in [0, 2, 3] {
+        assert_eq!(out.rank_value(rank, "done"), None, "rank {rank} was not ended");
+    }
+}
+
+#[test]
+fn an_error_on_one_rank_ends_the_job_with_the_message() {
+    assert_one_rank_ends_the_job("error-on-one-rank", "ftkv: rank 1: error: injected error");
+}
+
+#[test]
+fn a_panic_on_one_rank_ends_the_job_with_the_message() {
+    assert_one_rank_ends_the_job("panic-on-one-rank", "ftkv: rank 1: panic: ");
+}
+
+#[test]
+fn a_live_owner_whose_every_copy_died_writes_its_key_again() {
+    let _slot = job_slot();
+    let mut cmd = Command::new(FTKV);
+    cmd.args(["chaos", "--runs", "2", "--ranks", "6", "--copies", "3", "--kills", "3"]);
+    cmd.args(["--seed", "2"]);
+    let out = output_within(cmd, Duration::from_secs(150)).expect("no hang");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let summary: serde_json::Value = serde_json::from_str(stdout.trim()).expect("JSON summary");
+    assert_eq!(summary["hangs"], 0, "{stdout}");
+    assert_eq!(summary["lost_writes"], 0, "{stdout}");
+}
+
+#[test]
+fn a_recovery_stuck_in_shrink_ends_every_stuck_rank_naming_the_step() {
+    let spec = "store_round@1#2;recovery_stall_shrink";
+    let launch = common::job("store-rounds", 4, Duration::from_secs(60))
+        .env("FTKV_FAILPOINT", spec)
+        .env("STORE_RECOVERY_WATCHDOG_MS", "1500");
+    let started = Instant::now();
+    let out = common::run(launch);
+    assert!(started.elapsed() < Duration::from_secs(30), "took {:?}", started.elapsed());
+    for rank in [0, 2, 3] {
+        let tag = format!("[1,{rank}]<stderr>:");
+        let own: Vec<&str> = out.stderr.lines().filter(|l| l.starts_with(&tag)).collect();
+        assert!(
+            own.iter().any(|l| l.contains("stuck in step shrink (MPIX_Comm_shrink)")),
+            "rank {rank} names the stuck step:\n{}",
+            out.transcript()
+        );
+    }
+}
+
+fn new_segments(before: &[String]) -> Vec<String> {
+    shm_segments().into_iter().filter(|s| !before.contains(s)).collect()
+}
+
+#[test]
+fn a_timed_out_job_leaves_no_shared_memory() {
+    let _slot = job_slot();
+    let before = shm_segments();
+    let mut cmd = Command::new(FTKV);
+    cmd.args(["demo", "--tree", "T1L", "--kills", "0", "--timeout", "3"]);
+    let out = output_within(cmd, Duration::from_secs(60)).expect("the driver ends");
+    assert!(!out.status.success(), "a timed-out demo fails");
+    assert_eq!(new_segments(&before), Vec::<String>::new(), "segments left behind");
+}
+
+#[test]
+fn a_job_whose_mpirun_is_killed_leaves_no_processes_or_shared_memory() {
+    let _slot = job_slot();
+    let before = shm_segments();
+    let driver = start(&["demo", "--tree", "T1L", "--kills", "0", "--timeout", "60"]);
+    let ranks = wait_for_ranks(&driver, "tasks-rank", 8);
+    let mpirun = processes_under(driver.id(), "prterun");
+    assert_eq!(mpirun.len(), 1, "one prterun (mpirun) under the driver");
+    std::thread::sleep(Duration::from_millis(500));
+    kill(mpirun[0], "-KILL");
+    let (status, _, stderr) = wait_bounded(driver, Duration::from_secs(60));
+    assert!(!status.success(), "a killed job fails the demo");
+    for pid in ranks {
+        assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists(), "rank {pid} lives on");
+    }
+    assert_eq!(new_segments(&before), Vec::<String>::new(), "segments left:\n{stderr}");
+}
+
+#[test]
+fn an_interrupted_driver_ends_its_job_and_leaves_no_shared_memory() {
+    let _slot = job_slot();
+    for signal in ["-INT", "-TERM"] {
+        let before = shm_segments();
+        let driver = start(&["demo", "--tree", "T1L", "--kills", "0", "--timeout", "60"]);
+        let ranks = wait_for_ranks(&driver, "tasks-rank", 8);
+        std::thread::sleep(Duration::from_millis(500));
+        kill(driver.id(), signal);
+        let (status, _, stderr) = wait_bounded(driver, Duration::from_secs(30));
+        assert_eq!(status.code(), Some(130), "{signal}: {stderr}");
+        for pid in ranks {
+            let alive = std::path::Path::new(&format!("/proc/{pid}")).exists();
+            assert!(!alive, "{signal}: rank {pid} lives on");
+        }
+        assert_eq!(new_segments(&before), Vec::<String>::new(), "{signal}: segments left");
+    }
+}

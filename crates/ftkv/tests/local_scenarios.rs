@@ -324,7 +324,9 @@ fn a_live_owner_restores_its_lost_key_by_writing_it() {
                     Err(e) => panic!("sync: {e}"),
                 }
             };
+            sync_until_done(&mut store);
             let before = store.get(Key::new(0, 0));
+            sync_until_done(&mut store);
             if me == 0 {
                 store.put(Key::new(0, 0), &value(0, 2, 200)).expect("the owner rewrites its key");
             }

@@ -258,7 +258,9 @@ fn raw_checkpoints(world: &Comm, run: Run) -> Result<Option<(WorkloadResult, boo
     let Run { copies, size, millis, writing } = run;
     let slot = size.max(8);
     let ranks = world.size() as usize;
-    let window = Window::allocate(world, slot * ranks * 2)?.lock_all()?;
+    let per_rank = slot.checked_mul(ranks * 2).context("window size overflows")?;
+    ensure_windows_fit(world, per_rank)?;
+    let window = Window::allocate(world, per_rank)?.lock_all()?;
     let targets = holders(world, copies);
     let disp = |kind: u16| ((world.rank() as usize * 2 + kind as usize) * slot) as i64;
     let zeros = [0u8; 8];
@@ -379,8 +381,10 @@ pub fn recovery_rank_main(bytes: usize) -> Result<()> {
     }
     let restored = store.get(Key::new(me, 0))?.is_some_and(|v| v.len() == bytes);
     store.sync()?;
+    let failed: Vec<String> = report.failed.iter().map(|w| w.to_string()).collect();
     println!(
-        "recovery detect_us={detect_us} recovered_us={recovered_us} store_ms={:.2} blocked_ms={:.2} before_p50_us={:.2} after_p50_us={:.2} keys={} restored={restored}",
+        "recovery failed={} detect_us={detect_us} recovered_us={recovered_us} store_ms={:.2} blocked_ms={:.2} before_p50_us={:.2} after_p50_us={:.2} keys={} restored={restored}",
+        failed.join(","),
         report.duration.as_secs_f64() * 1e3,
         blocked.as_secs_f64() * 1e3,
         before.quantile_us(0.5),

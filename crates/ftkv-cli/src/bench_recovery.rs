@@ -63,11 +63,19 @@ fn recovery_row(
     victim: usize,
     killed_us: u64,
 ) -> Result<RecoveryRow> {
-    let lines: Vec<&String> = (0..ranks)
-        .filter(|&r| r != victim)
-        .filter_map(|r| out.rank_lines(r).iter().find(|l| l.starts_with("recovery ")))
+    let line = |r: usize| out.rank_lines(r).iter().find(|l| l.starts_with("recovery "));
+    let failed: Vec<usize> = (0..ranks)
+        .filter_map(|r| field(line(r)?, "failed"))
+        .flat_map(|l| l.split(',').filter_map(|w| w.parse().ok()).collect::<Vec<usize>>())
         .collect();
-    ensure!(lines.len() == ranks - 1, "not every survivor reported:\n{}", out.transcript());
+    let survivors = (0..ranks).filter(|r| *r != victim && !failed.contains(r));
+    let lines: Vec<Option<&String>> = survivors.map(line).collect();
+    ensure!(
+        !lines.is_empty() && lines.iter().all(Option::is_some),
+        "not every survivor (all but rank {victim} and the failed {failed:?}) reported:\n{}",
+        out.transcript()
+    );
+    let lines: Vec<&String> = lines.into_iter().flatten().collect();
     let values = |key: &str| -> Vec<f64> {
         lines.iter().filter_map(|l| field(l, key)?.parse().ok()).collect()
     };

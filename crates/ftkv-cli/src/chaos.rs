@@ -49,6 +49,9 @@ pub struct Summary {
     /// Keys a recovery reported lost (every holder died before the copies were restored). Not
     /// a silent loss: only allowed when the run killed at least `copies` ranks.
     pub keys_reported_lost: u64,
+    /// Keys that recoveries reported lost, the largest count of any survivor per run summed;
+    /// a live owner writes its lost key again, so these need not be lost at the end.
+    pub keys_lost_in_recovery: u64,
     /// Ranks that ended themselves as fail-stop failures (a recovery call stuck or crashed
     /// inside Open MPI, a watchdog), with the evidence on their stderr.
     pub fail_stops: usize,
@@ -88,12 +91,8 @@ pub fn run(exe: &std::path::Path, campaign: &Campaign) -> Result<Summary> {
         summary.fail_stops += result.fail_stops;
         summary.outside_failures += result.outside;
         summary.stuck_runs += result.stuck as usize;
-        let loss_allowed = result.kills + result.outside + result.fail_stops >= campaign.copies;
-        let unexplained_loss = result.verdict.reported_lost > 0 && !loss_allowed;
-        let failed = result.hung
-            || result.verdict.lost + result.verdict.torn > 0
-            || unexplained_loss
-            || (result.incomplete && !result.stuck);
+        summary.keys_lost_in_recovery += result.lost_in_recovery;
+        let failed = result.failed(campaign.copies);
         summary.failed_runs += failed as usize;
         eprintln!("[chaos {:>3}/{}] seed={seed} {}", run + 1, campaign.runs, result.line());
         if failed || result.fail_stops > 0 || result.stuck {
@@ -107,14 +106,32 @@ struct RunResult {
     kills: usize,
     verdict: Verdict,
     hung: bool,
-    incomplete: bool,
+    /// A survivor did not finish and left no evidence of a fail-stop.
+    unexplained: bool,
+    none_finished: bool,
     fail_stops: usize,
     outside: usize,
     stuck: bool,
+    /// The most workers one recovery reported failed (failures between two recoveries).
+    widest_recovery: usize,
+    lost_in_recovery: u64,
     transcript_tail: String,
 }
 
 impl RunResult {
+    /// Whether the run shows a defect: a hang, silently lost or torn data, a key reported lost
+    /// although no recovery saw `copies` failures, or a survivor missing without evidence. A
+    /// run whose survivors all ended stuck inside Open MPI's recovery counts apart.
+    fn failed(&self, copies: usize) -> bool {
+        let v = &self.verdict;
+        let unexplained_loss = v.reported_lost > 0 && self.widest_recovery < copies;
+        self.hung
+            || v.lost + v.torn > 0
+            || unexplained_loss
+            || self.unexplained
+            || (self.none_finished && !self.stuck)
+    }
+
     /// The run's progress line after the seed.
     fn line(&self) -> String {
         let mut kills = self.kills.to_string();
@@ -125,7 +142,7 @@ impl RunResult {
             kills += &format!("+{} outside", self.outside);
         }
         let v = &self.verdict;
-        let verdict = match (self.hung, self.stuck, self.incomplete) {
+        let verdict = match (self.hung, self.stuck, self.unexplained || self.none_finished) {
             (true, _, _) => "HANG",
             (false, true, _) => "STUCK in recovery (Open MPI)",
             (false, false, true) => "INCOMPLETE",
@@ -153,30 +170,54 @@ fn run_once(exe: &std::path::Path, campaign: &Campaign, seed: u64) -> Result<Run
         killer.maybe_kill(&job, &mut rng)?;
     }
     let out = job.finish()?;
-    let histories = parse_histories(&out, campaign.ranks);
-    let agreed_failed = agreed_failed(&out, campaign.ranks);
-    let dead = |r: &usize| killer.killed.contains(r) || agreed_failed.contains(r);
-    let survivors: Vec<usize> = (0..campaign.ranks).filter(|r| !dead(r)).collect();
+    Ok(classify(&out, campaign.ranks, &killer.killed))
+}
+
+/// Judges one run's output: who died (the driver's kills and the survivors' agreed failed
+/// set), who finished, and what the finished survivors read.
+fn classify(out: &crate::launch::JobOutput, ranks: usize, killed: &[usize]) -> RunResult {
+    let histories = parse_histories(out, ranks);
+    let agreed_failed = agreed_failed(out, ranks);
+    let dead = |r: &usize| killed.contains(r) || agreed_failed.contains(r);
+    let survivors: Vec<usize> = (0..ranks).filter(|r| !dead(r)).collect();
     let (finished, unfinished): (Vec<usize>, Vec<usize>) =
         survivors.iter().partition(|&&r| out.rank_value(r, "done") == Some("yes"));
-    let not_killed = (0..campaign.ranks).filter(|r| !killer.killed.contains(r));
+    let not_killed = (0..ranks).filter(|r| !killed.contains(r));
     let ended: Vec<usize> = not_killed.filter(|r| !finished.contains(r)).collect();
-    let fail_stops = ended.iter().filter(|&&r| ended_as_fail_stop(&out, r)).count();
-    let stuck = ended.iter().any(|&r| ended_stuck_in_recovery(&out, r));
-    let outside = ended.iter().filter(|r| agreed_failed.contains(r)).count();
-    let outside = outside.saturating_sub(fail_stops);
-    let verdict = judge_all(&histories, &finished, campaign.ranks);
-    let explained = unfinished.iter().all(|&r| ended_as_fail_stop(&out, r));
-    Ok(RunResult {
-        kills: killer.killed.len(),
-        verdict,
+    let fail_stop = |r: &&usize| ended_as_fail_stop(out, **r);
+    let outside = ended.iter().filter(|r| agreed_failed.contains(r) && !fail_stop(r)).count();
+    let (widest_recovery, lost_in_recovery) = recoveries(out, ranks);
+    RunResult {
+        kills: killed.len(),
+        verdict: judge_all(&histories, &finished, ranks),
         hung: out.timed_out,
-        incomplete: out.timed_out || !explained || finished.is_empty(),
-        fail_stops,
+        unexplained: !unfinished.iter().all(|&r| ended_as_fail_stop(out, r)),
+        none_finished: finished.is_empty(),
+        fail_stops: ended.iter().filter(fail_stop).count(),
         outside,
-        stuck,
-        transcript_tail: diagnose(&out, &killer.killed, &unfinished),
-    })
+        stuck: ended.iter().any(|&r| ended_stuck_in_recovery(out, r)),
+        widest_recovery,
+        lost_in_recovery,
+        transcript_tail: diagnose(out, killed, &unfinished),
+    }
+}
+
+/// From every rank's `recovered failed=<ids> ... lost=<n>` lines: the most workers one
+/// recovery reported failed, and the most keys any one survivor heard reported lost in all.
+fn recoveries(out: &crate::launch::JobOutput, ranks: usize) -> (usize, u64) {
+    let (mut widest, mut lost) = (0, 0);
+    for rank in 0..ranks {
+        let lines = out.rank_lines(rank).iter().filter(|l| l.starts_with("recovered "));
+        let mut rank_lost = 0;
+        for line in lines {
+            let failed = crate::launch::field(line, "failed").unwrap_or_default();
+            widest = widest.max(failed.split(',').filter(|w| w.parse::<usize>().is_ok()).count());
+            rank_lost +=
+                crate::launch::field(line, "lost").and_then(|n| n.parse().ok()).unwrap_or(0);
+        }
+        lost = lost.max(rank_lost);
+    }
+    (widest, lost)
 }
 
 /// The workers that the finished survivors agreed had failed (`done=yes failed=1,3`).

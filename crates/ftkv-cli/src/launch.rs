@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 
 use crate::env;
 
@@ -110,6 +110,7 @@ impl Launch {
     pub fn spawn(&self) -> Result<RunningJob> {
         let slot = job_slot();
         crate::interrupt::install()?;
+        ensure!(!crate::interrupt::interrupted(), "interrupted; no new job is started");
         remove_unused_segments(&[]);
         let shm_before = shm_segments();
         let start = Instant::now();
@@ -173,12 +174,7 @@ impl RunningJob {
     /// Waits for the end (or the job's timeout) and returns everything it printed.
     pub fn finish(mut self) -> Result<JobOutput> {
         let remaining = self.deadline.saturating_duration_since(Instant::now());
-        let processes = &mut self.processes;
-        let (status, timed_out) = wait_with_timeout_by(&mut self.child, remaining, |c| {
-            processes.refresh();
-            kill_process_group(c.id())
-        })?;
-        self.processes.end();
+        let (status, timed_out) = self.wait_or_kill(remaining)?;
         if let Some(reader) = self.out_reader.take() {
             reader.join().expect("stdout reader panicked");
         }
@@ -187,6 +183,49 @@ impl RunningJob {
             self.err_reader.take().map(|r| r.join().unwrap_or_default()).unwrap_or_default();
         let stdout = self.seen.join("\n");
         Ok(JobOutput::parse(&stdout, stderr, status, timed_out, self.start.elapsed()))
+    }
+}
+
+impl RunningJob {
+    /// Waits for `mpirun` at most `timeout` (learning the job's processes meanwhile), then
+    /// SIGKILLs it if needed, and ends what is left of the job. `true`: timed out.
+    fn wait_or_kill(&mut self, timeout: Duration) -> Result<(Option<ExitStatus>, bool)> {
+        let deadline = Instant::now() + timeout;
+        let outcome = loop {
+            match self.child.try_wait() {
+                Ok(Some(status)) => break Ok((Some(status), false)),
+                Ok(None) if Instant::now() < deadline => {}
+                Ok(None) => break self.kill_now().map(|()| (None, true)),
+                Err(e) => break Err(e.into()),
+            }
+            self.processes.refresh_if_due();
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        self.processes.end();
+        outcome
+    }
+
+    fn kill_now(&mut self) -> Result<()> {
+        self.processes.refresh();
+        kill_process_group(self.child.id())?;
+        self.child.wait()?;
+        Ok(())
+    }
+}
+
+/// A job dropped before [`RunningJob::finish`] (its driver met an error) is ended like a timed
+/// out one: nothing of it outlives the driver's interest.
+impl Drop for RunningJob {
+    fn drop(&mut self) {
+        if self.processes.ended {
+            return;
+        }
+        if matches!(self.child.try_wait(), Ok(None)) {
+            if let Err(e) = self.kill_now() {
+                eprintln!("ftkv: ending an abandoned job: {e}");
+            }
+        }
+        self.processes.end();
     }
 }
 
@@ -417,6 +456,8 @@ struct JobProcesses {
     refreshed: Instant,
     shm_before: Vec<String>,
     registered: usize,
+    /// [`JobProcesses::end`] ran.
+    ended: bool,
 }
 
 /// A running job as the interrupt handler sees it: registration id, processes, and the
@@ -436,8 +477,12 @@ impl JobProcesses {
             refreshed: Instant::now(),
             shm_before,
             registered,
+            ended: false,
         };
         job.refresh();
+        if crate::interrupt::interrupted() {
+            end_running_jobs();
+        }
         job
     }
 
@@ -464,6 +509,7 @@ impl JobProcesses {
     /// After `mpirun` ended: SIGKILLs what is left of the job, waits (at most 5 s) until it is
     /// gone, and removes the job's shared-memory files.
     fn end(&mut self) {
+        self.ended = true;
         let seen: Vec<ProcessId> = self.seen.iter().copied().collect();
         end_processes(&seen, &self.shm_before);
         let mut running = RUNNING_JOBS.lock().unwrap_or_else(|p| p.into_inner());

@@ -34,7 +34,7 @@ pub fn rank_main(count: usize) -> Result<()> {
     stop.store(true, Ordering::Relaxed);
     responder.join().expect("responder thread panicked")?;
     drop(world);
-    mpi.finalize()?;
+    mpi.finalize_bounded(std::time::Duration::from_secs(3))?;
     Ok(())
 }
 

@@ -140,6 +140,9 @@ fn a_live_owner_whose_every_copy_died_writes_its_key_again() {
     let summary: serde_json::Value = serde_json::from_str(stdout.trim()).expect("JSON summary");
     assert_eq!(summary["hangs"], 0, "{stdout}");
     assert_eq!(summary["lost_writes"], 0, "{stdout}");
+    assert_eq!(summary["failed_runs"], 0, "{stdout}");
+    let lost = summary["keys_lost_in_recovery"].as_u64().expect("a count");
+    assert!(lost >= 1, "seed 2 loses every copy of some key during recovery: {stdout}\n{stderr}");
 }
 
 #[test]

@@ -23,8 +23,8 @@ impl Runtime {
         if self.finalized.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
-        // SAFETY: MPI was initialised by `Mpi::init` and every handle that used it is gone (this
-        // runs from the last `Arc<Runtime>` owner).
+        // SAFETY: MPI was initialised by `Mpi::init`, and `Mpi::finalize` checked that no
+        // handle that uses it is alive.
         check(unsafe { ffi::MPI_Finalize() }, "MPI_Finalize")
     }
 }
@@ -107,16 +107,69 @@ impl Mpi {
 /// exits and the others are never told; they wait in their next collective forever). So this
 /// asks the launcher to end the job: SIGTERM to the parent process when it is PRRTE's
 /// (`prterun`, or `prted` on a host of a multi-host job, whose loss ends the job), then `_exit`.
-/// The caller prints the error first; the parent's other ranks end within seconds.
+/// One rank per launcher sends it (several SIGTERMs at once left `prterun` deadlocked in about
+/// 1 of 40 runs here); if the launcher is still there after 5 s, that rank SIGKILLs it and the
+/// launcher's other ranks. The caller prints the error first.
 pub fn end_job(code: i32) -> ! {
+    use std::io::Write;
+    let flushed = std::io::stdout().flush().and(std::io::stderr().flush());
+    if flushed.is_ok() {
+        // The launcher forwards output asynchronously: give the error line, and what other
+        // ranks printed just before, time to reach it before it ends the job.
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
     // SAFETY: getppid(2) has no preconditions.
     let parent = unsafe { libc::getppid() };
     if is_launcher(parent) {
-        // SAFETY: kill(2) with a valid pid and signal number; a failure only means the job
-        // cannot be ended this way, and the process exits below either way.
-        unsafe { libc::kill(parent, libc::SIGTERM) };
+        if let Some(_claim) = claim_ending(parent) {
+            end_launcher(parent);
+        }
     }
     crate::failpoint::exit_now(code)
+}
+
+/// Claims the ending of `launcher`'s job for this process: an abstract Unix socket bound by name,
+/// released when the process exits. `None`: another rank has it.
+fn claim_ending(launcher: libc::pid_t) -> Option<std::os::unix::net::UnixListener> {
+    use std::os::linux::net::SocketAddrExt;
+    let name = format!("ftkv-end-job-{launcher}");
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).ok()?;
+    std::os::unix::net::UnixListener::bind_addr(&addr).ok()
+}
+
+/// SIGTERM to the launcher, and after 5 s without effect SIGKILL to its ranks and itself.
+fn end_launcher(launcher: libc::pid_t) {
+    signal(launcher, libc::SIGTERM);
+    let started = std::time::Instant::now();
+    while is_launcher(launcher) && started.elapsed() < std::time::Duration::from_secs(5) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    if !is_launcher(launcher) {
+        return;
+    }
+    let me = std::process::id() as libc::pid_t;
+    for sibling in children_of(launcher).into_iter().filter(|&pid| pid != me) {
+        signal(sibling, libc::SIGKILL);
+    }
+    signal(launcher, libc::SIGKILL);
+}
+
+fn signal(pid: libc::pid_t, signal: libc::c_int) {
+    // SAFETY: kill(2) with a pid and a valid signal number; a failure (the process is gone)
+    // needs no handling, since ending it was the purpose.
+    unsafe { libc::kill(pid, signal) };
+}
+
+/// The pids whose parent is `parent`, from `/proc/<pid>/stat`.
+fn children_of(parent: libc::pid_t) -> Vec<libc::pid_t> {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    let pids = entries.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<libc::pid_t>().ok());
+    pids.filter(|&pid| parent_of(pid) == Some(parent)).collect()
+}
+
+fn parent_of(pid: libc::pid_t) -> Option<libc::pid_t> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// Whether process `pid` is one of PRRTE's launcher processes.

@@ -229,7 +229,7 @@ pub fn run<P: Problem>(world: &Comm, problem: &P, config: &PoolConfig) -> Result
     };
     worker.start()?;
     let (total, sums) = worker.work()?;
-    let workers = worker.state.received.len() as i32;
+    let workers = worker.store.workers() as i32;
     let failed = (0..workers).filter(|w| !worker.live.contains(w)).collect();
     Ok(Outcome {
         failed,

@@ -179,6 +179,7 @@ impl StuckCall {
 /// The steps of a recovery attempt, in order, named for the message of a [`Deadline`] that
 /// expires inside one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(usize)]
 pub(crate) enum Step {
     Revoke,
     Shrink,
@@ -212,7 +213,7 @@ impl Step {
             Step::CopyOut => "copy to new holders (MPI_Put, MPI_Win_flush)",
             Step::Barrier => "barrier after the copies (MPI_Barrier)",
             Step::Agree => "agree on the attempt (MPIX_Comm_agree)",
-            Step::FreeWindow => "free the old window (MPI_Win_free)",
+            Step::FreeWindow => "free a window (MPI_Win_free)",
         }
     }
 }
@@ -223,8 +224,7 @@ pub(crate) struct StepMarker(std::sync::atomic::AtomicUsize);
 
 impl StepMarker {
     pub fn set(&self, step: Step) {
-        let index = Step::ALL.iter().position(|&s| s == step).unwrap_or_default();
-        self.0.store(index, Ordering::Release);
+        self.0.store(step as usize, Ordering::Release);
     }
 
     pub fn get(&self) -> Step {

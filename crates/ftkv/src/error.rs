@@ -23,7 +23,10 @@ pub enum Error {
     ForeignOwner { key: Key, me: i32 },
     #[error("invalid configuration: {0}")]
     InvalidConfig(String),
-    #[error("configuration differs between ranks (ranks {ranks:?} disagree with rank 0)")]
+    #[error(
+        "configuration rejected: it differs from rank 0's or is invalid on ranks {ranks:?} \
+         (their own error says which)"
+    )]
     ConfigMismatch { ranks: Vec<i32> },
     #[error(
         "windows of {per_rank} bytes on each of {ranks} ranks exceed this host's {capacity} bytes \

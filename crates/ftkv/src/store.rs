@@ -517,6 +517,7 @@ impl<F: Fabric> Store<F> {
         let attempt = self.rebuild(&shrunk, retained, step);
         let ok = attempt.result.is_ok() && shrunk.failed_ranks().is_ok_and(|f| f.is_empty());
         if !ok {
+            step.set(Step::Revoke);
             let revoked = shrunk.revoke();
             if let Err(e) = revoked {
                 eprintln!("ftkv: revoke during recovery: {e}");
@@ -530,13 +531,13 @@ impl<F: Fabric> Store<F> {
         let agreed = match shrunk.agree(attempt.flags(ok)) {
             Ok(agreed) => agreed,
             Err(e) => {
-                self.dispose(attempt, false);
+                self.dispose(attempt, false, step);
                 return Err(Error::Mpi(e));
             }
         };
         self.trace(&format!("agreed {}", agreed.value));
         if agreed.value & ATTEMPT_SUCCEEDED == 0 {
-            self.dispose(attempt, agreed.value & WINDOW_OPENED != 0);
+            self.dispose(attempt, agreed.value & WINDOW_OPENED != 0, step);
             return Ok(None);
         }
         let window = attempt.window.expect("agreement implies a window");
@@ -551,7 +552,8 @@ impl<F: Fabric> Store<F> {
     /// Frees a failed attempt's window when every survivor opened it (only an agreement can say
     /// so, and freeing is collective); otherwise leaves it allocated, since a collective free
     /// that some survivors never join would not return.
-    fn dispose(&self, attempt: Attempt<F::Window>, everyone_opened: bool) {
+    fn dispose(&self, attempt: Attempt<F::Window>, everyone_opened: bool, step: &StepMarker) {
+        step.set(Step::FreeWindow);
         let Some(window) = attempt.window else { return };
         if !everyone_opened {
             self.trace("failed attempt's window left allocated");

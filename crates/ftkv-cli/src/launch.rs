@@ -60,11 +60,13 @@ impl Launch {
         self
     }
 
-    /// `FTKV_TEST_BTL=tcp` moves the job to `--mca btl self,tcp` (the transport between nodes);
-    /// the real-MPI tests run once without and once with it.
+    /// `FTKV_TEST_BTL=tcp` moves the job to `--mca btl self,tcp` (the transport between nodes),
+    /// pinned to the loopback interface: Open MPI's default excludes `127.0.0.1/8` and would
+    /// talk over the machine's external address. The real-MPI tests run once without and once
+    /// with it.
     pub fn transport_from_env(self) -> Launch {
         match std::env::var("FTKV_TEST_BTL").as_deref() {
-            Ok("tcp") => self.mca("btl", "self,tcp"),
+            Ok("tcp") => self.mca("btl", "self,tcp").mca("btl_tcp_if_include", "lo"),
             _ => self,
         }
     }

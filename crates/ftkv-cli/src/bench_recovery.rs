@@ -64,10 +64,7 @@ fn recovery_row(
     killed_us: u64,
 ) -> Result<RecoveryRow> {
     let line = |r: usize| out.rank_lines(r).iter().find(|l| l.starts_with("recovery "));
-    let failed: Vec<usize> = (0..ranks)
-        .filter_map(|r| field(line(r)?, "failed"))
-        .flat_map(|l| l.split(',').filter_map(|w| w.parse().ok()).collect::<Vec<usize>>())
-        .collect();
+    let failed = out.agreed_failed(ranks, "recovery ");
     let survivors = (0..ranks).filter(|r| *r != victim && !failed.contains(r));
     let lines: Vec<Option<&String>> = survivors.map(line).collect();
     ensure!(

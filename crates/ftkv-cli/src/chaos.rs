@@ -177,7 +177,7 @@ fn run_once(exe: &std::path::Path, campaign: &Campaign, seed: u64) -> Result<Run
 /// set), who finished, and what the finished survivors read.
 fn classify(out: &crate::launch::JobOutput, ranks: usize, killed: &[usize]) -> RunResult {
     let histories = parse_histories(out, ranks);
-    let agreed_failed = agreed_failed(out, ranks);
+    let agreed_failed = out.agreed_failed(ranks, "done=yes");
     let dead = |r: &usize| killed.contains(r) || agreed_failed.contains(r);
     let survivors: Vec<usize> = (0..ranks).filter(|r| !dead(r)).collect();
     let (finished, unfinished): (Vec<usize>, Vec<usize>) =
@@ -220,18 +220,6 @@ fn recoveries(out: &crate::launch::JobOutput, ranks: usize) -> (usize, u64) {
     (widest, lost)
 }
 
-/// The workers that the finished survivors agreed had failed (`done=yes failed=1,3`).
-fn agreed_failed(out: &crate::launch::JobOutput, ranks: usize) -> Vec<usize> {
-    let done_line = |r: usize| out.rank_lines(r).iter().find(|l| l.starts_with("done=yes"));
-    let mut failed: Vec<usize> = (0..ranks)
-        .filter_map(|r| crate::launch::field(done_line(r)?, "failed"))
-        .flat_map(|list| list.split(',').filter_map(|w| w.parse().ok()).collect::<Vec<_>>())
-        .collect();
-    failed.sort_unstable();
-    failed.dedup();
-    failed
-}
-
 /// Who was killed, and for each survivor that did not finish its last lines and its stderr.
 fn diagnose(out: &crate::launch::JobOutput, killed: &[usize], unfinished: &[usize]) -> String {
     let mut text = format!("  killed ranks {killed:?}, unfinished survivors {unfinished:?}\n");
@@ -244,9 +232,7 @@ fn diagnose(out: &crate::launch::JobOutput, killed: &[usize], unfinished: &[usiz
         for line in &lines[lines.len().saturating_sub(6)..] {
             text += &format!("  [rank {rank}] {line}\n");
         }
-        let tag = format!("[1,{rank}]<stderr>:");
-        let own = out.stderr.lines().filter_map(|l| l.strip_prefix(&tag));
-        let own: Vec<&str> = own.filter(|l| is_own_diagnostic(l)).collect();
+        let own: Vec<&str> = out.own_stderr(rank).filter(|l| is_own_diagnostic(l)).collect();
         for line in &own[own.len().saturating_sub(20)..] {
             text += &format!("  [rank {rank} stderr] {line}\n");
         }
@@ -257,9 +243,7 @@ fn diagnose(out: &crate::launch::JobOutput, killed: &[usize], unfinished: &[usiz
 /// Whether `rank` left evidence that it ended as a fail-stop failure: ftkv's watchdog message
 /// or Open MPI's fatal-signal report.
 fn ended_as_fail_stop(out: &crate::launch::JobOutput, rank: usize) -> bool {
-    let tag = format!("[1,{rank}]<stderr>:");
-    let own = out.stderr.lines().filter_map(|l| l.strip_prefix(&tag));
-    own.map(str::trim).any(|l| {
+    out.own_stderr(rank).map(str::trim).any(|l| {
         (l.starts_with("ftkv:") && l.contains("ending this process"))
             || l.contains("*** Process received signal")
     })
@@ -267,9 +251,8 @@ fn ended_as_fail_stop(out: &crate::launch::JobOutput, rank: usize) -> bool {
 
 /// Whether `rank` was ended by the recovery deadline (a recovery attempt stuck inside Open MPI).
 fn ended_stuck_in_recovery(out: &crate::launch::JobOutput, rank: usize) -> bool {
-    let tag = format!("[1,{rank}]<stderr>:");
-    let own = out.stderr.lines().filter_map(|l| l.strip_prefix(&tag));
-    own.map(str::trim)
+    out.own_stderr(rank)
+        .map(str::trim)
         .any(|l| l.starts_with("ftkv:") && l.contains("recovery attempt has not ended"))
 }
 

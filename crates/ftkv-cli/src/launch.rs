@@ -627,6 +627,24 @@ impl JobOutput {
         self.rank_lines(rank).iter().find_map(|line| field(line, key))
     }
 
+    /// The worker ids that ranks listed as `failed=1,3` on the first line starting with
+    /// `prefix` (their report of the failed set they agreed on), sorted, without repeats.
+    pub fn agreed_failed(&self, ranks: usize, prefix: &str) -> Vec<usize> {
+        let report = |r: usize| self.rank_lines(r).iter().find(|l| l.starts_with(prefix));
+        let lists = (0..ranks).filter_map(|r| field(report(r)?, "failed"));
+        let mut failed: Vec<usize> =
+            lists.flat_map(|l| l.split(',').filter_map(|w| w.parse().ok())).collect();
+        failed.sort_unstable();
+        failed.dedup();
+        failed
+    }
+
+    /// The stderr lines of rank `rank`, without Open MPI's `[1,rank]<stderr>:` tag.
+    pub fn own_stderr(&self, rank: usize) -> impl Iterator<Item = &str> {
+        let tag = format!("[1,{rank}]<stderr>:");
+        self.stderr.lines().filter_map(move |l| l.strip_prefix(tag.as_str()))
+    }
+
     /// All output, for failure messages.
     pub fn transcript(&self) -> String {
         let mut text = String::new();
@@ -713,6 +731,20 @@ mod tests {
         drop(file);
         remove_unused_segments(&[]);
         assert!(!path.exists(), "an unused new segment is removed");
+    }
+
+    #[test]
+    fn the_agreed_failed_set_comes_from_each_rank_s_report_line() {
+        let out = JobOutput::parse(
+            "[1,0]<stdout>: recovered failed=9\n[1,0]<stdout>: done=yes failed=3,1\n\
+             [1,2]<stdout>: done=yes failed=1,3\n[1,4]<stdout>: done=yes failed=-\n",
+            "[1,2]<stderr>: ftkv: x\n[1,0]<stderr>: y\n".into(),
+            None,
+            false,
+            Duration::ZERO,
+        );
+        assert_eq!(out.agreed_failed(5, "done=yes"), vec![1, 3]);
+        assert_eq!(out.own_stderr(2).collect::<Vec<_>>(), vec![" ftkv: x"]);
     }
 
     #[test]

@@ -349,22 +349,10 @@ fn result_line(out: &JobOutput, rank: usize) -> Option<&String> {
     out.rank_lines(rank).iter().find(|l| l.starts_with("result "))
 }
 
-/// The workers that the survivors agreed had failed (the `failed=` field of their results):
-/// whoever killed them, this driver or anyone else.
-fn agreed_failed(out: &JobOutput, ranks: usize) -> Vec<usize> {
-    let lists = (0..ranks).filter_map(|r| field(result_line(out, r)?, "failed"));
-    let mut failed: Vec<usize> = lists
-        .flat_map(|l| l.split(',').filter_map(|w| w.parse().ok()).collect::<Vec<_>>())
-        .collect();
-    failed.sort_unstable();
-    failed.dedup();
-    failed
-}
-
 /// Every survivor's `result` line must agree; the report takes it. Survivors are the ranks
 /// that neither this driver killed nor the survivors agreed had failed.
 fn result_of(out: &JobOutput, demo: &Demo, watch: &Watch) -> Result<RunReport> {
-    let failed = agreed_failed(out, demo.ranks);
+    let failed = out.agreed_failed(demo.ranks, "result ");
     let dead = |r: &usize| watch.killed.contains(r) || failed.contains(r);
     let survivors: Vec<usize> = (0..demo.ranks).filter(|r| !dead(r)).collect();
     let mut results = Vec::new();

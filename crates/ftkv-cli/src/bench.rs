@@ -41,9 +41,17 @@ pub fn put_rank_main(copies: usize, sizes: &[usize], iterations: usize) -> Resul
     Ok(())
 }
 
-fn holders(world: &Comm, copies: usize) -> Vec<i32> {
+/// The holders the store places this rank's checkpoint on (host-aware, as the store does).
+fn holders(world: &Comm, copies: usize) -> Result<Vec<i32>> {
     let live: Vec<i32> = (0..world.size()).collect();
-    placement::holders(world.rank(), 0, &live, copies)
+    let hosts = host_ids(world)?;
+    Ok(placement::holders(world.rank(), 0, &live, &hosts, copies))
+}
+
+/// Every rank's host id, in rank order.
+pub fn host_ids(world: &Comm) -> Result<Vec<u32>> {
+    let all = world.allgather(&world.host_id()?.to_le_bytes())?;
+    Ok(all.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
 }
 
 /// Fails on every rank alike, before anything is allocated, when windows of `per_rank` bytes on
@@ -67,7 +75,7 @@ fn raw_put(world: &Comm, copies: usize, size: usize, iterations: usize) -> Resul
     ensure_windows_fit(world, per_rank)?;
     let window: LockedWindow = Window::allocate(world, per_rank)?.lock_all()?;
     world.barrier()?;
-    let targets = holders(world, copies);
+    let targets = holders(world, copies)?;
     let data = vec![7u8; size];
     let disp = (world.rank() as usize * size) as i64;
     let mut samples = Vec::with_capacity(iterations);
@@ -261,7 +269,7 @@ fn raw_checkpoints(world: &Comm, run: Run) -> Result<Option<(WorkloadResult, boo
     let per_rank = slot.checked_mul(ranks * 2).context("window size overflows")?;
     ensure_windows_fit(world, per_rank)?;
     let window = Window::allocate(world, per_rank)?.lock_all()?;
-    let targets = holders(world, copies);
+    let targets = holders(world, copies)?;
     let disp = |kind: u16| ((world.rank() as usize * 2 + kind as usize) * slot) as i64;
     let zeros = [0u8; 8];
     world.barrier()?;

@@ -22,6 +22,7 @@ pub fn install() -> Result<()> {
         result = ctrlc::set_handler(|| {
             INTERRUPTED.store(true, Ordering::Release);
             crate::launch::end_running_jobs();
+            crate::cluster::remove_live_clusters();
             crate::peers::kill_registered();
             eprintln!("ftkv: interrupted; jobs and peer servers stopped");
             std::process::exit(130);

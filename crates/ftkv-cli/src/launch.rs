@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
 
+use crate::cluster::{Hosts, SimulatedCluster};
 use crate::env;
 
 /// Variables of ftkv's that every job's ranks see when they are set here.
@@ -27,6 +28,7 @@ pub struct Launch {
     env: Vec<(String, String)>,
     mca: Vec<(String, String)>,
     timeout: Duration,
+    attached: bool,
 }
 
 impl Launch {
@@ -40,6 +42,7 @@ impl Launch {
             env: Vec::new(),
             mca: Vec::new(),
             timeout: Duration::from_secs(60),
+            attached: false,
         }
     }
 
@@ -71,16 +74,30 @@ impl Launch {
         }
     }
 
+    /// The job's output goes straight to this process's stdout and stderr, untagged (the
+    /// returned [`JobOutput`] then holds no lines).
+    pub fn attached(mut self) -> Launch {
+        self.attached = true;
+        self
+    }
+
     pub fn timeout(mut self, timeout: Duration) -> Launch {
         self.timeout = timeout;
         self
     }
 
-    /// The `mpirun` command line (ftkv's variables set in this process are passed on to the
-    /// ranks: `FTKV_FAILPOINT`, `FTKV_TRACE`).
-    pub fn command(&self) -> Command {
-        let mut cmd = Command::new(env::mpirun());
-        cmd.args(mpirun_flags(self.ranks)).args(["--output", "tag"]);
+    /// The `mpirun` command line on `hosts` (ftkv's variables set in this process are passed
+    /// on to the ranks: `FTKV_FAILPOINT`, `FTKV_TRACE`).
+    fn command(&self, hosts: &Hosts, cluster: Option<&SimulatedCluster>) -> Result<Command> {
+        let mut cmd = match cluster {
+            Some(cluster) => cluster.launcher(&env::mpirun()),
+            None => Command::new(env::mpirun()),
+        };
+        let hostfile = cluster.map(SimulatedCluster::hostfile);
+        cmd.args(mpirun_flags(self.ranks, hosts, hostfile.as_deref())?);
+        if !self.attached {
+            cmd.args(["--output", "tag"]);
+        }
         for (key, value) in &self.mca {
             cmd.args(["--mca", key, value]);
         }
@@ -98,7 +115,14 @@ impl Launch {
             }
         }
         cmd.arg(&self.program).args(&self.args);
-        cmd
+        Ok(cmd)
+    }
+
+    /// The simulated hosts for a job on `hosts`, made now (`None` for a real or no hostfile).
+    fn cluster_for(&self, hosts: &Hosts) -> Result<Option<SimulatedCluster>> {
+        let Hosts::Simulated(nodes) = *hosts else { return Ok(None) };
+        crate::cluster::remove_orphaned_clusters();
+        SimulatedCluster::create(nodes, self.ranks.div_ceil(nodes)).map(Some)
     }
 
     /// Runs the job to completion or until the timeout (then `mpirun` and every process under
@@ -114,23 +138,28 @@ impl Launch {
         crate::interrupt::install()?;
         ensure!(!crate::interrupt::interrupted(), "interrupted; no new job is started");
         remove_unused_segments(&[]);
+        let hosts = Hosts::from_env()?;
+        let cluster = self.cluster_for(&hosts)?;
+        let command = self.command(&hosts, cluster.as_ref())?;
         let shm_before = shm_segments();
         let start = Instant::now();
-        let mut child = spawn(self.command())?;
+        let mut child = spawn(command, self.attached)?;
         let processes = JobProcesses::register(child.id(), shm_before);
-        let stdout = child.stdout.take().context("mpirun stdout")?;
-        let mut stderr = child.stderr.take().context("mpirun stderr")?;
         let (sender, lines) = std::sync::mpsc::channel();
-        let out_reader = std::thread::spawn(move || forward_lines(stdout, &sender));
-        let err_reader = std::thread::spawn(move || read_all(&mut stderr));
+        let (mut out_reader, mut err_reader) = (None, None);
+        if let (Some(stdout), Some(mut stderr)) = (child.stdout.take(), child.stderr.take()) {
+            out_reader = Some(std::thread::spawn(move || forward_lines(stdout, &sender)));
+            err_reader = Some(std::thread::spawn(move || read_all(&mut stderr)));
+        }
         Ok(RunningJob {
             _slot: slot,
             child,
+            cluster,
             processes,
             lines,
             seen: Vec::new(),
-            out_reader: Some(out_reader),
-            err_reader: Some(err_reader),
+            out_reader,
+            err_reader,
             start,
             deadline: start + self.timeout,
         })
@@ -141,6 +170,8 @@ impl Launch {
 pub struct RunningJob {
     _slot: std::sync::MutexGuard<'static, ()>,
     child: Child,
+    /// Dropped (removed) after the job's processes have ended.
+    cluster: Option<SimulatedCluster>,
     processes: JobProcesses,
     lines: std::sync::mpsc::Receiver<String>,
     seen: Vec<String>,
@@ -166,6 +197,11 @@ impl RunningJob {
     pub fn is_running(&mut self) -> bool {
         self.processes.refresh_if_due();
         Instant::now() < self.deadline && matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// The simulated hosts the job runs on (`--nodes`), if any.
+    pub fn cluster(&self) -> Option<&SimulatedCluster> {
+        self.cluster.as_ref()
     }
 
     /// Time since the job started.
@@ -244,14 +280,16 @@ fn forward_lines(stdout: impl Read, sender: &std::sync::mpsc::Sender<String>) {
     }
 }
 
-/// The flags every ftkv job runs with.
-pub fn mpirun_flags(ranks: usize) -> Vec<String> {
-    let mut flags: Vec<String> = ["--with-ft", "ulfm", "--oversubscribe"].map(String::from).into();
+/// The flags every ftkv job runs with: ULFM, the rank count and the ranks' placement on
+/// `hosts` (`hostfile`: a simulated cluster's).
+pub fn mpirun_flags(ranks: usize, hosts: &Hosts, hostfile: Option<&Path>) -> Result<Vec<String>> {
+    let mut flags: Vec<String> = ["--with-ft", "ulfm"].map(String::from).into();
     if is_root() {
         flags.push("--allow-run-as-root".into());
     }
     flags.extend(["-n".to_owned(), ranks.to_string()]);
-    flags
+    flags.extend(crate::cluster::mapping_flags(hosts, ranks, hostfile)?);
+    Ok(flags)
 }
 
 fn is_root() -> bool {
@@ -267,9 +305,13 @@ pub fn job_slot() -> std::sync::MutexGuard<'static, ()> {
     SLOT.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-fn spawn(mut cmd: Command) -> Result<Child> {
+/// Starts `mpirun` in a process group of its own, its output piped unless `attached`.
+fn spawn(mut cmd: Command, attached: bool) -> Result<Child> {
     use std::os::unix::process::CommandExt;
-    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0);
+    cmd.stdin(Stdio::null()).process_group(0);
+    if !attached {
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    }
     cmd.spawn().with_context(|| format!("cannot start {:?} (run scripts/setup.sh)", env::mpirun()))
 }
 

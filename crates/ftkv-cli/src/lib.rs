@@ -6,6 +6,7 @@ pub mod bench;
 pub mod bench_recovery;
 pub mod bench_store;
 pub mod chaos;
+pub mod cluster;
 pub mod env;
 pub mod interrupt;
 pub mod launch;

@@ -17,6 +17,39 @@ use ftkv_cli::{bench_store, chaos, env, launch, probe, rank_failure, tasks};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    #[command(flatten)]
+    hosts: HostArgs,
+}
+
+/// Where the ranks of the jobs ftkv launches run.
+#[derive(clap::Args)]
+struct HostArgs {
+    /// Run the ranks over N hosts simulated on this machine (network namespaces, a daemon per
+    /// host, TCP between them; needs root): the way to test multi-host behaviour on one machine.
+    #[arg(long, global = true, value_name = "N", value_parser = args::at_least(1usize))]
+    #[arg(allow_negative_numbers = true)]
+    nodes: Option<usize>,
+    /// A real cluster's hostfile for mpirun; ranks follow its slots.
+    #[arg(long, global = true, value_name = "FILE", conflicts_with = "nodes")]
+    hostfile: Option<PathBuf>,
+    /// mpirun's --map-by (default: by slot).
+    #[arg(long, global = true, value_name = "SPEC")]
+    map_by: Option<String>,
+}
+
+impl HostArgs {
+    /// Hands the choice to the launcher (and to jobs this process starts) by environment.
+    fn export(&self) {
+        if let Some(nodes) = self.nodes {
+            std::env::set_var(ftkv_cli::cluster::NODES_VAR, nodes.to_string());
+        }
+        if let Some(file) = &self.hostfile {
+            std::env::set_var(ftkv_cli::cluster::HOSTFILE_VAR, file);
+        }
+        if let Some(spec) = &self.map_by {
+            std::env::set_var(ftkv_cli::cluster::MAP_BY_VAR, spec);
+        }
+    }
 }
 
 #[derive(Subcommand)]
@@ -309,6 +342,9 @@ as proc_failed can serve as failure detectors.";
 
 fn main() {
     let cli = Cli::parse();
+    if !env::running_under_mpirun() {
+        cli.hosts.export();
+    }
     if env::running_under_mpirun() {
         rank_failure::end_job_on_panic();
     }
@@ -474,23 +510,24 @@ fn run_probe(json: Option<PathBuf>, hang_after: Duration, filters: &[String]) ->
     Ok(())
 }
 
-/// Outside `mpirun`, replaces this process by `mpirun -n <ranks> <this binary> <same args>`;
-/// under `mpirun`, returns at once.
+/// Outside `mpirun`, runs `mpirun -n <ranks> <this binary> <same args>` on the hosts the
+/// options chose, with the job's output as this process's, and exits with its status; under
+/// `mpirun`, returns at once.
 fn launch_under_mpirun(ranks: usize) -> Result<()> {
     if env::running_under_mpirun() {
         return Ok(());
     }
     anyhow::ensure!(ranks >= 1, "-n must be at least 1");
-    use std::os::unix::process::CommandExt;
     let exe = std::env::current_exe().context("locating the ftkv binary")?;
-    let mut cmd = std::process::Command::new(env::mpirun());
-    cmd.args(launch::mpirun_flags(ranks)).arg(exe).args(std::env::args_os().skip(1));
-    for (key, value) in env::MCA_DEFAULTS {
-        if std::env::var_os(key).is_none() {
-            cmd.env(key, value);
-        }
-    }
-    let error = cmd.exec();
-    Err(error)
-        .with_context(|| format!("cannot start {} (run scripts/setup.sh)", env::mpirun().display()))
+    let args = std::env::args_os().skip(1).map(|a| a.to_string_lossy().into_owned());
+    let out = launch::Launch::new(exe, ranks)
+        .args(args)
+        .attached()
+        .timeout(ATTACHED_JOB_LIMIT)
+        .run()?;
+    anyhow::ensure!(!out.timed_out, "the job did not end within {ATTACHED_JOB_LIMIT:?}");
+    std::process::exit(out.status.and_then(|s| s.code()).unwrap_or(1));
 }
+
+/// The longest a job started by [`launch_under_mpirun`] may run.
+const ATTACHED_JOB_LIMIT: Duration = Duration::from_secs(3600);

@@ -73,6 +73,13 @@ impl Comm {
         self.rank
     }
 
+    /// An id of the host this process runs on: equal for processes on one host (the same
+    /// processor name), different otherwise (up to 32-bit hash collisions). Local.
+    pub fn host_id(&self) -> Result<u32> {
+        let name = crate::runtime::processor_name()?;
+        Ok(name.bytes().fold(0x811c_9dc5u32, |h, b| (h ^ b as u32).wrapping_mul(0x0100_0193)))
+    }
+
     /// Number of processes in the communicator (dead ones included until a shrink).
     pub fn size(&self) -> i32 {
         self.size
@@ -84,6 +91,15 @@ impl Comm {
         let mut raw = null_comm();
         // SAFETY: `self.raw` is a valid communicator; `raw` is a valid out-pointer.
         check(unsafe { ffi::MPI_Comm_dup(self.raw, &mut raw) }, "MPI_Comm_dup")?;
+        Comm::owned(raw, self.runtime.clone())
+    }
+
+    /// `MPI_Comm_split`: the members that pass the same `color`, ordered by `key` (ties by rank).
+    /// Collective; fails with `ProcFailed` if a member is dead.
+    pub fn split(&self, color: i32, key: i32) -> Result<Comm> {
+        let mut raw = null_comm();
+        // SAFETY: `self.raw` is a valid communicator; `raw` is a valid out-pointer.
+        check(unsafe { ffi::MPI_Comm_split(self.raw, color, key, &mut raw) }, "MPI_Comm_split")?;
         Comm::owned(raw, self.runtime.clone())
     }
 

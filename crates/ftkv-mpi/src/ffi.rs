@@ -71,6 +71,7 @@ extern "C" {
     ) -> c_int;
     pub fn MPI_Finalize() -> c_int;
     pub fn MPI_Wtime() -> c_double;
+    pub fn MPI_Get_processor_name(name: *mut c_char, len: *mut c_int) -> c_int;
     pub fn MPI_Error_class(code: c_int, class: *mut c_int) -> c_int;
     pub fn MPI_Error_string(code: c_int, string: *mut c_char, len: *mut c_int) -> c_int;
     pub fn MPI_Get_address(location: *const c_void, address: *mut MPI_Aint) -> c_int;
@@ -79,6 +80,7 @@ extern "C" {
     pub fn MPI_Comm_rank(comm: MPI_Comm, rank: *mut c_int) -> c_int;
     pub fn MPI_Comm_size(comm: MPI_Comm, size: *mut c_int) -> c_int;
     pub fn MPI_Comm_dup(comm: MPI_Comm, newcomm: *mut MPI_Comm) -> c_int;
+    pub fn MPI_Comm_split(comm: MPI_Comm, color: c_int, key: c_int, newcomm: *mut MPI_Comm) -> c_int;
     pub fn MPI_Comm_free(comm: *mut MPI_Comm) -> c_int;
     pub fn MPI_Comm_group(comm: MPI_Comm, group: *mut MPI_Group) -> c_int;
     pub fn MPI_Group_size(group: MPI_Group, size: *mut c_int) -> c_int;

@@ -13,12 +13,14 @@ mod comm;
 mod error;
 pub mod failpoint;
 mod ffi;
+mod hybrid;
 mod request;
 mod runtime;
 mod window;
 
 pub use comm::{Agreed, Comm, Status, ANY_SOURCE, ANY_TAG};
 pub use error::{MpiError, Result};
+pub use hybrid::{HostScope, HostWindow};
 pub use request::{RecvRequest, SendRequest};
 pub use runtime::{end_job, shared_memory_capacity, wtime, Mpi};
 pub use window::{LockKind, LockedWindow, RmaScope, TargetLock, Window, WindowKind};

@@ -242,3 +242,21 @@ mod tests {
         super::check_abi().expect("MPI_Status layout");
     }
 }
+
+/// Open MPI's `MPI_MAX_PROCESSOR_NAME`.
+const MAX_PROCESSOR_NAME: usize = 256;
+
+/// `MPI_Get_processor_name`: the name of the host this process runs on.
+pub fn processor_name() -> Result<String> {
+    let mut buf = [0 as std::os::raw::c_char; MAX_PROCESSOR_NAME + 1];
+    let mut len = 0;
+    // SAFETY: `buf` holds MPI_MAX_PROCESSOR_NAME + 1 characters, as the call requires, and `len`
+    // is a valid out-pointer.
+    let rc = unsafe { ffi::MPI_Get_processor_name(buf.as_mut_ptr(), &mut len) };
+    check(rc, "MPI_Get_processor_name")?;
+    let bytes: Vec<u8> = buf[..len.clamp(0, MAX_PROCESSOR_NAME as i32) as usize]
+        .iter()
+        .map(|&c| c as u8)
+        .collect();
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
+}

@@ -102,6 +102,12 @@ impl Window {
         Ok(win)
     }
 
+    /// This rank's window memory as a raw pointer and length, for the crate's own message
+    /// servers (an `Allocate` window).
+    pub(crate) fn local_memory(&self) -> (*mut u8, usize) {
+        (self.base, self.len)
+    }
+
     /// The window's kind.
     pub fn kind(&self) -> WindowKind {
         self.kind
@@ -221,7 +227,7 @@ impl Window {
         result
     }
 
-    fn ops(&self) -> Ops {
+    pub(crate) fn ops(&self) -> Ops {
         Ops(self.raw)
     }
 }
@@ -359,7 +365,7 @@ pub struct RmaScope<'buf> {
 }
 
 impl<'buf> RmaScope<'buf> {
-    fn new(ops: Ops) -> Self {
+    pub(crate) fn new(ops: Ops) -> Self {
         RmaScope { ops, targets: [0; 8], touched: 0, _buffers: std::marker::PhantomData }
     }
 
@@ -403,7 +409,7 @@ impl<'buf> RmaScope<'buf> {
         self.ops.accumulate_sum(target, disp, values)
     }
 
-    fn flush(&self) -> Result<()> {
+    pub(crate) fn flush(&self) -> Result<()> {
         if self.touched > self.targets.len() {
             return self.ops.flush_all();
         }
@@ -413,7 +419,7 @@ impl<'buf> RmaScope<'buf> {
 
 /// The raw window handle, for the operations shared by all epoch kinds.
 #[derive(Debug, Clone, Copy)]
-struct Ops(ffi::MPI_Win);
+pub(crate) struct Ops(ffi::MPI_Win);
 
 impl Ops {
     fn put(self, target: i32, disp: i64, data: &[u8]) -> Result<()> {

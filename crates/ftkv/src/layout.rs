@@ -30,22 +30,24 @@ pub struct Layout {
 }
 
 impl Layout {
-    /// The layout for `live` workers (out of `workers` ever), as seen by rank `me` (a stable id).
+    /// The layout for `live` workers, as seen by rank `me` (a stable id). `hosts[w]` is the host
+    /// of worker `w`, for every worker ever (dead ones included): their number is `hosts.len()`.
     pub fn compute(
         live: &[i32],
-        workers: usize,
+        hosts: &[u32],
         kinds: usize,
         copies: usize,
         geometry: SlotGeometry,
         me: i32,
     ) -> Layout {
+        let workers = hosts.len();
         let mut used = vec![0usize; live.len()];
         let mut routes = Vec::with_capacity(workers * kinds);
         let mut local = Vec::new();
         for owner in 0..workers as i32 {
             for kind in 0..kinds as u16 {
                 let mut route = Vec::with_capacity(copies);
-                for worker in holders(owner, kind, live, copies) {
+                for worker in holders(owner, kind, live, hosts, copies) {
                     let rank = live.iter().position(|&w| w == worker).expect("holder is live");
                     let disp = (used[rank] * geometry.slot_len()) as i64;
                     used[rank] += 1;
@@ -84,26 +86,28 @@ mod tests {
     fn offsets_are_dense_per_holder_and_agree_between_ranks() {
         let g = SlotGeometry::new(1000);
         let live = [0, 1, 2, 3];
-        let layouts: Vec<Layout> =
-            live.iter().map(|&me| Layout::compute(&live, 4, 2, 2, g, me)).collect();
-        for layout in &layouts {
-            assert_eq!(layout.local.len(), 4, "4 keys × 2 copies / 4 ranks");
-            assert_eq!(layout.window_len, 4 * g.slot_len());
-        }
-        for key in layouts[0].keys() {
-            for copy in layouts[0].route(key).unwrap() {
-                let hosted = &layouts[copy.worker as usize].local;
-                assert!(hosted.contains(&(key, copy.disp)), "{key} at {copy:?}");
+        for hosts in [[0; 4], [0, 0, 1, 1], [0, 1, 0, 1]] {
+            let layouts: Vec<Layout> =
+                live.iter().map(|&me| Layout::compute(&live, &hosts, 2, 2, g, me)).collect();
+            for layout in &layouts {
+                assert_eq!(layout.local.len(), 4, "4 keys × 2 copies / 4 ranks on {hosts:?}");
+                assert_eq!(layout.window_len, 4 * g.slot_len());
             }
+            for key in layouts[0].keys() {
+                for copy in layouts[0].route(key).unwrap() {
+                    let hosted = &layouts[copy.worker as usize].local;
+                    assert!(hosted.contains(&(key, copy.disp)), "{key} at {copy:?} on {hosts:?}");
+                }
+            }
+            assert!(layouts[0].route(Key::new(4, 0)).is_none());
+            assert!(layouts[0].route(Key::new(0, 2)).is_none());
         }
-        assert!(layouts[0].route(Key::new(4, 0)).is_none());
-        assert!(layouts[0].route(Key::new(0, 2)).is_none());
     }
 
     #[test]
     fn dead_owners_keys_stay_routed_to_live_ranks() {
         let g = SlotGeometry::new(64);
-        let layout = Layout::compute(&[0, 2, 3], 4, 1, 2, g, 0);
+        let layout = Layout::compute(&[0, 2, 3], &[0; 4], 1, 2, g, 0);
         let route = layout.route(Key::new(1, 0)).unwrap();
         let workers: Vec<i32> = route.iter().map(|c| c.worker).collect();
         assert_eq!(workers, vec![2, 3]);

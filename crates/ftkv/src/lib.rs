@@ -12,7 +12,8 @@
 //! ```
 //!
 //! - **Keys** are `(owner, kind)`; the owner is the worker's rank in the communicator the store
-//!   was created on. Copies are placed by [`placement::holders`], never on the owner.
+//!   was created on. Copies are placed by [`placement::holders`], never on the owner, and on as
+//!   many hosts other than the owner's as there are.
 //! - **put / delete** are blocking: `Ok` means every holder has the new version, flushed. The
 //!   data path is passive-target RMA into `MPI_Win_allocate` windows in one `lock_all` epoch:
 //!   data and header to every holder, then one flush per holder. No holder's CPU is involved.

@@ -98,7 +98,7 @@ mod tests {
 
     #[test]
     fn newest_version_wins_and_the_lowest_holder_sends_it() {
-        let layout = Layout::compute(&[0, 2, 3], 4, 1, 2, SlotGeometry::new(64), 0);
+        let layout = Layout::compute(&[0, 2, 3], &[0; 4], 1, 2, SlotGeometry::new(64), 0);
         let k = |o| Key::new(o, 0);
         let records = [
             Record { key: k(0), version: 4, source: 1 },

@@ -47,6 +47,8 @@ pub struct Store<F: Fabric = Comm> {
     geometry: SlotGeometry,
     me: i32,
     workers: usize,
+    /// The host id of every worker, by worker id (learned at creation).
+    hosts: Vec<u32>,
     origin: F,
     comm: Arc<F>,
     window: Option<F::Window>,
@@ -72,15 +74,22 @@ impl<F: Fabric> Store<F> {
     /// Every rank must pass an equal `config`; a rank whose config is invalid gets
     /// [`Error::InvalidConfig`] (or [`Error::WindowTooLarge`] when its window would not fit
     /// this host's shared memory, checked before anything is allocated), and every other rank
-    /// gets [`Error::ConfigMismatch`], also when configs differ (no rank hangs). A dead member
-    /// makes creation fail with an MPI failure error.
+    /// gets [`Error::ConfigMismatch`], also when configs differ (no rank hangs). A rank that
+    /// cannot tell its host ([`Fabric::host_id`] fails) gets that error, the others
+    /// [`Error::ConfigMismatch`]. A dead member makes creation fail with an MPI failure error.
+    ///
+    /// Every member learns every member's host id here, once: placement spreads each key's
+    /// copies over hosts other than its owner's, now and after every recovery.
     pub fn create(comm: &F, config: Config) -> Result<Store<F>> {
         let workers = comm.size() as usize;
         let geometry = SlotGeometry::new(config.max_value);
         let live: Vec<i32> = (0..comm.size()).collect();
         let me = comm.rank();
-        let valid = config.validate(workers).map(|()| {
-            Layout::compute(&live, workers, config.kinds.len(), config.copies, geometry, me)
+        let host = comm.host_id();
+        // A rank that cannot tell its host still joins the allgather, and then says no.
+        let hosts = gather_hosts(comm, host.as_ref().copied().unwrap_or(0))?;
+        let valid = host.map_err(Error::from).and_then(|_| config.validate(workers)).map(|()| {
+            Layout::compute(&live, &hosts, config.kinds.len(), config.copies, geometry, me)
         });
         let valid = valid
             .and_then(|layout| check_window_memory(layout.window_len, workers).map(|()| layout));
@@ -96,6 +105,7 @@ impl<F: Fabric> Store<F> {
             geometry,
             me,
             workers,
+            hosts,
             origin,
             comm: store_comm,
             window: Some(window),
@@ -134,6 +144,12 @@ impl<F: Fabric> Store<F> {
     /// The live workers' ids.
     pub fn live(&self) -> &[i32] {
         &self.layout.live
+    }
+
+    /// The host id of every worker (index: worker id, dead ones included), as
+    /// [`Fabric::host_id`] told at creation.
+    pub fn hosts(&self) -> &[u32] {
+        &self.hosts
     }
 
     pub fn config(&self) -> &Config {
@@ -506,7 +522,7 @@ impl<F: Fabric> Store<F> {
         self.trace(&format!("shrunk to {live:?}"));
         self.layout = Layout::compute(
             &live,
-            self.workers,
+            &self.hosts,
             self.config.kinds.len(),
             self.config.copies,
             self.geometry,
@@ -673,6 +689,12 @@ impl<W: FabricWindow> Attempt<W> {
 struct Recovered {
     keys: usize,
     lost: Vec<Key>,
+}
+
+/// Every member's host id, by rank: one allgather of `mine` (4 bytes little-endian each).
+fn gather_hosts<F: Fabric>(comm: &F, mine: u32) -> Result<Vec<u32>> {
+    let all = comm.allgather(&mine.to_le_bytes())?;
+    Ok(all.chunks(4).map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes"))).collect())
 }
 
 /// Every rank learns whether all configs are valid and equal before anyone acts on its own.

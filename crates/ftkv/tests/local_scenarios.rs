@@ -348,3 +348,141 @@ fn fabric_point(fabric: &LocalFabric, name: &str) {
     use ftkv::fabric::Fabric;
     fabric.failpoint(name);
 }
+
+/// 6 workers over 3 hosts, by slot (0 1 | 2 3 | 4 5) and by node (0 3 | 1 4 | 2 5).
+const BY_SLOT: [u32; 6] = [0, 0, 1, 1, 2, 2];
+const BY_NODE: [u32; 6] = [0, 1, 2, 0, 1, 2];
+
+/// The last values [`write_rounds`] acknowledged for `owner`'s two kinds.
+fn last_values(owner: i32) -> [Vec<u8>; 2] {
+    [value(owner, 5, 500), value(owner, 15, 50)]
+}
+
+/// Five rounds of puts to both own keys, then a sync: every write acknowledged.
+fn write_rounds(store: &mut Store<LocalFabric>) {
+    let me = store.worker();
+    for seq in 1..=5 {
+        store.put(Key::new(me, 0), &value(me, seq, 100 * seq as usize)).expect("put");
+        store.put(Key::new(me, 1), &value(me, 10 + seq, 50)).expect("put loot");
+    }
+    store.sync().expect("sync after the writes");
+}
+
+/// Syncs until a failure shows, then recovers (a sync may still succeed just after a kill).
+fn recover_from_failure(store: &mut Store<LocalFabric>) -> ftkv::RecoveryReport {
+    for _ in 0..3 {
+        match store.sync() {
+            Ok(()) => continue,
+            Err(e) if e.needs_recovery() => return store.recover().expect("recover"),
+            Err(e) => panic!("sync: {e}"),
+        }
+    }
+    panic!("worker {}: no failure noticed", store.worker());
+}
+
+/// Every key of every owner reads its last acknowledged value.
+fn assert_last_values(store: &mut Store<LocalFabric>) {
+    for owner in 0..store.workers() as i32 {
+        for (kind, want) in last_values(owner).into_iter().enumerate() {
+            let read = store.get(Key::new(owner, kind as u16)).expect("get");
+            assert_eq!(read, Some(want), "worker {} reads ({owner}, {kind})", store.worker());
+        }
+    }
+}
+
+/// How many hosts other than `owner`'s the workers `ranks` run on.
+fn other_hosts(ranks: &[i32], hosts: &[u32], owner: i32) -> usize {
+    let mut others: Vec<u32> =
+        ranks.iter().map(|&r| hosts[r as usize]).filter(|&h| h != hosts[owner as usize]).collect();
+    others.sort_unstable();
+    others.dedup();
+    others.len()
+}
+
+/// Every key has `copies` distinct live holders (as far as enough workers live), none its
+/// owner, on as many hosts other than its owner's as the live workers offer.
+fn assert_spread(store: &mut Store<LocalFabric>, copies: usize) {
+    let hosts = store.hosts().to_vec();
+    let live = store.live().to_vec();
+    for owner in 0..store.workers() as i32 {
+        let candidates: Vec<i32> = live.iter().copied().filter(|&w| w != owner).collect();
+        for kind in 0..2u16 {
+            let copies_read = store.read_copies(Key::new(owner, kind)).expect("read copies");
+            let mut holders: Vec<i32> = copies_read.into_iter().map(|(w, _)| w).collect();
+            let what = format!("({owner}, {kind}) on {holders:?}, live {live:?}");
+            assert!(!holders.contains(&owner), "{what}");
+            let spread = other_hosts(&holders, &hosts, owner);
+            assert_eq!(spread, copies.min(other_hosts(&candidates, &hosts, owner)), "{what}");
+            holders.sort_unstable();
+            holders.dedup();
+            assert_eq!(holders.len(), copies.min(candidates.len()), "{what}");
+        }
+    }
+}
+
+/// Both workers of host 1 die at one instant: with 2 copies on distinct hosts other than the
+/// owner's, every key keeps a copy, and recovery restores every acknowledged value.
+#[test]
+fn a_whole_host_lost_at_once_loses_no_acknowledged_write() {
+    let cluster = LocalCluster::new(6).with_hosts(BY_SLOT.to_vec());
+    let killer = cluster.clone();
+    let results = within(30, "a host lost".into(), move || {
+        cluster.run(|fabric| {
+            let mut store = Store::create(&fabric, config(2)).expect("create");
+            assert_eq!(store.hosts(), BY_SLOT);
+            assert_spread(&mut store, 2);
+            write_rounds(&mut store);
+            if store.worker() == 0 {
+                killer.kill_all(&[2, 3]);
+            }
+            let report = recover_from_failure(&mut store);
+            sync_until_done(&mut store);
+            assert_last_values(&mut store);
+            assert_spread(&mut store, 2);
+            store.sync().expect("final sync");
+            report
+        })
+    });
+    assert!(results[2].is_none() && results[3].is_none(), "host 1's workers were killed");
+    for (worker, report) in results.into_iter().enumerate().filter(|(w, _)| ![2, 3].contains(w)) {
+        let report = report.expect("a survivor");
+        assert_eq!(report.failed, vec![2, 3], "worker {worker}");
+        assert!(report.keys_lost.is_empty(), "worker {worker}: lost {:?}", report.keys_lost);
+    }
+}
+
+/// One worker dies, then a whole host: after each recovery every key's copies are again on
+/// distinct hosts other than its owner's where the survivors allow, and no value is lost.
+#[test]
+fn recovery_places_copies_on_other_hosts_again() {
+    let cluster = LocalCluster::new(6).with_hosts(BY_NODE.to_vec());
+    let killer = cluster.clone();
+    let results = within(30, "copies spread after recovery".into(), move || {
+        cluster.run(|fabric| {
+            let mut store = Store::create(&fabric, config(2)).expect("create");
+            write_rounds(&mut store);
+            let mut failed = Vec::new();
+            for victims in [&[4][..], &[2, 5]] {
+                if store.worker() == 0 {
+                    killer.kill_all(victims);
+                }
+                let report = recover_from_failure(&mut store);
+                assert!(report.keys_lost.is_empty(), "lost {:?}", report.keys_lost);
+                failed.extend(report.failed);
+                sync_until_done(&mut store);
+                assert_last_values(&mut store);
+                assert_spread(&mut store, 2);
+                store.sync().expect("sync after the checks");
+            }
+            (failed, store.live().to_vec())
+        })
+    });
+    for (worker, result) in results.into_iter().enumerate() {
+        if [2, 4, 5].contains(&worker) {
+            assert!(result.is_none(), "worker {worker} was killed");
+            continue;
+        }
+        let (failed, live) = result.expect("a survivor");
+        assert_eq!((failed, live), (vec![4, 2, 5], vec![0, 1, 3]), "worker {worker}");
+    }
+}

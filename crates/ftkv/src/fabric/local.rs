@@ -6,7 +6,8 @@
 //! collectives never arrive, `failed_ranks` lists it, and `shrink` leaves it out. Its window
 //! memory stays readable and writable, as an `MPI_Win_allocate` window's does. Collectives match
 //! by a per-kind call counter (regular collectives, shrink, agree), as ULFM matches agreements
-//! independently of aborted collectives.
+//! independently of aborted collectives. Every rank runs on host 0 unless
+//! [`LocalCluster::with_hosts`] places them on several (simulated) hosts.
 
 use std::collections::HashMap;
 use std::panic::{self, AssertUnwindSafe};
@@ -38,6 +39,8 @@ struct State {
     windows: Vec<Arc<Memory>>,
     rendezvous: HashMap<(usize, Kind, u64), Rendezvous>,
     armed: HashMap<(i32, String), usize>,
+    /// Each rank's host id.
+    hosts: Vec<u32>,
 }
 
 struct CommState {
@@ -69,11 +72,24 @@ impl LocalCluster {
         let state = State {
             dead: vec![false; ranks],
             comms: vec![CommState { members: (0..ranks as i32).collect(), revoked: false }],
+            hosts: vec![0; ranks],
             ..State::default()
         };
         LocalCluster {
             world: Arc::new(World { state: Mutex::new(state), changed: Condvar::new() }),
         }
+    }
+
+    /// The same cluster with rank `r` on host `hosts[r]` (what [`Fabric::host_id`] answers).
+    ///
+    /// # Panics
+    /// If `hosts` does not name one host per rank.
+    pub fn with_hosts(self, hosts: Vec<u32>) -> LocalCluster {
+        let mut state = self.world.lock();
+        assert_eq!(hosts.len(), state.dead.len(), "one host per rank");
+        state.hosts = hosts;
+        drop(state);
+        self
     }
 
     pub fn ranks(&self) -> usize {
@@ -82,7 +98,13 @@ impl LocalCluster {
 
     /// Kills `rank` now: its threads unwind at their next fabric call.
     pub fn kill(&self, rank: i32) {
-        self.world.mark_dead(rank);
+        self.kill_all(&[rank]);
+    }
+
+    /// Kills every rank of `ranks` at one instant (as a host's loss does): no rank sees one of
+    /// them dead before the others.
+    pub fn kill_all(&self, ranks: &[i32]) {
+        self.world.mark_dead(ranks);
     }
 
     /// Kills `rank` at its `nth` (1-based) pass through failpoint `name`.
@@ -122,7 +144,7 @@ impl LocalCluster {
     fn run_rank<T>(&self, rank: i32, body: impl FnOnce() -> T) -> std::thread::Result<T> {
         let outcome = panic::catch_unwind(AssertUnwindSafe(body));
         if outcome.is_err() {
-            self.world.mark_dead(rank);
+            self.world.mark_dead(&[rank]);
         }
         outcome
     }
@@ -137,8 +159,12 @@ impl World {
         self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn mark_dead(&self, rank: i32) {
-        self.lock().dead[rank as usize] = true;
+    fn mark_dead(&self, ranks: &[i32]) {
+        let mut state = self.lock();
+        for &rank in ranks {
+            state.dead[rank as usize] = true;
+        }
+        drop(state);
         self.changed.notify_all();
     }
 
@@ -287,6 +313,10 @@ impl Fabric for LocalFabric {
         self.world.lock().comms[self.comm].members.len() as i32
     }
 
+    fn host_id(&self) -> FabricResult<u32> {
+        Ok(self.alive_state().hosts[self.me as usize])
+    }
+
     fn dup(&self) -> FabricResult<LocalFabric> {
         let members = self.members(&self.alive_state());
         let id = self.rendezvous(Kind::Collective, Vec::new(), |state, _| {
@@ -401,7 +431,7 @@ impl Fabric for LocalFabric {
     fn stall_point(&self, _name: &str) {}
 
     fn fail_stop(&self, _why: &str) {
-        self.world.mark_dead(self.me);
+        self.world.mark_dead(&[self.me]);
     }
 }
 

@@ -27,6 +27,9 @@ pub trait Fabric: Send + Sync + Sized + 'static {
 
     fn rank(&self) -> i32;
     fn size(&self) -> i32;
+    /// An id of the host this member runs on: equal for members that share a host (share
+    /// memory), different otherwise. Local.
+    fn host_id(&self) -> FabricResult<u32>;
     /// A new communicator with the same members (collective).
     fn dup(&self) -> FabricResult<Self>;
     fn barrier(&self) -> FabricResult<()>;

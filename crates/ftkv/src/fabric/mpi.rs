@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use ftkv_mpi::{failpoint, Agreed, Comm, LockedWindow, RmaScope, Window, ANY_SOURCE};
+use ftkv_mpi::{failpoint, Agreed, Comm, HostScope, HostWindow, ANY_SOURCE};
 
 use super::{Fabric, FabricResult, FabricWindow, RmaOps};
 
@@ -10,7 +10,7 @@ const PING_TAG: i32 = 901;
 const PONG_TAG: i32 = 902;
 
 impl Fabric for Comm {
-    type Window = LockedWindow;
+    type Window = HostWindow;
 
     fn rank(&self) -> i32 {
         Comm::rank(self)
@@ -18,6 +18,10 @@ impl Fabric for Comm {
 
     fn size(&self) -> i32 {
         Comm::size(self)
+    }
+
+    fn host_id(&self) -> FabricResult<u32> {
+        Comm::host_id(self)
     }
 
     fn dup(&self) -> FabricResult<Comm> {
@@ -70,12 +74,14 @@ impl Fabric for Comm {
         Comm::answer_pings(self, PING_TAG, PONG_TAG).map(drop)
     }
 
-    fn open_window(&self, len: usize, zeroed: &[(usize, usize)]) -> FabricResult<LockedWindow> {
-        let window = Window::allocate(self, len)?;
+    /// Shared memory to the members on this host, messages to the others (see
+    /// [`HostWindow`]).
+    fn open_window(&self, len: usize, zeroed: &[(usize, usize)]) -> FabricResult<HostWindow> {
+        let window = HostWindow::allocate(self, len)?;
         for &(offset, len) in zeroed {
             window.write_local(offset, &vec![0u8; len])?;
         }
-        window.lock_all()
+        Ok(window)
     }
 
     fn failpoint(&self, name: &str) {
@@ -92,39 +98,39 @@ impl Fabric for Comm {
     }
 }
 
-impl FabricWindow for LockedWindow {
-    type Scope<'buf> = RmaScope<'buf>;
+impl FabricWindow for HostWindow {
+    type Scope<'buf> = HostScope<'buf>;
 
     fn scope<'buf, R>(
         &self,
-        issue: impl FnOnce(&mut RmaScope<'buf>) -> FabricResult<R>,
+        issue: impl FnOnce(&mut HostScope<'buf>) -> FabricResult<R>,
     ) -> FabricResult<R> {
-        LockedWindow::scope(self, issue)
+        HostWindow::scope(self, issue)
     }
 
     fn sync(&self) -> FabricResult<()> {
-        LockedWindow::sync(self)
+        HostWindow::sync(self)
     }
 
     fn read_local(&self, offset: usize, out: &mut [u8]) -> FabricResult<()> {
-        self.window().read_local(offset, out)
+        HostWindow::read_local(self, offset, out)
     }
 
     fn close(self) -> FabricResult<()> {
-        self.unlock_all()?.free()
+        HostWindow::close(self)
     }
 
     fn abandon(self) {
-        std::mem::forget(self);
+        HostWindow::abandon(self);
     }
 }
 
-impl<'buf> RmaOps<'buf> for RmaScope<'buf> {
+impl<'buf> RmaOps<'buf> for HostScope<'buf> {
     fn put(&mut self, target: i32, disp: i64, data: &'buf [u8]) -> FabricResult<()> {
-        RmaScope::put(self, target, disp, data)
+        HostScope::put(self, target, disp, data)
     }
 
     fn get(&mut self, target: i32, disp: i64, out: &'buf mut [u8]) -> FabricResult<()> {
-        RmaScope::get(self, target, disp, out)
+        HostScope::get(self, target, disp, out)
     }
 }

@@ -240,13 +240,8 @@ fn diagnose(out: &crate::launch::JobOutput, killed: &[usize], unfinished: &[usiz
     text
 }
 
-/// Whether `rank` left evidence that it ended as a fail-stop failure: ftkv's watchdog message
-/// or Open MPI's fatal-signal report.
 fn ended_as_fail_stop(out: &crate::launch::JobOutput, rank: usize) -> bool {
-    out.own_stderr(rank).map(str::trim).any(|l| {
-        (l.starts_with("ftkv:") && l.contains("ending this process"))
-            || l.contains("*** Process received signal")
-    })
+    out.ended_itself(rank)
 }
 
 /// Whether `rank` was ended by the recovery deadline (a recovery attempt stuck inside Open MPI).

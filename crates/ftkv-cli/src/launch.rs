@@ -687,6 +687,20 @@ impl JobOutput {
         self.stderr.lines().filter_map(move |l| l.strip_prefix(tag.as_str()))
     }
 
+    /// Whether `rank` left evidence that it ended itself as a fail-stop failure: ftkv's
+    /// watchdog message or Open MPI's fatal-signal report.
+    pub fn ended_itself(&self, rank: usize) -> bool {
+        self.own_stderr(rank).map(str::trim).any(|l| {
+            (l.starts_with("ftkv:") && l.contains("ending this process"))
+                || l.contains("*** Process received signal")
+        })
+    }
+
+    /// The ranks of a job of `ranks` that ended themselves ([`JobOutput::ended_itself`]).
+    pub fn self_ended(&self, ranks: usize) -> Vec<usize> {
+        (0..ranks).filter(|&r| self.ended_itself(r)).collect()
+    }
+
     /// All output, for failure messages.
     pub fn transcript(&self) -> String {
         let mut text = String::new();

@@ -161,6 +161,9 @@ pub struct RunReport {
     pub failed: Vec<usize>,
     /// Per recovery seen by the survivors: the slowest survivor's store and total milliseconds.
     pub recoveries: Vec<(f64, f64)>,
+    /// Ranks that ended themselves as fail-stop failures (a watchdog): none when only killed
+    /// ranks failed.
+    pub self_ended: Vec<usize>,
     pub matches_published: Option<bool>,
 }
 
@@ -390,6 +393,7 @@ fn result_of(out: &JobOutput, demo: &Demo, watch: &Watch) -> Result<RunReport> {
         killed: watch.killed.clone(),
         kill_ms: watch.kill_ms.clone(),
         recoveries,
+        self_ended: out.self_ended(demo.ranks),
         matches_published: None,
     })
 }
@@ -412,10 +416,11 @@ fn print_verdict(demo: &Demo, r: &RunReport) {
         _ => println!("published: none for these parameters"),
     }
     println!(
-        "killed ranks {:?} at {:?} ms; failed ranks as the survivors agreed {:?}; recoveries (slowest survivor, store ms / total ms): {:?}",
+        "killed ranks {:?} at {:?} ms; failed ranks as the survivors agreed {:?}; ranks that ended themselves {:?}; recoveries (slowest survivor, store ms / total ms): {:?}",
         r.killed,
         r.kill_ms.iter().map(|m| m.round()).collect::<Vec<_>>(),
         r.failed,
+        r.self_ended,
         r.recoveries
     );
     println!(

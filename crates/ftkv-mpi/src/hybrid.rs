@@ -31,6 +31,7 @@ const CTRL_TAG: i32 = 11;
 const PUT_TAG: i32 = 12;
 const GET_TAG: i32 = 13;
 const ACK_TAG: i32 = 14;
+const CONNECT_TAG: i32 = 15;
 
 const OP_PUT: u8 = 1;
 const OP_GET: u8 = 2;
@@ -204,6 +205,9 @@ impl HostWindow {
         let local = Window::allocate(&host, len)?.lock_all()?;
         let host_rank: Arc<[Option<i32>]> = host_ranks(&hosts, hosts[me]).into();
         let spans_hosts = host_rank.iter().any(Option::is_none);
+        if spans_hosts {
+            connect_every_pair(&messages)?;
+        }
         let server = spans_hosts.then(|| {
             let (base, len) = local.window().local_memory();
             Server::start(messages.clone(), Memory { base, len })
@@ -277,6 +281,26 @@ impl Drop for HostWindow {
     fn drop(&mut self) {
         self.server = None;
     }
+}
+
+/// Opens the connection of every pair of members from one side, the lower rank, one distance
+/// at a time, before any other thread uses the communicator: Open MPI's TCP transport can lose
+/// a connection that both sides open at the same moment from several threads ("Epoll ADD ...
+/// Bad file descriptor", after which that pair's messages stall).
+fn connect_every_pair(messages: &Comm) -> Result<()> {
+    let (me, n) = (messages.rank(), messages.size());
+    let mut byte = [0u8; 1];
+    for distance in 1..n {
+        let up = (me + distance) % n;
+        let down = (me - distance).rem_euclid(n);
+        if me < up {
+            messages.send(&[1], up, CONNECT_TAG)?;
+        }
+        if down < me {
+            messages.recv(&mut byte, down, CONNECT_TAG)?;
+        }
+    }
+    messages.barrier()
 }
 
 /// Every member's host id, in rank order.

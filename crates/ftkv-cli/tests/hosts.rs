@@ -1,0 +1,124 @@
+//! ftkv over hosts simulated on this machine (`--nodes`: a network namespace, host name and
+//! PRRTE daemon per host, TCP between them), under real `mpirun --with-ft ulfm`: a job with
+//! kills, all ranks of one host killed at once, and no leftovers (processes, namespaces,
+//! shared-memory files). No process may end itself when only killed ranks failed. Every run
+//! has a hard bound.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ftkv_cli::cluster::namespaces_with_prefix;
+use ftkv_cli::launch::{job_slot, processes_under, shm_segments};
+
+const FTKV: &str = env!("CARGO_BIN_EXE_ftkv");
+
+fn start(args: &[&str]) -> Child {
+    let mut cmd = Command::new(FTKV);
+    cmd.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.spawn().expect("ftkv starts")
+}
+
+fn wait_for_ranks(driver: &Child, word: &str, count: usize) -> Vec<u32> {
+    let started = Instant::now();
+    loop {
+        let ranks = processes_under(driver.id(), word);
+        if ranks.len() >= count {
+            return ranks;
+        }
+        assert!(started.elapsed() < Duration::from_secs(60), "the ranks of {word} never started");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn wait_bounded(mut driver: Child, bound: Duration) -> (std::process::ExitStatus, String, String) {
+    let mut stdout = driver.stdout.take().expect("stdout");
+    let mut stderr = driver.stderr.take().expect("stderr");
+    let out = std::thread::spawn(move || read(&mut stdout));
+    let err = std::thread::spawn(move || read(&mut stderr));
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = driver.try_wait().expect("wait") {
+            break status;
+        }
+        if started.elapsed() > bound {
+            driver.kill().expect("kill the driver");
+            panic!("ftkv did not end within {bound:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    (status, out.join().unwrap(), err.join().unwrap())
+}
+
+fn read(pipe: &mut impl std::io::Read) -> String {
+    let mut text = String::new();
+    pipe.read_to_string(&mut text).expect("readable output");
+    text.replace('\0', "")
+}
+
+/// The network namespace of process `pid` (`net:[inode]`).
+fn netns_of(pid: u32) -> String {
+    let link = std::fs::read_link(format!("/proc/{pid}/ns/net")).expect("a live rank");
+    link.display().to_string()
+}
+
+/// After a driver ended: none of its namespaces, processes or new shared-memory files remain.
+fn assert_no_leftovers(driver_pid: u32, ranks: &[u32], shm_before: &[String]) {
+    let prefix = format!("ftkv{driver_pid}x");
+    assert_eq!(namespaces_with_prefix(&prefix), Vec::<String>::new(), "namespaces left");
+    let alive: Vec<&u32> =
+        ranks.iter().filter(|p| std::path::Path::new(&format!("/proc/{p}")).exists()).collect();
+    assert!(alive.is_empty(), "ranks left running: {alive:?}");
+    let new: Vec<String> = shm_segments().into_iter().filter(|s| !shm_before.contains(s)).collect();
+    assert!(new.is_empty(), "shared-memory files left: {new:?}");
+}
+
+/// The ids in `text` after `label` up to the next `;`, e.g. `[1, 3]`.
+fn list_after(text: &str, label: &str) -> Vec<usize> {
+    let at = text.find(label).unwrap_or_else(|| panic!("no {label:?} in:\n{text}")) + label.len();
+    let list = text[at..].split(';').next().unwrap_or_default();
+    list.trim()
+        .trim_matches(['[', ']'])
+        .split(',')
+        .filter_map(|w| w.trim().parse().ok())
+        .collect()
+}
+
+#[test]
+fn a_demo_over_three_hosts_with_two_kills_matches_and_no_process_ends_itself() {
+    let _slot = job_slot();
+    let shm_before = shm_segments();
+    let args = ["demo", "--nodes", "3", "-n", "6", "--kills", "2", "--copies", "2"];
+    let driver = start(&[&args[..], &["--tree", "T1", "--timeout", "120"]].concat());
+    let pid = driver.id();
+    let ranks = wait_for_ranks(&driver, "tasks-rank", 6);
+    let (status, stdout, stderr) = wait_bounded(driver, Duration::from_secs(180));
+    assert!(status.success(), "the demo failed:\n{stdout}\n{stderr}");
+    assert!(stdout.contains("-> MATCH"), "{stdout}");
+    assert_eq!(list_after(&stdout, "killed ranks").len(), 2, "{stdout}");
+    assert_eq!(list_after(&stdout, "ranks that ended themselves"), Vec::<usize>::new(), "{stdout}");
+    assert_no_leftovers(pid, &ranks, &shm_before);
+}
+
+#[test]
+fn all_ranks_of_one_host_killed_at_once_lose_nothing() {
+    let _slot = job_slot();
+    let shm_before = shm_segments();
+    let args = ["demo", "--nodes", "3", "-n", "6", "--kills", "0", "--copies", "2"];
+    let driver = start(&[&args[..], &["--tree", "T3L", "--timeout", "150"]].concat());
+    let pid = driver.id();
+    let ranks = wait_for_ranks(&driver, "tasks-rank", 6);
+    std::thread::sleep(Duration::from_secs(3));
+    let host = netns_of(ranks[ranks.len() - 1]);
+    let victims: Vec<String> =
+        ranks.iter().filter(|&&p| netns_of(p) == host).map(|p| p.to_string()).collect();
+    assert_eq!(victims.len(), 2, "6 ranks over 3 hosts put 2 on each");
+    let killed = Command::new("kill").arg("-KILL").args(&victims).status().expect("kill");
+    assert!(killed.success());
+    let (status, stdout, stderr) = wait_bounded(driver, Duration::from_secs(200));
+    assert!(status.success(), "the demo failed:\n{stdout}\n{stderr}");
+    assert!(stdout.contains("-> MATCH"), "{stdout}");
+    assert_eq!(list_after(&stdout, "failed ranks as the survivors agreed").len(), 2, "{stdout}");
+    assert_eq!(list_after(&stdout, "ranks that ended themselves"), Vec::<usize>::new(), "{stdout}");
+    assert!(stderr.contains("failed without a kill of this driver's"), "{stderr}");
+    assert_no_leftovers(pid, &ranks, &shm_before);
+}

@@ -520,11 +520,8 @@ fn launch_under_mpirun(ranks: usize) -> Result<()> {
     anyhow::ensure!(ranks >= 1, "-n must be at least 1");
     let exe = std::env::current_exe().context("locating the ftkv binary")?;
     let args = std::env::args_os().skip(1).map(|a| a.to_string_lossy().into_owned());
-    let out = launch::Launch::new(exe, ranks)
-        .args(args)
-        .attached()
-        .timeout(ATTACHED_JOB_LIMIT)
-        .run()?;
+    let out =
+        launch::Launch::new(exe, ranks).args(args).attached().timeout(ATTACHED_JOB_LIMIT).run()?;
     anyhow::ensure!(!out.timed_out, "the job did not end within {ATTACHED_JOB_LIMIT:?}");
     std::process::exit(out.status.and_then(|s| s.code()).unwrap_or(1));
 }

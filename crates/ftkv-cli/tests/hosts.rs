@@ -76,11 +76,7 @@ fn assert_no_leftovers(driver_pid: u32, ranks: &[u32], shm_before: &[String]) {
 fn list_after(text: &str, label: &str) -> Vec<usize> {
     let at = text.find(label).unwrap_or_else(|| panic!("no {label:?} in:\n{text}")) + label.len();
     let list = text[at..].split(';').next().unwrap_or_default();
-    list.trim()
-        .trim_matches(['[', ']'])
-        .split(',')
-        .filter_map(|w| w.trim().parse().ok())
-        .collect()
+    list.trim().trim_matches(['[', ']']).split(',').filter_map(|w| w.trim().parse().ok()).collect()
 }
 
 #[test]

@@ -80,7 +80,12 @@ extern "C" {
     pub fn MPI_Comm_rank(comm: MPI_Comm, rank: *mut c_int) -> c_int;
     pub fn MPI_Comm_size(comm: MPI_Comm, size: *mut c_int) -> c_int;
     pub fn MPI_Comm_dup(comm: MPI_Comm, newcomm: *mut MPI_Comm) -> c_int;
-    pub fn MPI_Comm_split(comm: MPI_Comm, color: c_int, key: c_int, newcomm: *mut MPI_Comm) -> c_int;
+    pub fn MPI_Comm_split(
+        comm: MPI_Comm,
+        color: c_int,
+        key: c_int,
+        newcomm: *mut MPI_Comm,
+    ) -> c_int;
     pub fn MPI_Comm_free(comm: *mut MPI_Comm) -> c_int;
     pub fn MPI_Comm_group(comm: MPI_Comm, group: *mut MPI_Group) -> c_int;
     pub fn MPI_Group_size(group: MPI_Group, size: *mut c_int) -> c_int;

@@ -467,7 +467,15 @@ fn start_recv(
     // SAFETY: `buf` points to `len` writable bytes that stay borrowed (the scope's buffers) or
     // owned (the ack box, moved into the returned value) until the request completed.
     let rc = unsafe {
-        ffi::MPI_Irecv(buf.cast(), count, ffi::ftkv_type_byte, source, tag, messages.raw(), &mut raw)
+        ffi::MPI_Irecv(
+            buf.cast(),
+            count,
+            ffi::ftkv_type_byte,
+            source,
+            tag,
+            messages.raw(),
+            &mut raw,
+        )
     };
     check(rc, "MPI_Irecv").map_err(|e| e.with_peer(source))?;
     Ok(Pending { raw, peer: source, ack, _owned: Vec::new() })
@@ -547,5 +555,6 @@ fn test(request: &mut Pending) -> Result<bool> {
 
 fn ack_error(done: &Pending) -> Option<MpiError> {
     let ack = done.ack.as_ref()?;
-    (ack[0] != ACK_OK).then(|| other("HostWindow", "a remote operation was outside the target's window"))
+    (ack[0] != ACK_OK)
+        .then(|| other("HostWindow", "a remote operation was outside the target's window"))
 }

@@ -235,14 +235,6 @@ pub(crate) fn other(op: &'static str, msg: &str) -> MpiError {
     MpiError::Other { op, class: -1, msg: msg.to_owned() }
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn status_layout_matches_mpi_h() {
-        super::check_abi().expect("MPI_Status layout");
-    }
-}
-
 /// Open MPI's `MPI_MAX_PROCESSOR_NAME`.
 const MAX_PROCESSOR_NAME: usize = 256;
 
@@ -254,9 +246,15 @@ pub fn processor_name() -> Result<String> {
     // is a valid out-pointer.
     let rc = unsafe { ffi::MPI_Get_processor_name(buf.as_mut_ptr(), &mut len) };
     check(rc, "MPI_Get_processor_name")?;
-    let bytes: Vec<u8> = buf[..len.clamp(0, MAX_PROCESSOR_NAME as i32) as usize]
-        .iter()
-        .map(|&c| c as u8)
-        .collect();
+    let bytes: Vec<u8> =
+        buf[..len.clamp(0, MAX_PROCESSOR_NAME as i32) as usize].iter().map(|&c| c as u8).collect();
     Ok(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn status_layout_matches_mpi_h() {
+        super::check_abi().expect("MPI_Status layout");
+    }
 }

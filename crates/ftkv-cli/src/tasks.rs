@@ -381,6 +381,11 @@ fn result_of(out: &JobOutput, demo: &Demo, watch: &Watch) -> Result<RunReport> {
     if !outside.is_empty() {
         eprintln!("[demo] ranks {outside:?} failed without a kill of this driver's; the survivors recovered");
     }
+    for rank in out.self_ended(demo.ranks) {
+        for line in out.own_stderr(rank).map(str::trim).filter(|l| l.starts_with("ftkv:")) {
+            eprintln!("[demo] rank {rank} ended itself: {line}");
+        }
+    }
     Ok(RunReport {
         failed,
         nodes: num("nodes") as u64,

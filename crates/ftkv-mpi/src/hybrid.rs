@@ -73,12 +73,12 @@ struct Server {
 }
 
 impl Server {
-    fn start(messages: Arc<Comm>, memory: Memory) -> Server {
+    fn start(messages: Arc<Comm>, memory: Memory, origins: Vec<i32>) -> Server {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let thread = std::thread::Builder::new()
             .name("ftkv-window-server".into())
-            .spawn(move || serve(&messages, memory, &flag))
+            .spawn(move || serve(&messages, memory, Origins::new(origins), &flag))
             .expect("spawning the window server thread");
         Server { stop, thread: Some(thread) }
     }
@@ -93,25 +93,76 @@ impl Drop for Server {
     }
 }
 
+/// The members whose requests a server takes: those on other hosts. While none has failed, one
+/// wildcard probe finds the next request. Once one has, the server probes each live origin in
+/// turn: a request a dead member left behind cannot be received (ULFM fails the receive) and
+/// would otherwise be the wildcard probe's answer forever, starving every live origin.
+struct Origins {
+    live: Vec<i32>,
+    any_failed: bool,
+    next: usize,
+}
+
+impl Origins {
+    fn new(live: Vec<i32>) -> Origins {
+        Origins { live, any_failed: false, next: 0 }
+    }
+
+    fn mark_failed(&mut self, failed: &[i32]) {
+        let before = self.live.len();
+        self.live.retain(|r| !failed.contains(r));
+        self.any_failed |= self.live.len() < before;
+        self.next = 0;
+    }
+
+    /// The next request's origin and length, probing as described on [`Origins`].
+    fn probe(&mut self, messages: &Comm) -> Result<Option<crate::comm::Status>> {
+        if !self.any_failed {
+            return messages.iprobe(ANY_SOURCE, CTRL_TAG);
+        }
+        for _ in 0..self.live.len() {
+            let origin = self.live[self.next % self.live.len()];
+            self.next = (self.next + 1) % self.live.len();
+            if let Some(status) =
+                messages.iprobe(origin, CTRL_TAG).map_err(|e| e.with_peer(origin))?
+            {
+                return Ok(Some(status));
+            }
+        }
+        Ok(None)
+    }
+}
+
 /// Serves requests until `stop`. A request whose origin died is dropped where it failed (a put
-/// may have written part of its data, which the slot protocol never commits).
-fn serve(messages: &Comm, memory: Memory, stop: &AtomicBool) {
+/// may have written part of its data, which the slot protocol never commits), and that origin
+/// is probed no more.
+fn serve(messages: &Comm, memory: Memory, mut origins: Origins, stop: &AtomicBool) {
     let mut busy_until = Instant::now();
     while !stop.load(Ordering::Acquire) {
-        match messages.iprobe(ANY_SOURCE, CTRL_TAG) {
+        match origins.probe(messages) {
             Ok(Some(status)) => {
-                let _ = serve_request(messages, memory, status.source, status.len);
+                if serve_request(messages, memory, status.source, status.len).is_err() {
+                    origins.mark_failed(&failed_peers(messages));
+                }
                 busy_until = Instant::now() + BUSY_WINDOW;
             }
             Ok(None) if Instant::now() < busy_until => std::thread::yield_now(),
             Ok(None) => std::thread::sleep(IDLE_SLEEP),
             Err(_) => {
-                // A wildcard probe fails while a member's failure is unacknowledged.
-                let _ = messages.failed_ranks();
+                // A wildcard probe fails while a member's failure is unacknowledged, a probe of
+                // one origin when that origin died.
+                origins.mark_failed(&failed_peers(messages));
                 std::thread::sleep(IDLE_SLEEP);
             }
         }
     }
+}
+
+/// The members known to have failed (acknowledging them, so that wildcard probes work again).
+/// An error's own peer is not enough: while a failure is unacknowledged, Open MPI fails
+/// probes of live origins too.
+fn failed_peers(messages: &Comm) -> Vec<i32> {
+    messages.failed_ranks().unwrap_or_default()
 }
 
 fn serve_request(messages: &Comm, memory: Memory, origin: i32, len: usize) -> Result<()> {
@@ -210,7 +261,8 @@ impl HostWindow {
         }
         let server = spans_hosts.then(|| {
             let (base, len) = local.window().local_memory();
-            Server::start(messages.clone(), Memory { base, len })
+            let origins = (0..comm.size()).filter(|&r| host_rank[r as usize].is_none()).collect();
+            Server::start(messages.clone(), Memory { base, len }, origins)
         });
         Ok(HostWindow { local: Some(local), host_rank, server, messages, _host: host })
     }

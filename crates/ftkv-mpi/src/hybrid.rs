@@ -123,9 +123,7 @@ impl Origins {
         for _ in 0..self.live.len() {
             let origin = self.live[self.next % self.live.len()];
             self.next = (self.next + 1) % self.live.len();
-            if let Some(status) =
-                messages.iprobe(origin, CTRL_TAG).map_err(|e| e.with_peer(origin))?
-            {
+            if let Some(status) = messages.iprobe(origin, CTRL_TAG)? {
                 return Ok(Some(status));
             }
         }

@@ -7,6 +7,9 @@
 //! | `FTKV_FAILPOINT` | unset | `name[@ranks][#n]` entries: SIGKILL a rank at a named point |
 //! | `FTKV_TRACE` | unset | set: each rank traces its recovery steps on stderr (`ftkv chaos` sets it; ftkv passes it, and `FTKV_FAILPOINT`, on to the ranks of every job it launches) |
 //! | `FTKV_MAX_RANKS` | 8 × the cores | the most ranks a job ftkv launches may have (`-n`, `--ranks`, `--writers`) |
+//! | `FTKV_NODES` | unset | N: jobs run over N hosts simulated on this machine (`--nodes N` sets it) |
+//! | `FTKV_HOSTFILE` | unset | a hostfile passed to mpirun; ranks follow its slots (`--hostfile FILE` sets it) |
+//! | `FTKV_MAP_BY` | by slot | mpirun's `--map-by` (`--map-by SPEC` sets it) |
 //! | `FTKV_TEST_BTL` | unset | `tcp`: the real-MPI tests run over `--mca btl self,tcp`, pinned to `lo` |
 //! | `OMPI_MCA_btl` | `^ofi` | set by ftkv when unset: skips probing for absent fabrics |
 //! | `OMPI_MCA_osc` | `^ucx` | set by ftkv when unset: skips probing for absent fabrics |

@@ -14,6 +14,7 @@ pub mod peers;
 pub mod ping;
 pub mod probe;
 pub mod rank_failure;
+pub mod render;
 pub mod stats;
 pub mod tasks;
 pub mod values;

@@ -347,6 +347,7 @@ fn main() {
     }
     if env::running_under_mpirun() {
         rank_failure::end_job_on_panic();
+        ftkv_cli::render::install_event_sinks();
     }
     if let Err(e) = run(cli.command) {
         if env::running_under_mpirun() {

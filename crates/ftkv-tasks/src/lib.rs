@@ -2,6 +2,7 @@
 //! N-Queens) on a work-stealing pool whose workers checkpoint into the store and survive
 //! SIGKILLed workers with the exact result ([`pool`]).
 
+pub mod events;
 pub mod nqueens;
 pub mod pool;
 pub mod problem;

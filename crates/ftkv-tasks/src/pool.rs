@@ -24,6 +24,7 @@
 //! store communicators (so that nobody waits in the agreement for a worker that waits
 //! elsewhere).
 
+use crate::events::{self, PoolEvent};
 use std::time::{Duration, Instant};
 
 use ftkv::{Key, Store};
@@ -327,7 +328,8 @@ impl<P: Problem> Worker<'_, P> {
         let Some(every) = self.config.progress else { return };
         if self.last_progress.elapsed() >= every {
             self.last_progress = Instant::now();
-            println!("progress tasks={} nodes={}", self.stats.tasks, self.state.counts.nodes);
+            let (tasks, nodes) = (self.stats.tasks, self.state.counts.nodes);
+            events::emit(PoolEvent::Progress { tasks, nodes });
         }
     }
 
@@ -536,13 +538,13 @@ impl<P: Problem> Worker<'_, P> {
         let started = Instant::now();
         loop {
             if let Err(e) = self.comm.revoke() {
-                eprintln!("ftkv-tasks: revoking the pool communicator: {e}");
+                events::emit(PoolEvent::Warning(format!("revoking the pool communicator: {e}")));
             }
             if let Err(e) = self.store.interrupt() {
-                eprintln!("ftkv-tasks: revoking the store communicator: {e}");
+                events::emit(PoolEvent::Warning(format!("revoking the store communicator: {e}")));
             }
             self.join_agreement();
-            println!("recovering");
+            events::emit(PoolEvent::Recovering);
             let report = self.store.recover()?;
             match self.rejoin() {
                 Ok(adopted) => {
@@ -552,10 +554,7 @@ impl<P: Problem> Worker<'_, P> {
                         store_ms: report.duration.as_secs_f64() * 1e3,
                         total_ms: started.elapsed().as_secs_f64() * 1e3,
                     };
-                    println!(
-                        "recovered failed={:?} adopted={:?} store_ms={:.1} total_ms={:.1}",
-                        info.failed, info.adopted, info.store_ms, info.total_ms
-                    );
+                    events::emit(PoolEvent::Recovered(info.clone()));
                     self.stats.recoveries.push(info);
                     return Ok(());
                 }
@@ -572,7 +571,7 @@ impl<P: Problem> Worker<'_, P> {
             return;
         }
         if let Err(e) = self.comm.agree(0) {
-            eprintln!("ftkv-tasks: agreement on the pool communicator: {e}");
+            events::emit(PoolEvent::Warning(format!("agreement on the pool communicator: {e}")));
         }
     }
 

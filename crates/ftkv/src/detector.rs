@@ -111,7 +111,7 @@ impl Drop for Detector {
         if let Some(handle) = self.handle.take() {
             match handle.join() {
                 Err(payload) if !payload.is::<Killed>() => {
-                    eprintln!("ftkv: the detector thread panicked")
+                    crate::events::warn("the detector thread panicked")
                 }
                 _ => {}
             }
@@ -138,11 +138,11 @@ fn poll_once<F: Fabric>(watch: &Watch<F>) {
     let progressed =
         if watch.answer_pings { watch.comm.answer_pings() } else { watch.comm.progress() };
     if progressed.as_ref().is_err_and(|e| !e.is_failure()) {
-        eprintln!("ftkv: detector: {}", progressed.unwrap_err());
+        crate::events::warn(format!("detector: {}", progressed.unwrap_err()));
     }
     match watch.comm.failed_ranks() {
         Ok(ranks) => ranks.iter().for_each(|&r| watch.health.mark_failed(watch.live[r as usize])),
-        Err(e) => eprintln!("ftkv: detector: {e}"),
+        Err(e) => crate::events::warn(format!("detector: {e}")),
     }
     if watch.comm.is_revoked().unwrap_or(true) {
         watch.health.raise_alarm();
@@ -260,7 +260,9 @@ impl Deadline {
             }
         });
         let thread = spawned
-            .map_err(|e| eprintln!("ftkv: cannot start the recovery deadline thread: {e}"))
+            .map_err(|e| {
+                crate::events::warn(format!("cannot start the recovery deadline thread: {e}"))
+            })
             .ok();
         Deadline { done, thread }
     }
@@ -272,7 +274,7 @@ impl Drop for Deadline {
         if let Some(thread) = self.thread.take() {
             thread.thread().unpark();
             if thread.join().is_err() {
-                eprintln!("ftkv: the deadline thread panicked");
+                crate::events::warn("the deadline thread panicked");
             }
         }
     }

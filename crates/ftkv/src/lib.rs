@@ -36,6 +36,7 @@
 
 mod detector;
 mod error;
+pub mod events;
 pub mod fabric;
 mod key;
 pub mod layout;

@@ -463,10 +463,10 @@ impl<F: Fabric> Store<F> {
                 return self.finish_recovery(recovered, attempt, started);
             }
             drop(deadline);
-            eprintln!(
-                "ftkv: worker {}: recovery attempt {attempt} met a failure, retrying",
+            crate::events::warn(format!(
+                "worker {}: recovery attempt {attempt} met a failure, retrying",
                 self.me
-            );
+            ));
         }
         self.window = Some(retained.window);
         Err(Error::RecoveryNeeded { failed: self.newly_failed() })
@@ -536,7 +536,7 @@ impl<F: Fabric> Store<F> {
             step.set(Step::Revoke);
             let revoked = shrunk.revoke();
             if let Err(e) = revoked {
-                eprintln!("ftkv: revoke during recovery: {e}");
+                crate::events::warn(format!("revoke during recovery: {e}"));
             }
         }
         // Only the agreed value is uniform across survivors (ULFM reports unacknowledged
@@ -578,15 +578,18 @@ impl<F: Fabric> Store<F> {
         }
         match window.close() {
             Ok(()) => self.trace("failed attempt's window freed"),
-            Err(e) => eprintln!("ftkv: freeing a failed recovery attempt's window: {e}"),
+            Err(e) => {
+                crate::events::warn(format!("freeing a failed recovery attempt's window: {e}"))
+            }
         }
     }
 
-    /// A recovery progress line on stderr when `FTKV_TRACE` is set (chaos runs set it, so a
+    /// A recovery step event when `FTKV_TRACE` is set (chaos runs set it, so a
     /// stuck survivor shows where it stopped).
     fn trace(&self, what: &str) {
         if std::env::var_os("FTKV_TRACE").is_some() {
-            eprintln!("ftkv: worker {} epoch {}: recovery: {what}", self.me, self.epoch);
+            let (worker, epoch, step) = (self.me, self.epoch, what.to_owned());
+            crate::events::emit(crate::events::Event::RecoveryStep { worker, epoch, step });
         }
     }
 

@@ -93,7 +93,7 @@ impl Fabric for Comm {
     }
 
     fn fail_stop(&self, why: &str) {
-        eprintln!("ftkv: {why}; ending this process so the others recover");
+        crate::events::emit(crate::events::Event::EndingProcess(why.to_owned()));
         failpoint::kill_self();
     }
 }

@@ -17,6 +17,7 @@ const RING: i32 = 103;
 
 fn main() {
     let case = std::env::args().nth(1).unwrap_or_default();
+    ftkv_cli::render::install_event_sinks();
     if let Err(e) = run(&case) {
         fail(&case, &e);
     }

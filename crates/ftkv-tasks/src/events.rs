@@ -1,0 +1,59 @@
+//! What the pool reports while it runs: typed events handed to a sink the application installs
+//! once per process ([`set_sink`]); the library never prints. Without a sink, events are
+//! dropped. The sink runs on the worker's own thread.
+
+use std::fmt;
+use std::sync::OnceLock;
+
+use crate::pool::RecoveryInfo;
+
+/// One pool event. `Display` gives the line ftkv's command prints for it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PoolEvent {
+    /// Periodic progress (`PoolConfig::progress`): tasks run and tree nodes counted so far.
+    Progress { tasks: u64, nodes: u64 },
+    /// This worker starts recovering from a failure.
+    Recovering,
+    /// This worker's recovery completed.
+    Recovered(RecoveryInfo),
+    /// Something failed that the pool works around.
+    Warning(String),
+}
+
+impl PoolEvent {
+    /// Whether the event is part of the worker's report (progress and recoveries, which ftkv's
+    /// command prints on stdout) rather than a warning.
+    pub fn is_report(&self) -> bool {
+        !matches!(self, PoolEvent::Warning(_))
+    }
+}
+
+impl fmt::Display for PoolEvent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PoolEvent::Progress { tasks, nodes } => {
+                write!(f, "progress tasks={tasks} nodes={nodes}")
+            }
+            PoolEvent::Recovering => write!(f, "recovering"),
+            PoolEvent::Recovered(info) => write!(
+                f,
+                "recovered failed={:?} adopted={:?} store_ms={:.1} total_ms={:.1}",
+                info.failed, info.adopted, info.store_ms, info.total_ms
+            ),
+            PoolEvent::Warning(what) => write!(f, "ftkv-tasks: {what}"),
+        }
+    }
+}
+
+static SINK: OnceLock<fn(&PoolEvent)> = OnceLock::new();
+
+/// Installs this process's sink; `false` if one was installed already (the first one stays).
+pub fn set_sink(sink: fn(&PoolEvent)) -> bool {
+    SINK.set(sink).is_ok()
+}
+
+pub(crate) fn emit(event: PoolEvent) {
+    if let Some(sink) = SINK.get() {
+        sink(&event);
+    }
+}

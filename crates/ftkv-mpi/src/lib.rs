@@ -14,6 +14,7 @@ mod error;
 pub mod failpoint;
 mod ffi;
 mod hybrid;
+mod remote;
 mod request;
 mod runtime;
 mod window;

@@ -251,6 +251,39 @@ pub fn processor_name() -> Result<String> {
     Ok(String::from_utf8_lossy(&bytes).into_owned())
 }
 
+/// This host's IPv4 interfaces that are up, as (interface name, address), in the order
+/// `getifaddrs` lists them.
+pub(crate) fn ipv4_interfaces() -> Result<Vec<(String, std::net::Ipv4Addr)>> {
+    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: `list` is a valid out-pointer; the list is freed below with freeifaddrs.
+    if unsafe { libc::getifaddrs(&mut list) } != 0 {
+        return Err(other("getifaddrs", &std::io::Error::last_os_error().to_string()));
+    }
+    let mut found = Vec::new();
+    let mut entry = list;
+    while !entry.is_null() {
+        // SAFETY: `entry` is a node of the list getifaddrs returned, not yet freed.
+        let node = unsafe { &*entry };
+        let up = node.ifa_flags & libc::IFF_UP as libc::c_uint != 0;
+        // SAFETY: a non-null `ifa_addr` points to a sockaddr whose family field is valid.
+        let is_v4 = !node.ifa_addr.is_null()
+            && i32::from(unsafe { (*node.ifa_addr).sa_family }) == libc::AF_INET;
+        if up && is_v4 {
+            // SAFETY: the family is AF_INET, so the address is a sockaddr_in; the name is a
+            // NUL-terminated string owned by the list.
+            let (addr, name) = unsafe {
+                let addr = *node.ifa_addr.cast::<libc::sockaddr_in>();
+                (addr, std::ffi::CStr::from_ptr(node.ifa_name).to_string_lossy().into_owned())
+            };
+            found.push((name, std::net::Ipv4Addr::from(u32::from_be(addr.sin_addr.s_addr))));
+        }
+        entry = node.ifa_next;
+    }
+    // SAFETY: `list` came from getifaddrs and is freed once; no node is used afterwards.
+    unsafe { libc::freeifaddrs(list) };
+    Ok(found)
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -1,0 +1,402 @@
+//! Operations on the window memory of members on other hosts, over TCP connections of ftkv's
+//! own.
+//!
+//! Between hosts, Open MPI's messages and one-sided calls complete only as fast as the target's
+//! progress engine reads its sockets, which it does from inside MPI calls and, when no thread of
+//! the process is inside a blocking MPI call, at a reduced rate: under load, requests sat unread
+//! in the target's kernel socket buffer for up to seconds (seen with `ss` while every writer
+//! waited for its acknowledgement). Here every member keeps one connection to every member on
+//! another host; a thread per incoming connection sleeps in `read` until a request arrives,
+//! applies it to this member's window memory and answers, whatever the application thread does.
+//! A connection that ends (a SIGKILLed peer's kernel closes it at once) fails the operations on
+//! it with `ProcFailed`.
+//!
+//! Request, on an origin's connection: `u32` operation count, then per operation a kind byte and
+//! `u64` displacement and length (little-endian), then every put's data in operation order.
+//! Answer: every get's data in operation order, then one status byte.
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, Shutdown, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
+use std::sync::Mutex;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::comm::Comm;
+use crate::error::{MpiError, Result};
+use crate::runtime::other;
+
+const OP_PUT: u8 = 1;
+const OP_GET: u8 = 2;
+const ENTRY_LEN: usize = 17;
+const STATUS_OK: u8 = 0;
+const STATUS_OUT_OF_RANGE: u8 = 1;
+
+/// Requests up to this size are sent with one write (header and data copied together).
+const COALESCE_LIMIT: usize = 64 * 1024;
+/// How long creating the connections may take before the window's creation fails.
+const CONNECT_DEADLINE: Duration = Duration::from_secs(20);
+/// Bytes of an address in the exchange: IPv4 address and port.
+const ADDRESS_LEN: usize = 6;
+
+/// This member's window memory, as the serving threads reach it.
+#[derive(Clone, Copy)]
+pub(crate) struct Memory {
+    pub base: *mut u8,
+    pub len: usize,
+}
+
+// SAFETY: the memory belongs to a window that outlives the serving threads (the window joins
+// them before it is freed); it is only written by raw copies, never through Rust references.
+unsafe impl Send for Memory {}
+
+impl Memory {
+    fn range(self, disp: u64, len: u64) -> Option<*mut u8> {
+        let end = disp.checked_add(len)?;
+        // SAFETY: `disp` is at most `self.len`, so the offset stays inside the allocation.
+        (end <= self.len as u64).then(|| unsafe { self.base.add(disp as usize) })
+    }
+}
+
+/// One operation of a request, with the buffer it borrows.
+pub(crate) enum Remote<'buf> {
+    Put { disp: i64, data: &'buf [u8] },
+    Get { disp: i64, out: &'buf mut [u8] },
+}
+
+/// The connections of one member to the members on other hosts, and the threads that serve the
+/// other members' requests to this member.
+pub(crate) struct Links {
+    /// This member's connection to each member on another host (`None`: same host), or `None`
+    /// inside once an operation on it failed.
+    outgoing: Vec<Option<Mutex<Option<TcpStream>>>>,
+    serving: Vec<(TcpStream, JoinHandle<()>)>,
+}
+
+impl Links {
+    /// Connects every member to every member on another host (`remote[r]`: member `r` is on
+    /// another host) and starts serving the incoming connections into `memory`. Collective over
+    /// `comm`; fails with `ProcFailed` when a member cannot be reached within the deadline.
+    pub fn connect(comm: &Comm, remote: &[bool], memory: Memory) -> Result<Links> {
+        let listener = TcpListener::bind(SocketAddrV4::new(local_address()?, 0))
+            .map_err(|e| io_error("binding the window listener", e, None))?;
+        let addresses = exchange_addresses(comm, &listener)?;
+        let expected = remote.iter().filter(|&&r| r).count();
+        let acceptor = std::thread::Builder::new()
+            .name("ftkv-window-accept".into())
+            .spawn(move || accept_all(&listener, expected))
+            .map_err(|e| io_error("spawning the acceptor", e, None))?;
+        let me = comm.rank();
+        let outgoing = connect_all(&addresses, remote, me);
+        let incoming = acceptor.join().map_err(|_| other("Links", "the acceptor panicked"))?;
+        let (outgoing, incoming) = (outgoing?, incoming?);
+        let mut serving = Vec::with_capacity(incoming.len());
+        for (origin, stream) in incoming {
+            let handle = stream.try_clone().map_err(|e| io_error("cloning", e, Some(origin)))?;
+            let thread = std::thread::Builder::new()
+                .name("ftkv-window-serve".into())
+                .spawn(move || serve(stream, memory))
+                .map_err(|e| io_error("spawning a server", e, Some(origin)))?;
+            serving.push((handle, thread));
+        }
+        Ok(Links { outgoing, serving })
+    }
+
+    /// Sends every target's request, then reads every answer. `Ok` means every put is in its
+    /// target's memory and every get filled its buffer; a target whose connection ended fails
+    /// it with `ProcFailed` (after the other targets' answers were read), and its connection is
+    /// not used again.
+    pub fn complete(&self, batches: Vec<(i32, Vec<Remote<'_>>)>) -> Result<()> {
+        let mut sent = Vec::with_capacity(batches.len());
+        let mut first_error = None;
+        for (target, ops) in batches {
+            let slot = self.outgoing.get(target as usize).and_then(Option::as_ref);
+            let slot = slot.ok_or_else(|| other("Links", "target is not on another host"))?;
+            let mut stream = slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            match send_request(stream.as_mut(), &ops, target) {
+                Ok(()) => sent.push((target, ops, stream)),
+                Err(e) => {
+                    *stream = None;
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        for (target, ops, mut stream) in sent {
+            if let Err(e) = read_answer(stream.as_mut(), ops, target) {
+                if e.is_failure() {
+                    *stream = None;
+                }
+                first_error.get_or_insert(e);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+}
+
+impl Drop for Links {
+    /// Ends every connection and joins the serving threads (their reads end with the
+    /// connection), so that none touches the window memory afterwards.
+    fn drop(&mut self) {
+        for slot in self.outgoing.iter().flatten() {
+            let stream = slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some(stream) = stream.as_ref() {
+                let _ = stream.shutdown(Shutdown::Both);
+            }
+        }
+        for (stream, thread) in self.serving.drain(..) {
+            let _ = stream.shutdown(Shutdown::Both);
+            let _ = thread.join();
+        }
+    }
+}
+
+fn send_request(stream: Option<&mut TcpStream>, ops: &[Remote<'_>], target: i32) -> Result<()> {
+    let stream = stream.ok_or(MpiError::ProcFailed { op: "ftkv tcp", peer: Some(target) })?;
+    let header = encode_header(ops);
+    let puts = || {
+        ops.iter().filter_map(|op| match op {
+            Remote::Put { data, .. } => Some(*data),
+            Remote::Get { .. } => None,
+        })
+    };
+    let total = header.len() + puts().map(<[u8]>::len).sum::<usize>();
+    let written = if total <= COALESCE_LIMIT {
+        let mut request = header;
+        puts().for_each(|data| request.extend_from_slice(data));
+        stream.write_all(&request)
+    } else {
+        stream.write_all(&header).and_then(|()| puts().try_for_each(|data| stream.write_all(data)))
+    };
+    written.map_err(|e| io_error("sending a request", e, Some(target)))
+}
+
+fn encode_header(ops: &[Remote<'_>]) -> Vec<u8> {
+    let mut header = Vec::with_capacity(4 + ops.len() * ENTRY_LEN);
+    header.extend_from_slice(&(ops.len() as u32).to_le_bytes());
+    for op in ops {
+        let (code, disp, len) = match op {
+            Remote::Put { disp, data } => (OP_PUT, *disp, data.len()),
+            Remote::Get { disp, out } => (OP_GET, *disp, out.len()),
+        };
+        header.push(code);
+        header.extend_from_slice(&(disp as u64).to_le_bytes());
+        header.extend_from_slice(&(len as u64).to_le_bytes());
+    }
+    header
+}
+
+fn read_answer(stream: Option<&mut TcpStream>, ops: Vec<Remote<'_>>, target: i32) -> Result<()> {
+    let stream = stream.ok_or(MpiError::ProcFailed { op: "ftkv tcp", peer: Some(target) })?;
+    let read = |stream: &mut TcpStream, buf: &mut [u8]| {
+        stream.read_exact(buf).map_err(|e| io_error("reading an answer", e, Some(target)))
+    };
+    for op in ops {
+        if let Remote::Get { out, .. } = op {
+            read(stream, out)?;
+        }
+    }
+    let mut status = [0u8; 1];
+    read(stream, &mut status)?;
+    match status[0] {
+        STATUS_OK => Ok(()),
+        _ => Err(other("HostWindow", "a remote operation was outside the target's window")),
+    }
+}
+
+/// Serves one origin's requests until its connection ends.
+fn serve(mut stream: TcpStream, memory: Memory) {
+    let mut scratch = Vec::new();
+    while serve_request(&mut stream, memory, &mut scratch).is_ok() {}
+}
+
+fn serve_request(
+    stream: &mut TcpStream,
+    memory: Memory,
+    scratch: &mut Vec<u8>,
+) -> std::io::Result<()> {
+    let mut count = [0u8; 4];
+    stream.read_exact(&mut count)?;
+    let mut entries = vec![0u8; u32::from_le_bytes(count) as usize * ENTRY_LEN];
+    stream.read_exact(&mut entries)?;
+    let mut status = STATUS_OK;
+    let mut gets = Vec::new();
+    for entry in entries.chunks_exact(ENTRY_LEN) {
+        let disp = u64::from_le_bytes(entry[1..9].try_into().expect("8 bytes"));
+        let len = u64::from_le_bytes(entry[9..17].try_into().expect("8 bytes"));
+        let target = memory.range(disp, len);
+        match (entry[0], target) {
+            (OP_PUT, target) => {
+                scratch.resize(len as usize, 0);
+                stream.read_exact(scratch)?;
+                match target {
+                    // SAFETY: `target` is `len` bytes inside the window memory (range-checked),
+                    // which outlives this thread; `scratch` is a separate allocation.
+                    Some(ptr) => unsafe {
+                        std::ptr::copy_nonoverlapping(scratch.as_ptr(), ptr, scratch.len())
+                    },
+                    None => status = STATUS_OUT_OF_RANGE,
+                }
+            }
+            (OP_GET, target) => {
+                if target.is_none() {
+                    status = STATUS_OUT_OF_RANGE;
+                }
+                gets.push((target, len as usize));
+            }
+            _ => status = STATUS_OUT_OF_RANGE,
+        }
+    }
+    let mut answer = Vec::new();
+    for (target, len) in gets {
+        let start = answer.len();
+        answer.resize(start + len, 0);
+        if let Some(ptr) = target {
+            // SAFETY: `ptr` is `len` readable bytes inside the window memory (range-checked).
+            unsafe {
+                std::ptr::copy_nonoverlapping(ptr.cast_const(), answer[start..].as_mut_ptr(), len)
+            };
+        }
+    }
+    answer.push(status);
+    stream.write_all(&answer)
+}
+
+/// Every member's listening address, in rank order.
+fn exchange_addresses(comm: &Comm, listener: &TcpListener) -> Result<Vec<SocketAddrV4>> {
+    let mine = match listener.local_addr() {
+        Ok(SocketAddr::V4(address)) => address,
+        Ok(SocketAddr::V6(_)) => return Err(other("Links", "the listener is not IPv4")),
+        Err(e) => return Err(io_error("reading the listener's address", e, None)),
+    };
+    let mut encoded = mine.ip().octets().to_vec();
+    encoded.extend_from_slice(&mine.port().to_le_bytes());
+    let all = comm.allgather(&encoded)?;
+    Ok(all
+        .chunks_exact(ADDRESS_LEN)
+        .map(|c| {
+            let ip = Ipv4Addr::new(c[0], c[1], c[2], c[3]);
+            SocketAddrV4::new(ip, u16::from_le_bytes([c[4], c[5]]))
+        })
+        .collect())
+}
+
+fn connect_all(
+    addresses: &[SocketAddrV4],
+    remote: &[bool],
+    me: i32,
+) -> Result<Vec<Option<Mutex<Option<TcpStream>>>>> {
+    let mut outgoing = Vec::with_capacity(addresses.len());
+    for (rank, address) in addresses.iter().enumerate() {
+        if !remote[rank] {
+            outgoing.push(None);
+            continue;
+        }
+        let peer = Some(rank as i32);
+        let connect = |deadline: Instant| loop {
+            match TcpStream::connect_timeout(&SocketAddr::V4(*address), CONNECT_DEADLINE) {
+                Ok(stream) => return Ok(stream),
+                Err(e) if Instant::now() >= deadline => return Err(e),
+                Err(_) => std::thread::sleep(Duration::from_millis(10)),
+            }
+        };
+        let mut stream = connect(Instant::now() + CONNECT_DEADLINE)
+            .map_err(|e| io_error("connecting to a member", e, peer))?;
+        configure(&stream).map_err(|e| io_error("configuring a connection", e, peer))?;
+        stream.write_all(&me.to_le_bytes()).map_err(|e| io_error("introducing", e, peer))?;
+        outgoing.push(Some(Mutex::new(Some(stream))));
+    }
+    Ok(outgoing)
+}
+
+/// Accepts `expected` connections, each introduced by its origin's rank.
+fn accept_all(listener: &TcpListener, expected: usize) -> Result<Vec<(i32, TcpStream)>> {
+    let deadline = Instant::now() + CONNECT_DEADLINE;
+    listener.set_nonblocking(true).map_err(|e| io_error("configuring the listener", e, None))?;
+    let mut incoming = Vec::with_capacity(expected);
+    while incoming.len() < expected {
+        match listener.accept() {
+            Ok((mut stream, _)) => {
+                stream
+                    .set_nonblocking(false)
+                    .and_then(|()| configure(&stream))
+                    .map_err(|e| io_error("configuring a connection", e, None))?;
+                stream
+                    .set_read_timeout(Some(CONNECT_DEADLINE))
+                    .map_err(|e| io_error("configuring", e, None))?;
+                let mut rank = [0u8; 4];
+                stream
+                    .read_exact(&mut rank)
+                    .map_err(|e| io_error("reading an introduction", e, None))?;
+                stream.set_read_timeout(None).map_err(|e| io_error("configuring", e, None))?;
+                incoming.push((i32::from_le_bytes(rank), stream));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(e) => return Err(io_error("accepting the members' connections", e, None)),
+        }
+    }
+    Ok(incoming)
+}
+
+fn configure(stream: &TcpStream) -> std::io::Result<()> {
+    stream.set_nodelay(true)
+}
+
+/// A failed socket operation: the peer's end is gone (`ProcFailed`), or anything else.
+fn io_error(what: &'static str, e: std::io::Error, peer: Option<i32>) -> MpiError {
+    use std::io::ErrorKind::*;
+    match e.kind() {
+        UnexpectedEof | ConnectionReset | ConnectionAborted | BrokenPipe | ConnectionRefused
+        | TimedOut | WouldBlock => MpiError::ProcFailed { op: what, peer },
+        _ => MpiError::Other { op: what, class: -1, msg: e.to_string() },
+    }
+}
+
+/// The IPv4 address this member listens on: the first address of this host inside the
+/// networks named by `FTKV_TCP_IF_INCLUDE`, else by Open MPI's `btl_tcp_if_include` (CIDR
+/// subnets or interface names, comma-separated); without either, the first non-loopback
+/// address, or loopback on a host without one.
+fn local_address() -> Result<Ipv4Addr> {
+    let include = ["FTKV_TCP_IF_INCLUDE", "OMPI_MCA_btl_tcp_if_include"]
+        .iter()
+        .find_map(|var| std::env::var(var).ok().filter(|v| !v.trim().is_empty()));
+    let interfaces = crate::runtime::ipv4_interfaces()?;
+    let chosen = match include {
+        Some(spec) => {
+            let filters: Vec<&str> = spec.split(',').map(str::trim).collect();
+            interfaces.iter().find(|(name, ip)| filters.iter().any(|f| matches(f, name, *ip)))
+        }
+        None => interfaces.iter().find(|(_, ip)| !ip.is_loopback()),
+    };
+    Ok(chosen.map_or(Ipv4Addr::LOCALHOST, |(_, ip)| *ip))
+}
+
+/// Whether `filter` (an interface name or an `a.b.c.d/len` subnet) names interface `name` with
+/// address `ip`.
+fn matches(filter: &str, name: &str, ip: Ipv4Addr) -> bool {
+    let Some((net, len)) = filter.split_once('/') else { return filter == name };
+    let (Ok(net), Ok(len)) = (net.parse::<Ipv4Addr>(), len.parse::<u32>()) else { return false };
+    let mask = if len == 0 { 0 } else { u32::MAX << (32 - len.min(32)) };
+    u32::from(ip) & mask == u32::from(net) & mask
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subnet_and_name_filters() {
+        let ip = Ipv4Addr::new(10, 250, 0, 3);
+        assert!(matches("10.250.0.0/24", "veth0", ip));
+        assert!(!matches("10.251.0.0/24", "veth0", ip));
+        assert!(matches("veth0", "veth0", ip));
+        assert!(!matches("lo", "veth0", ip));
+        assert!(matches("0.0.0.0/0", "x", ip));
+    }
+
+    #[test]
+    fn a_closed_connection_is_a_failed_peer() {
+        let e = io_error("x", std::io::Error::from(std::io::ErrorKind::UnexpectedEof), Some(3));
+        assert_eq!(e, MpiError::ProcFailed { op: "x", peer: Some(3) });
+    }
+}

@@ -35,8 +35,9 @@ pub struct HostWindow {
 
 impl HostWindow {
     /// Allocates `len` bytes on every member of `comm` (collective): one shared-memory window
-    /// per host, and, when the members span more than one host, a server thread per member
-    /// for the other hosts' operations. Fails with `ProcFailed` if a member is dead.
+    /// per host, and, when the members span more than one host, a TCP connection from every
+    /// member to every member on another host, each served by a thread of its target. Fails
+    /// with `ProcFailed` if a member is dead or cannot be reached.
     pub fn allocate(comm: &Comm, len: usize) -> Result<HostWindow> {
         let hosts = host_ids(comm)?;
         let me = comm.rank() as usize;

@@ -29,6 +29,7 @@ pub struct Launch {
     mca: Vec<(String, String)>,
     timeout: Duration,
     attached: bool,
+    hosts: Option<Hosts>,
 }
 
 impl Launch {
@@ -43,6 +44,7 @@ impl Launch {
             mca: Vec::new(),
             timeout: Duration::from_secs(60),
             attached: false,
+            hosts: None,
         }
     }
 
@@ -54,6 +56,12 @@ impl Launch {
     /// An environment variable for every rank (exported with `-x`).
     pub fn env(mut self, key: &str, value: &str) -> Launch {
         self.env.push((key.to_owned(), value.to_owned()));
+        self
+    }
+
+    /// Runs the job on `hosts` instead of the hosts `FTKV_NODES` / `FTKV_HOSTFILE` name.
+    pub fn on_hosts(mut self, hosts: Hosts) -> Launch {
+        self.hosts = Some(hosts);
         self
     }
 
@@ -138,7 +146,10 @@ impl Launch {
         crate::interrupt::install()?;
         ensure!(!crate::interrupt::interrupted(), "interrupted; no new job is started");
         remove_unused_segments(&[]);
-        let hosts = Hosts::from_env()?;
+        let hosts = match &self.hosts {
+            Some(hosts) => hosts.clone(),
+            None => Hosts::from_env()?,
+        };
         let cluster = self.cluster_for(&hosts)?;
         let command = self.command(&hosts, cluster.as_ref())?;
         let shm_before = shm_segments();

@@ -19,6 +19,12 @@ pub const RMA_WINDOWS: [&str; 2] = ["allocate", "create_dynamic"];
 /// Pseudo window name of the two-sided cases.
 pub const TWO_SIDED: &str = "two_sided";
 
+/// Pseudo window name of the runtime cases, run over simulated hosts.
+pub const RUNTIME: &str = "runtime";
+/// Runtime cases: `daemon_death`, one host's PRRTE daemon and its rank SIGKILLed together; the
+/// outcome is whether the ranks on the other hosts can still shrink and synchronise.
+pub const RUNTIME_CALLS: [&str; 1] = ["daemon_death"];
+
 /// One-sided calls, each made against the dead target (`*_held`: against a live target whose
 /// lock a dead rank held).
 pub const RMA_CALLS: [&str; 14] = [
@@ -97,10 +103,13 @@ pub struct Outcome {
 pub fn all_cases() -> Vec<Case> {
     let rma = RMA_WINDOWS.iter().flat_map(|w| RMA_CALLS.iter().map(move |c| (*w, *c)));
     let pairs = rma.chain(TWO_SIDED_CALLS.iter().map(|c| (TWO_SIDED, *c)));
+    let runtime =
+        RUNTIME_CALLS.iter().map(|call| Case { window: RUNTIME, call, failure: Knowledge::Known });
     pairs
         .flat_map(|(window, call)| {
             [Knowledge::Known, Knowledge::Unknown].map(|failure| Case { window, call, failure })
         })
+        .chain(runtime)
         .collect()
 }
 
@@ -128,7 +137,7 @@ fn matches(filter: &str, case: &Case) -> bool {
 }
 
 fn ranks_for(call: &str) -> usize {
-    if call.ends_with("_held") {
+    if call.ends_with("_held") || RUNTIME_CALLS.contains(&call) {
         3
     } else {
         2
@@ -168,12 +177,19 @@ pub fn run_cases(
 fn run_case(exe: &std::path::Path, case: &Case, hang_after: Duration) -> Result<String> {
     let bound = hang_after.as_secs_f64().to_string();
     let args = ["probe-case", case.window, case.call, case.failure.name(), "--hang-after", &bound];
-    let job = Launch::new(exe, ranks_for(case.call))
+    let mut job = Launch::new(exe, ranks_for(case.call))
         .args(args)
         .timeout(hang_after + Duration::from_secs(20));
+    if case.window == RUNTIME {
+        // One rank per host, so that the dying daemon takes only the target with it.
+        job = job.on_hosts(crate::cluster::Hosts::Simulated(ranks_for(case.call)));
+    }
     let out = job.run()?;
     if let Some(outcome) = out.rank_value(PROBER as usize, "outcome") {
         return Ok(outcome.to_owned());
+    }
+    if out.stderr.contains("lost communication with a remote daemon") {
+        return Ok("job_terminated".into());
     }
     Ok(if out.timed_out { "hang".into() } else { "abort".into() })
 }
@@ -210,6 +226,10 @@ pub fn markdown(outcomes: &[Outcome]) -> String {
             md += &format!("| {call} | {known} | {unknown} |\n");
         }
     }
+    md += "\n| runtime case (3 simulated hosts) | outcome |\n|---|---|\n";
+    for call in RUNTIME_CALLS {
+        md += &format!("| {call} | {} |\n", find(RUNTIME, call, Knowledge::Known));
+    }
     md
 }
 
@@ -220,6 +240,9 @@ pub fn rank_main(window: &str, call: &str, failure: Knowledge, hang_after: Durat
     let probe = Probe { failure, hang_after };
     if window == TWO_SIDED {
         return two_sided_case(&world, call, probe);
+    }
+    if window == RUNTIME {
+        return daemon_death_case(&world, probe);
     }
     rma_case(&world, window, call, probe)
 }
@@ -379,6 +402,26 @@ fn two_sided_case(world: &Comm, call: &str, probe: Probe) -> Result<()> {
     })
 }
 
+/// The target SIGKILLs its host's PRRTE daemon (its parent) and itself; the others, once ULFM
+/// reports the target failed, shrink and synchronise on the survivors. The prober reports `ok`
+/// when that worked; when the runtime ends the job instead, no outcome is printed (`abort`).
+fn daemon_death_case(world: &Comm, probe: Probe) -> Result<()> {
+    pass_barrier(world)?;
+    if world.rank() == TARGET {
+        let daemon = std::os::unix::process::parent_id().to_string();
+        std::process::Command::new("kill").args(["-KILL", &daemon]).status()?;
+        failpoint::kill_self();
+    }
+    await_failure(world, TARGET, probe.failure)?;
+    let go_on = || world.shrink().and_then(|survivors| survivors.barrier());
+    if world.rank() != PROBER {
+        go_on()?;
+        std::thread::sleep(probe.hang_after);
+        return Ok(());
+    }
+    report(probe.hang_after, go_on)
+}
+
 /// The barrier after which the victim dies. Ranks leave it at different moments, so a rank
 /// still inside can already see the victim's death: that is the experiment, not an error (an
 /// error would end the whole job, and with it the prober's report).
@@ -453,12 +496,14 @@ mod tests {
 
     #[test]
     fn filters_select_cases_by_window_call_and_knowledge() {
-        let table: [(&str, usize); 7] = [
+        let table: [(&str, usize); 9] = [
             ("allocate:put", 2),
             ("put", 4),
             ("fence:known", 2),
             ("two_sided:ssend:unknown", 1),
-            ("known", all_cases().len() / 2),
+            ("known", (all_cases().len() - RUNTIME_CALLS.len()) / 2 + RUNTIME_CALLS.len()),
+            ("daemon_death", 1),
+            ("runtime:daemon_death:unknown", 0),
             ("allocate:eager_send", 0),
             ("teleport", 0),
         ];
@@ -467,6 +512,7 @@ mod tests {
             assert_eq!(found, count, "filter {filter:?}");
         }
         assert!(select_cases(&["teleport".into()]).is_err());
-        assert_eq!(all_cases().len(), 2 * (2 * RMA_CALLS.len() + TWO_SIDED_CALLS.len()));
+        let pairs = 2 * RMA_CALLS.len() + TWO_SIDED_CALLS.len();
+        assert_eq!(all_cases().len(), 2 * pairs + RUNTIME_CALLS.len());
     }
 }

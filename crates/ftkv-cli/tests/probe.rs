@@ -41,6 +41,7 @@ fn probe_reports_the_behaviour_the_design_rests_on() {
         "two_sided:large_send:known",
         "two_sided:ssend:unknown",
         "two_sided:recv:unknown",
+        "daemon_death",
     ];
     let rows = probe(&cases);
     let want = [
@@ -55,6 +56,7 @@ fn probe_reports_the_behaviour_the_design_rests_on() {
         ("two_sided", "large_send", "known", "proc_failed"),
         ("two_sided", "ssend", "unknown", "proc_failed"),
         ("two_sided", "recv", "unknown", "proc_failed"),
+        ("runtime", "daemon_death", "known", "job_terminated"),
     ];
     assert_eq!(rows.len(), want.len(), "one row per selected case: {rows:?}");
     for (window, call, failure, outcome) in want {

@@ -201,12 +201,13 @@ impl<'buf> HostScope<'buf> {
     /// the answers; the first error is returned after that.
     fn complete(&mut self) -> Result<()> {
         let batches = std::mem::take(&mut self.batches);
-        let remote = match (&self.links, batches.is_empty()) {
-            (_, true) => Ok(()),
-            (Some(links), false) => links.complete(batches),
-            (None, false) => Err(other("HostScope", "no connections to other hosts")),
-        };
+        let sent = (!batches.is_empty()).then(|| self.links.as_ref().map(|l| l.send(batches)));
         let flushed = self.rma.flush();
-        remote.and(flushed)
+        let answered = match sent {
+            None => Ok(()),
+            Some(Some(sent)) => sent.answers(),
+            Some(None) => Err(other("HostScope", "no connections to other hosts")),
+        };
+        answered.and(flushed)
     }
 }

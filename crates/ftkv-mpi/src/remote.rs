@@ -17,7 +17,7 @@
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, Shutdown, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -101,34 +101,58 @@ impl Links {
         Ok(Links { outgoing, serving })
     }
 
-    /// Sends every target's request, then reads every answer. `Ok` means every put is in its
-    /// target's memory and every get filled its buffer; a target whose connection ended fails
-    /// it with `ProcFailed` (after the other targets' answers were read), and its connection is
-    /// not used again.
-    pub fn complete(&self, batches: Vec<(i32, Vec<Remote<'_>>)>) -> Result<()> {
-        let mut sent = Vec::with_capacity(batches.len());
-        let mut first_error = None;
+    /// Sends every target's request; [`Sent::answers`] then reads the answers. A target whose
+    /// request could not be sent is in the result's error, and its connection is not used
+    /// again.
+    pub fn send<'buf>(&self, batches: Vec<(i32, Vec<Remote<'buf>>)>) -> Sent<'_, 'buf> {
+        let mut sent = Sent { awaiting: Vec::with_capacity(batches.len()), first_error: None };
         for (target, ops) in batches {
-            let slot = self.outgoing.get(target as usize).and_then(Option::as_ref);
-            let slot = slot.ok_or_else(|| other("Links", "target is not on another host"))?;
+            let Some(slot) = self.outgoing.get(target as usize).and_then(Option::as_ref) else {
+                sent.fail(other("Links", "target is not on another host"));
+                continue;
+            };
             let mut stream = slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             match send_request(stream.as_mut(), &ops, target) {
-                Ok(()) => sent.push((target, ops, stream)),
+                Ok(()) => sent.awaiting.push((target, ops, stream)),
                 Err(e) => {
                     *stream = None;
-                    first_error.get_or_insert(e);
+                    sent.fail(e);
                 }
             }
         }
-        for (target, ops, mut stream) in sent {
-            if let Err(e) = read_answer(stream.as_mut(), ops, target) {
-                if e.is_failure() {
+        sent
+    }
+}
+
+/// Requests sent, their answers not yet read; each connection stays locked until then.
+pub(crate) struct Sent<'links, 'buf> {
+    awaiting: Vec<(i32, Vec<Remote<'buf>>, MutexGuard<'links, Option<TcpStream>>)>,
+    first_error: Option<MpiError>,
+}
+
+impl Sent<'_, '_> {
+    fn fail(&mut self, e: MpiError) {
+        self.first_error.get_or_insert(e);
+    }
+
+    /// Reads every answer. `Ok` means every put is in its target's memory and every get filled
+    /// its buffer; a target whose connection ended fails it with `ProcFailed` (after the other
+    /// targets' answers were read), and a connection whose answer was not read whole is not
+    /// used again.
+    pub fn answers(mut self) -> Result<()> {
+        for (target, ops, mut stream) in std::mem::take(&mut self.awaiting) {
+            match read_answer(stream.as_mut(), ops, target) {
+                Ok(STATUS_OK) => {}
+                Ok(_) => {
+                    self.fail(other("HostWindow", "a remote operation was outside the window"))
+                }
+                Err(e) => {
                     *stream = None;
+                    self.fail(e);
                 }
-                first_error.get_or_insert(e);
             }
         }
-        first_error.map_or(Ok(()), Err)
+        self.first_error.map_or(Ok(()), Err)
     }
 }
 
@@ -151,26 +175,27 @@ impl Drop for Links {
 
 fn send_request(stream: Option<&mut TcpStream>, ops: &[Remote<'_>], target: i32) -> Result<()> {
     let stream = stream.ok_or(MpiError::ProcFailed { op: "ftkv tcp", peer: Some(target) })?;
-    let header = encode_header(ops);
     let puts = || {
         ops.iter().filter_map(|op| match op {
             Remote::Put { data, .. } => Some(*data),
             Remote::Get { .. } => None,
         })
     };
-    let total = header.len() + puts().map(<[u8]>::len).sum::<usize>();
-    let written = if total <= COALESCE_LIMIT {
-        let mut request = header;
+    let header_len = 4 + ops.len() * ENTRY_LEN;
+    let total = header_len + puts().map(<[u8]>::len).sum::<usize>();
+    let coalesce = total <= COALESCE_LIMIT;
+    let mut request = Vec::with_capacity(if coalesce { total } else { header_len });
+    encode_header(ops, &mut request);
+    let written = if coalesce {
         puts().for_each(|data| request.extend_from_slice(data));
         stream.write_all(&request)
     } else {
-        stream.write_all(&header).and_then(|()| puts().try_for_each(|data| stream.write_all(data)))
+        stream.write_all(&request).and_then(|()| puts().try_for_each(|data| stream.write_all(data)))
     };
     written.map_err(|e| io_error("sending a request", e, Some(target)))
 }
 
-fn encode_header(ops: &[Remote<'_>]) -> Vec<u8> {
-    let mut header = Vec::with_capacity(4 + ops.len() * ENTRY_LEN);
+fn encode_header(ops: &[Remote<'_>], header: &mut Vec<u8>) {
     header.extend_from_slice(&(ops.len() as u32).to_le_bytes());
     for op in ops {
         let (code, disp, len) = match op {
@@ -181,10 +206,10 @@ fn encode_header(ops: &[Remote<'_>]) -> Vec<u8> {
         header.extend_from_slice(&(disp as u64).to_le_bytes());
         header.extend_from_slice(&(len as u64).to_le_bytes());
     }
-    header
 }
 
-fn read_answer(stream: Option<&mut TcpStream>, ops: Vec<Remote<'_>>, target: i32) -> Result<()> {
+/// Reads one target's answer: the gets' data, then the status byte it returns.
+fn read_answer(stream: Option<&mut TcpStream>, ops: Vec<Remote<'_>>, target: i32) -> Result<u8> {
     let stream = stream.ok_or(MpiError::ProcFailed { op: "ftkv tcp", peer: Some(target) })?;
     let read = |stream: &mut TcpStream, buf: &mut [u8]| {
         stream.read_exact(buf).map_err(|e| io_error("reading an answer", e, Some(target)))
@@ -196,57 +221,61 @@ fn read_answer(stream: Option<&mut TcpStream>, ops: Vec<Remote<'_>>, target: i32
     }
     let mut status = [0u8; 1];
     read(stream, &mut status)?;
-    match status[0] {
-        STATUS_OK => Ok(()),
-        _ => Err(other("HostWindow", "a remote operation was outside the target's window")),
-    }
+    Ok(status[0])
 }
 
 /// Serves one origin's requests until its connection ends.
 fn serve(mut stream: TcpStream, memory: Memory) {
-    let mut scratch = Vec::new();
-    while serve_request(&mut stream, memory, &mut scratch).is_ok() {}
+    let mut buffers = ServeBuffers::default();
+    while serve_request(&mut stream, memory, &mut buffers).is_ok() {}
+}
+
+/// What serving a request needs besides the window memory, kept from one request to the next.
+#[derive(Default)]
+struct ServeBuffers {
+    entries: Vec<u8>,
+    put_data: Vec<u8>,
+    gets: Vec<(Option<*mut u8>, usize)>,
+    answer: Vec<u8>,
 }
 
 fn serve_request(
     stream: &mut TcpStream,
     memory: Memory,
-    scratch: &mut Vec<u8>,
+    buffers: &mut ServeBuffers,
 ) -> std::io::Result<()> {
+    let ServeBuffers { entries, put_data, gets, answer } = buffers;
     let mut count = [0u8; 4];
     stream.read_exact(&mut count)?;
-    let mut entries = vec![0u8; u32::from_le_bytes(count) as usize * ENTRY_LEN];
-    stream.read_exact(&mut entries)?;
+    entries.resize(u32::from_le_bytes(count) as usize * ENTRY_LEN, 0);
+    stream.read_exact(entries)?;
     let mut status = STATUS_OK;
-    let mut gets = Vec::new();
+    gets.clear();
     for entry in entries.chunks_exact(ENTRY_LEN) {
         let disp = u64::from_le_bytes(entry[1..9].try_into().expect("8 bytes"));
         let len = u64::from_le_bytes(entry[9..17].try_into().expect("8 bytes"));
         let target = memory.range(disp, len);
-        match (entry[0], target) {
-            (OP_PUT, target) => {
-                scratch.resize(len as usize, 0);
-                stream.read_exact(scratch)?;
-                match target {
-                    // SAFETY: `target` is `len` bytes inside the window memory (range-checked),
-                    // which outlives this thread; `scratch` is a separate allocation.
-                    Some(ptr) => unsafe {
-                        std::ptr::copy_nonoverlapping(scratch.as_ptr(), ptr, scratch.len())
-                    },
-                    None => status = STATUS_OUT_OF_RANGE,
+        if target.is_none() {
+            status = STATUS_OUT_OF_RANGE;
+        }
+        match entry[0] {
+            OP_PUT => {
+                put_data.resize(len as usize, 0);
+                stream.read_exact(put_data)?;
+                if let Some(ptr) = target {
+                    // SAFETY: `ptr` is `len` bytes inside the window memory (range-checked),
+                    // which outlives this thread; `put_data` is a separate allocation.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(put_data.as_ptr(), ptr, put_data.len())
+                    };
                 }
             }
-            (OP_GET, target) => {
-                if target.is_none() {
-                    status = STATUS_OUT_OF_RANGE;
-                }
-                gets.push((target, len as usize));
-            }
+            OP_GET => gets.push((target, len as usize)),
             _ => status = STATUS_OUT_OF_RANGE,
         }
     }
-    let mut answer = Vec::new();
-    for (target, len) in gets {
+    answer.clear();
+    for &(target, len) in gets.iter() {
         let start = answer.len();
         answer.resize(start + len, 0);
         if let Some(ptr) = target {
@@ -257,7 +286,7 @@ fn serve_request(
         }
     }
     answer.push(status);
-    stream.write_all(&answer)
+    stream.write_all(answer)
 }
 
 /// Every member's listening address, in rank order.
@@ -291,14 +320,8 @@ fn connect_all(
             continue;
         }
         let peer = Some(rank as i32);
-        let connect = |deadline: Instant| loop {
-            match TcpStream::connect_timeout(&SocketAddr::V4(*address), CONNECT_DEADLINE) {
-                Ok(stream) => return Ok(stream),
-                Err(e) if Instant::now() >= deadline => return Err(e),
-                Err(_) => std::thread::sleep(Duration::from_millis(10)),
-            }
-        };
-        let mut stream = connect(Instant::now() + CONNECT_DEADLINE)
+        // Every listener exists before the addresses are exchanged, so one attempt suffices.
+        let mut stream = TcpStream::connect_timeout(&SocketAddr::V4(*address), CONNECT_DEADLINE)
             .map_err(|e| io_error("connecting to a member", e, peer))?;
         configure(&stream).map_err(|e| io_error("configuring a connection", e, peer))?;
         stream.write_all(&me.to_le_bytes()).map_err(|e| io_error("introducing", e, peer))?;

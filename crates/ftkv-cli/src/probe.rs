@@ -8,7 +8,7 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 use ftkv_mpi::{failpoint, Comm, LockKind, LockedWindow, Mpi, MpiError, Window};
 use serde::Serialize;
 
@@ -404,22 +404,30 @@ fn two_sided_case(world: &Comm, call: &str, probe: Probe) -> Result<()> {
 
 /// The target SIGKILLs its host's PRRTE daemon (its parent) and itself; the others, once ULFM
 /// reports the target failed, shrink and synchronise on the survivors. The prober reports `ok`
-/// when that worked; when the runtime ends the job instead, no outcome is printed (`abort`).
+/// when that worked; when the runtime ends the job instead, the driver reports
+/// `job_terminated`.
 fn daemon_death_case(world: &Comm, probe: Probe) -> Result<()> {
     pass_barrier(world)?;
     if world.rank() == TARGET {
-        let daemon = std::os::unix::process::parent_id().to_string();
-        std::process::Command::new("kill").args(["-KILL", &daemon]).status()?;
+        kill_own_daemon()?;
         failpoint::kill_self();
     }
     await_failure(world, TARGET, probe.failure)?;
     let go_on = || world.shrink().and_then(|survivors| survivors.barrier());
     if world.rank() != PROBER {
         go_on()?;
-        std::thread::sleep(probe.hang_after);
-        return Ok(());
+        return wait_for_prober(world, probe.hang_after);
     }
     report(probe.hang_after, go_on)
+}
+
+/// SIGKILLs this rank's parent, which must be its host's PRRTE daemon.
+fn kill_own_daemon() -> Result<()> {
+    let daemon = std::os::unix::process::parent_id();
+    let name = std::fs::read_to_string(format!("/proc/{daemon}/comm"))?;
+    ensure!(name.trim() == "prted", "the rank's parent is {:?}, not a PRRTE daemon", name.trim());
+    ensure!(crate::launch::kill_pid(daemon)?, "the daemon {daemon} was already gone");
+    Ok(())
 }
 
 /// The barrier after which the victim dies. Ranks leave it at different moments, so a rank

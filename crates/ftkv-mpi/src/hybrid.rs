@@ -30,6 +30,9 @@ pub struct HostWindow {
     /// The connections to other hosts; dropped (serving threads joined) before the window is
     /// freed.
     links: Option<Arc<Links>>,
+    /// A private duplicate of the window's communicator when it spans hosts: freeing waits on it
+    /// until every member is done with the others' memory, as `MPI_Win_free` does.
+    everyone: Option<Comm>,
     _host: Comm,
 }
 
@@ -46,13 +49,27 @@ impl HostWindow {
         let local = Window::allocate(&host, len)?.lock_all()?;
         let host_rank: Arc<[Option<i32>]> = host_ranks(&hosts, hosts[me]).into();
         let remote: Vec<bool> = host_rank.iter().map(Option::is_none).collect();
-        let links = if remote.iter().any(|&r| r) {
+        let (links, everyone) = if remote.iter().any(|&r| r) {
             let (base, len) = local.window().local_memory();
-            Some(Arc::new(Links::connect(comm, &remote, Memory { base, len })?))
+            let links = Links::connect(comm, &remote, Memory { base, len })?;
+            (Some(Arc::new(links)), Some(comm.dup()?))
         } else {
-            None
+            (None, None)
         };
-        Ok(HostWindow { local: Some(local), host_rank, links, _host: host })
+        Ok(HostWindow { local: Some(local), host_rank, links, everyone, _host: host })
+    }
+
+    /// Waits until every member stopped reaching this member's memory over its connection
+    /// (a barrier over all members, which ULFM ends with an error instead of a hang when one
+    /// died), then ends the connections. Without it a member that frees its window first would
+    /// close connections others are still reading through, and they would take it for dead.
+    fn end_links(&mut self, wait_for_members: bool) {
+        if let Some(everyone) = self.everyone.take() {
+            if wait_for_members {
+                let _ = everyone.barrier();
+            }
+        }
+        self.links = None;
     }
 
     fn local(&self) -> &LockedWindow {
@@ -101,10 +118,11 @@ impl HostWindow {
         self.local().window().write_local(offset, data)
     }
 
-    /// Ends the connections, ends the epoch and frees the window (collective over the members
+    /// Waits for every member (collective; a dead member ends the wait with no error here),
+    /// ends the connections, ends the epoch and frees the window (collective over the members
     /// of this host).
     pub fn close(mut self) -> Result<()> {
-        self.links = None;
+        self.end_links(true);
         let local = self.local.take().expect("present until close");
         local.unlock_all()?.free()
     }
@@ -112,14 +130,15 @@ impl HostWindow {
     /// Ends the connections and leaves the window's memory allocated without a collective call
     /// (for a window whose members may not all take part in freeing it).
     pub fn abandon(mut self) {
-        self.links = None;
+        self.end_links(false);
         std::mem::forget(self.local.take());
     }
 }
 
 impl Drop for HostWindow {
+    /// Like [`HostWindow::close`], reporting nothing.
     fn drop(&mut self) {
-        self.links = None;
+        self.end_links(true);
     }
 }
 

@@ -160,6 +160,8 @@ struct Wave {
 /// A loot this worker gave away and that its thief has not acknowledged yet.
 struct Pending<T> {
     steal_id: u64,
+    /// The thief's worker id.
+    thief: i32,
     tasks: Vec<T>,
 }
 
@@ -374,21 +376,34 @@ impl<P: Problem> Worker<'_, P> {
         self.steal_counter += 1;
         let steal_id = self.steal_counter;
         let thief_worker = self.live[thief as usize];
-        self.pending = Some(Pending { steal_id, tasks: tasks.clone() });
-        if self.checkpointing() {
-            let loot = Loot { steal_id, thief: thief_worker, tasks: tasks.clone() }.encode::<P>();
-            self.store.put(Key::new(self.me, LOOT), &loot)?;
-            self.stats.store_bytes += loot.len() as u64;
-            failpoint::hit("steal_victim_after_loot");
-        }
-        self.state.last_given = steal_id;
+        self.pending = Some(Pending { steal_id, thief: thief_worker, tasks });
+        self.store_pending_loot()?;
+        failpoint::hit("steal_victim_after_loot");
         self.checkpoint()?;
         failpoint::hit("steal_victim_before_send");
         let mut message = steal_id.to_le_bytes().to_vec();
-        encode_tasks::<P>(&tasks, &mut message);
+        let pending = self.pending.as_ref().expect("set above");
+        encode_tasks::<P>(&pending.tasks, &mut message);
         self.comm.send(&message, thief, LOOT_TAG)?;
         self.sent += 1;
         self.stats.steals += 1;
+        Ok(())
+    }
+
+    /// Writes the loot in flight to this worker's loot key, then counts it as given
+    /// (`last_given`): a checkpoint that no longer holds the loot's tasks must say so, and must
+    /// only ever be written once the loot key holds them. Called again by a recovery, since the
+    /// put may have failed before reaching every holder (or any).
+    fn store_pending_loot(&mut self) -> Result<()> {
+        let Some(pending) = self.pending.as_ref() else { return Ok(()) };
+        if self.checkpointing() {
+            let steal_id = pending.steal_id;
+            let loot = Loot { steal_id, thief: pending.thief, tasks: pending.tasks.clone() };
+            let bytes = loot.encode::<P>();
+            self.store.put(Key::new(self.me, LOOT), &bytes)?;
+            self.stats.store_bytes += bytes.len() as u64;
+        }
+        self.state.last_given = pending.steal_id;
         Ok(())
     }
 
@@ -583,6 +598,7 @@ impl<P: Problem> Worker<'_, P> {
         self.live = self.store.live().to_vec();
         (self.asking, self.sent, self.received) = (None, 0, 0);
         (self.wave, self.quiet_wave, self.done) = (None, None, false);
+        self.store_pending_loot()?;
         self.checkpoint()?;
         self.store.sync()?;
         let stored = self.read_everyone()?;

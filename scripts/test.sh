@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine: set-up (idempotent), formatting and lint checks, every
-# unit and real-MPI test, the real-MPI tests again over `btl self,tcp`, and a short chaos campaign.
+# unit and real-MPI test, the real-MPI tests again over `btl self,tcp` and over 3 simulated hosts,
+# and short chaos campaigns on one host and across hosts.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -15,8 +16,12 @@ step "unit, scenario and real-MPI tests"
 cargo test --workspace --release
 step "real-MPI tests over btl self,tcp"
 FTKV_TEST_BTL=tcp cargo test --release -p ftkv-cli --test mpi_layer --test store --test tasks
+step "real-MPI store and task tests over 3 simulated hosts"
+FTKV_NODES=3 cargo test --release -p ftkv-cli --test store --test tasks
 step "chaos: 10 runs, 6 ranks, 2 copies, 1 kill each"
 target/release/ftkv chaos --runs 10 --ranks 6 --copies 2 --kills 1 --seed 1
+step "chaos across 3 simulated hosts: 4 runs, 6 ranks, 2 copies, 1 kill each"
+target/release/ftkv chaos --nodes 3 --runs 4 --ranks 6 --copies 2 --kills 1 --seed 1
 # Campaigns with a second kill during recovery (`--kills 2`) are run by hand: a kill that lands
 # inside MPIX_Comm_shrink can leave Open MPI 5.0.11's shrink stuck on every survivor (see the
 # README), which no store design can prevent and which would make CI flaky.

@@ -30,9 +30,6 @@ pub struct HostWindow {
     /// The connections to other hosts; dropped (serving threads joined) before the window is
     /// freed.
     links: Option<Arc<Links>>,
-    /// A private duplicate of the window's communicator when it spans hosts: freeing waits on it
-    /// until every member is done with the others' memory, as `MPI_Win_free` does.
-    everyone: Option<Comm>,
     _host: Comm,
 }
 
@@ -49,14 +46,13 @@ impl HostWindow {
         let local = Window::allocate(&host, len)?.lock_all()?;
         let host_rank: Arc<[Option<i32>]> = host_ranks(&hosts, hosts[me]).into();
         let remote: Vec<bool> = host_rank.iter().map(Option::is_none).collect();
-        let (links, everyone) = if remote.iter().any(|&r| r) {
+        let links = if remote.iter().any(|&r| r) {
             let (base, len) = local.window().local_memory();
-            let links = Links::connect(comm, &remote, Memory { base, len })?;
-            (Some(Arc::new(links)), Some(comm.dup()?))
+            Some(Arc::new(Links::connect(comm, &remote, Memory { base, len })?))
         } else {
-            (None, None)
+            None
         };
-        Ok(HostWindow { local: Some(local), host_rank, links, everyone, _host: host })
+        Ok(HostWindow { local: Some(local), host_rank, links, _host: host })
     }
 
     /// Waits until every member stopped reaching this member's memory over its connection
@@ -64,12 +60,11 @@ impl HostWindow {
     /// died), then ends the connections. Without it a member that frees its window first would
     /// close connections others are still reading through, and they would take it for dead.
     fn end_links(&mut self, wait_for_members: bool) {
-        if let Some(everyone) = self.everyone.take() {
+        if let Some(links) = self.links.take() {
             if wait_for_members {
-                let _ = everyone.barrier();
+                links.wait_for_members();
             }
         }
-        self.links = None;
     }
 
     fn local(&self) -> &LockedWindow {

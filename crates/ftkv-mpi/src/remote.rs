@@ -33,6 +33,8 @@ const STATUS_OUT_OF_RANGE: u8 = 1;
 
 /// Requests up to this size are sent with one write (header and data copied together).
 const COALESCE_LIMIT: usize = 64 * 1024;
+/// How long an origin's socket call waits before it asks ULFM whether the target failed.
+const WAIT_SLICE: Duration = Duration::from_millis(50);
 /// How long creating the connections may take before the window's creation fails.
 const CONNECT_DEADLINE: Duration = Duration::from_secs(20);
 /// Bytes of an address in the exchange: IPv4 address and port.
@@ -70,6 +72,9 @@ pub(crate) struct Links {
     /// inside once an operation on it failed.
     outgoing: Vec<Option<Mutex<Option<TcpStream>>>>,
     serving: Vec<(TcpStream, JoinHandle<()>)>,
+    /// A private duplicate of the members' communicator: ULFM's failure knowledge while an
+    /// answer is awaited, and the barrier before the connections end.
+    members: Comm,
 }
 
 impl Links {
@@ -98,21 +103,32 @@ impl Links {
                 .map_err(|e| io_error("spawning a server", e, Some(origin)))?;
             serving.push((handle, thread));
         }
-        Ok(Links { outgoing, serving })
+        Ok(Links { outgoing, serving, members: comm.dup()? })
+    }
+
+    /// Waits until every member is done with the others' memory (`MPI_Barrier` on the
+    /// members; ULFM ends it with an error instead of a hang when one died, which is ignored:
+    /// that member needs nothing more).
+    pub fn wait_for_members(&self) {
+        let _ = self.members.barrier();
     }
 
     /// Sends every target's request; [`Sent::answers`] then reads the answers. A target whose
     /// request could not be sent is in the result's error, and its connection is not used
     /// again.
     pub fn send<'buf>(&self, batches: Vec<(i32, Vec<Remote<'buf>>)>) -> Sent<'_, 'buf> {
-        let mut sent = Sent { awaiting: Vec::with_capacity(batches.len()), first_error: None };
+        let mut sent = Sent {
+            awaiting: Vec::with_capacity(batches.len()),
+            first_error: None,
+            members: &self.members,
+        };
         for (target, ops) in batches {
             let Some(slot) = self.outgoing.get(target as usize).and_then(Option::as_ref) else {
                 sent.fail(other("Links", "target is not on another host"));
                 continue;
             };
             let mut stream = slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            match send_request(stream.as_mut(), &ops, target) {
+            match send_request(stream.as_mut(), &ops, target, &self.members) {
                 Ok(()) => sent.awaiting.push((target, ops, stream)),
                 Err(e) => {
                     *stream = None;
@@ -128,6 +144,7 @@ impl Links {
 pub(crate) struct Sent<'links, 'buf> {
     awaiting: Vec<(i32, Vec<Remote<'buf>>, MutexGuard<'links, Option<TcpStream>>)>,
     first_error: Option<MpiError>,
+    members: &'links Comm,
 }
 
 impl Sent<'_, '_> {
@@ -141,7 +158,7 @@ impl Sent<'_, '_> {
     /// used again.
     pub fn answers(mut self) -> Result<()> {
         for (target, ops, mut stream) in std::mem::take(&mut self.awaiting) {
-            match read_answer(stream.as_mut(), ops, target) {
+            match read_answer(stream.as_mut(), ops, target, self.members) {
                 Ok(STATUS_OK) => {}
                 Ok(_) => {
                     self.fail(other("HostWindow", "a remote operation was outside the window"))
@@ -173,8 +190,14 @@ impl Drop for Links {
     }
 }
 
-fn send_request(stream: Option<&mut TcpStream>, ops: &[Remote<'_>], target: i32) -> Result<()> {
+fn send_request(
+    stream: Option<&mut TcpStream>,
+    ops: &[Remote<'_>],
+    target: i32,
+    members: &Comm,
+) -> Result<()> {
     let stream = stream.ok_or(MpiError::ProcFailed { op: "ftkv tcp", peer: Some(target) })?;
+    let mut peer = Peer { stream, target, members };
     let puts = || {
         ops.iter().filter_map(|op| match op {
             Remote::Put { data, .. } => Some(*data),
@@ -186,13 +209,13 @@ fn send_request(stream: Option<&mut TcpStream>, ops: &[Remote<'_>], target: i32)
     let coalesce = total <= COALESCE_LIMIT;
     let mut request = Vec::with_capacity(if coalesce { total } else { header_len });
     encode_header(ops, &mut request);
-    let written = if coalesce {
+    if coalesce {
         puts().for_each(|data| request.extend_from_slice(data));
-        stream.write_all(&request)
+        peer.write_all(&request)
     } else {
-        stream.write_all(&request).and_then(|()| puts().try_for_each(|data| stream.write_all(data)))
-    };
-    written.map_err(|e| io_error("sending a request", e, Some(target)))
+        peer.write_all(&request)?;
+        puts().try_for_each(|data| peer.write_all(data))
+    }
 }
 
 fn encode_header(ops: &[Remote<'_>], header: &mut Vec<u8>) {
@@ -209,19 +232,72 @@ fn encode_header(ops: &[Remote<'_>], header: &mut Vec<u8>) {
 }
 
 /// Reads one target's answer: the gets' data, then the status byte it returns.
-fn read_answer(stream: Option<&mut TcpStream>, ops: Vec<Remote<'_>>, target: i32) -> Result<u8> {
+fn read_answer(
+    stream: Option<&mut TcpStream>,
+    ops: Vec<Remote<'_>>,
+    target: i32,
+    members: &Comm,
+) -> Result<u8> {
     let stream = stream.ok_or(MpiError::ProcFailed { op: "ftkv tcp", peer: Some(target) })?;
-    let read = |stream: &mut TcpStream, buf: &mut [u8]| {
-        stream.read_exact(buf).map_err(|e| io_error("reading an answer", e, Some(target)))
-    };
+    let mut peer = Peer { stream, target, members };
     for op in ops {
         if let Remote::Get { out, .. } = op {
-            read(stream, out)?;
+            peer.read_exact(out)?;
         }
     }
     let mut status = [0u8; 1];
-    read(stream, &mut status)?;
+    peer.read_exact(&mut status)?;
     Ok(status[0])
+}
+
+/// An origin's connection to one target, for transfers that wait as long as the target is
+/// alive: the socket's timeout ([`WAIT_SLICE`]) wakes the wait to ask ULFM whether the target
+/// failed (a host cut off from the network closes no connection; the failure detector
+/// declares its processes failed), and the transfer then fails with `ProcFailed`.
+struct Peer<'s> {
+    stream: &'s mut TcpStream,
+    target: i32,
+    members: &'s Comm,
+}
+
+impl Peer<'_> {
+    fn read_exact(&mut self, buf: &mut [u8]) -> Result<()> {
+        let mut filled = 0;
+        while filled < buf.len() {
+            match self.stream.read(&mut buf[filled..]) {
+                Ok(0) => return Err(self.failed("reading an answer")),
+                Ok(n) => filled += n,
+                Err(e) => self.on_error("reading an answer", e)?,
+            }
+        }
+        Ok(())
+    }
+
+    fn write_all(&mut self, mut data: &[u8]) -> Result<()> {
+        while !data.is_empty() {
+            match self.stream.write(data) {
+                Ok(0) => return Err(self.failed("sending a request")),
+                Ok(n) => data = &data[n..],
+                Err(e) => self.on_error("sending a request", e)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// `Ok` to go on waiting: interrupted, or timed out while the target is not known failed.
+    fn on_error(&self, what: &'static str, e: std::io::Error) -> Result<()> {
+        use std::io::ErrorKind::{Interrupted, TimedOut, WouldBlock};
+        match e.kind() {
+            Interrupted => Ok(()),
+            TimedOut | WouldBlock if !self.members.failed_ranks()?.contains(&self.target) => Ok(()),
+            TimedOut | WouldBlock => Err(self.failed(what)),
+            _ => Err(io_error(what, e, Some(self.target))),
+        }
+    }
+
+    fn failed(&self, what: &'static str) -> MpiError {
+        MpiError::ProcFailed { op: what, peer: Some(self.target) }
+    }
 }
 
 /// Serves one origin's requests until its connection ends.
@@ -325,6 +401,10 @@ fn connect_all(
             .map_err(|e| io_error("connecting to a member", e, peer))?;
         configure(&stream).map_err(|e| io_error("configuring a connection", e, peer))?;
         stream.write_all(&me.to_le_bytes()).map_err(|e| io_error("introducing", e, peer))?;
+        let sliced = stream.set_read_timeout(Some(WAIT_SLICE));
+        sliced
+            .and_then(|()| stream.set_write_timeout(Some(WAIT_SLICE)))
+            .map_err(|e| io_error("configuring a connection", e, peer))?;
         outgoing.push(Some(Mutex::new(Some(stream))));
     }
     Ok(outgoing)

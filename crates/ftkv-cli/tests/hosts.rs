@@ -20,11 +20,13 @@ fn start(args: &[&str]) -> Child {
 
 fn wait_for_ranks(driver: &Child, word: &str, count: usize) -> Vec<u32> {
     let started = Instant::now();
+    let mut previous = Vec::new();
     loop {
         let ranks = processes_under(driver.id(), word);
-        if ranks.len() >= count {
+        if ranks.len() >= count && ranks == previous {
             return ranks;
         }
+        previous = ranks;
         assert!(started.elapsed() < Duration::from_secs(60), "the ranks of {word} never started");
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -110,7 +112,8 @@ fn all_ranks_of_one_host_killed_at_once_lose_nothing() {
     let host = netns_of(ranks[ranks.len() - 1]);
     let victims: Vec<String> =
         ranks.iter().filter(|&&p| netns_of(p) == host).map(|p| p.to_string()).collect();
-    assert_eq!(victims.len(), 2, "6 ranks over 3 hosts put 2 on each");
+    let spread: Vec<(u32, String)> = ranks.iter().map(|&p| (p, netns_of(p))).collect();
+    assert_eq!(victims.len(), 2, "6 ranks over 3 hosts put 2 on each: {spread:?}");
     let killed = Command::new("kill").arg("-KILL").args(&victims).status().expect("kill");
     assert!(killed.success());
     let (status, stdout, stderr) = wait_bounded(driver, Duration::from_secs(200));

@@ -1,5 +1,5 @@
-//! `ftkv bench put` and `ftkv bench detect`: the put path against raw MPI RMA to the same
-//! holders, in each detection mode, and how long the detector takes to notice a SIGKILL.
+//! `ftkv bench put` and `ftkv bench detect`: the put path against raw MPI RMA and two-sided
+//! messages to the same holders, in each detection mode, and how long the detector takes to notice a SIGKILL.
 
 use std::time::{Duration, Instant};
 
@@ -33,6 +33,7 @@ pub fn put_rank_main(copies: usize, sizes: &[usize], iterations: usize) -> Resul
     let spans_hosts = hosts.iter().any(|&h| h != hosts[0]);
     for &size in sizes {
         let mut raw = raw_put(&world, copies, size, iterations)?;
+        let mut two_sided = two_sided_put(&world, copies, size, iterations)?;
         let mut bitmap = store_put(&world, copies, size, iterations, Detection::Bitmap)?;
         let mut ping = match spans_hosts {
             false => Some(store_put(&world, copies, size, iterations, Detection::Ping)?),
@@ -40,6 +41,7 @@ pub fn put_rank_main(copies: usize, sizes: &[usize], iterations: usize) -> Resul
         };
         if world.rank() == 0 {
             report("raw_rma", size, &mut raw);
+            report("two_sided", size, &mut two_sided);
             report("ftkv_bitmap", size, &mut bitmap);
             match ping.as_mut() {
                 Some(ping) => report("ftkv_ping", size, ping),
@@ -97,6 +99,80 @@ fn raw_put(world: &Comm, copies: usize, size: usize, iterations: usize) -> Resul
     }
     world.barrier()?;
     Ok(samples)
+}
+
+const DATA_TAG: i32 = 901;
+const ACK_TAG: i32 = 902;
+
+/// The two-sided reference: the same bytes sent to the same holders with `MPI_Isend`, each
+/// holder answering with an 8-byte acknowledgement once it received them (what a put's
+/// completion means); every rank serves the others' messages while it waits for its own.
+fn two_sided_put(
+    world: &Comm,
+    copies: usize,
+    size: usize,
+    iterations: usize,
+) -> Result<Vec<Duration>> {
+    let me = world.rank();
+    let live: Vec<i32> = (0..world.size()).collect();
+    let hosts = host_ids(world)?;
+    let senders_to_me = live
+        .iter()
+        .filter(|&&r| r != me && placement::holders(r, 0, &live, &hosts, copies).contains(&me))
+        .count();
+    let mut server = Server { expected: senders_to_me * iterations, served: 0, buf: vec![0; size] };
+    let targets = holders(world, copies)?;
+    let data = vec![7u8; size];
+    world.barrier()?;
+    let mut samples = Vec::with_capacity(iterations);
+    for _ in 0..iterations {
+        let start = Instant::now();
+        let mut acks = targets
+            .iter()
+            .map(|&t| world.irecv(8, t, ACK_TAG).map(Some))
+            .collect::<ftkv_mpi::Result<Vec<_>>>()?;
+        let mut sends = targets
+            .iter()
+            .map(|&t| world.isend(data.clone(), t, DATA_TAG).map(Some))
+            .collect::<ftkv_mpi::Result<Vec<_>>>()?;
+        while acks.iter().any(Option::is_some) || sends.iter().any(Option::is_some) {
+            server.serve(world)?;
+            for ack in &mut acks {
+                if ack.as_mut().map(|a| a.test()).transpose()?.flatten().is_some() {
+                    *ack = None;
+                }
+            }
+            for send in &mut sends {
+                if send.as_mut().map(|s| s.test()).transpose()?.unwrap_or(false) {
+                    *send = None;
+                }
+            }
+        }
+        samples.push(start.elapsed());
+    }
+    while server.served < server.expected {
+        server.serve(world)?;
+    }
+    world.barrier()?;
+    Ok(samples)
+}
+
+/// A holder's side of [`two_sided_put`]: receives data messages and acknowledges each.
+struct Server {
+    expected: usize,
+    served: usize,
+    buf: Vec<u8>,
+}
+
+impl Server {
+    fn serve(&mut self, world: &Comm) -> Result<()> {
+        while let Some(status) = world.iprobe(ftkv_mpi::ANY_SOURCE, DATA_TAG)? {
+            world.recv(&mut self.buf[..status.len], status.source, DATA_TAG)?;
+            world.send(&0u64.to_le_bytes(), status.source, ACK_TAG)?;
+            self.served += 1;
+        }
+        Ok(())
+    }
 }
 
 fn store_put(

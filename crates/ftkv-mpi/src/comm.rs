@@ -13,6 +13,8 @@ use crate::runtime::{other, Runtime};
 pub const ANY_SOURCE: i32 = -1;
 /// Matches a message with any tag (`MPI_ANY_TAG`).
 pub const ANY_TAG: i32 = -1;
+/// Tag of [`Comm::connect_pairs`]'s messages (on a private duplicate, so no user tag clashes).
+const CONNECT_TAG: i32 = 15;
 
 /// What a completed receive or a probe reports: sender, tag and payload length in bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,6 +103,28 @@ impl Comm {
         // SAFETY: `self.raw` is a valid communicator; `raw` is a valid out-pointer.
         check(unsafe { ffi::MPI_Comm_split(self.raw, color, key, &mut raw) }, "MPI_Comm_split")?;
         Comm::owned(raw, self.runtime.clone())
+    }
+
+    /// Opens the transport connection of every pair of members from one side, the lower rank,
+    /// one distance at a time (collective). Open MPI's TCP transport can lose a connection that
+    /// both sides open at the same moment from several threads ("Epoll ADD ... Bad file
+    /// descriptor", after which that pair's messages stall); the connections belong to the
+    /// process pairs, so once opened here they serve every communicator between them. Call it
+    /// before other threads message across hosts.
+    pub fn connect_pairs(&self) -> Result<()> {
+        let (me, n) = (self.rank, self.size);
+        let mut byte = [0u8; 1];
+        for distance in 1..n {
+            let up = (me + distance) % n;
+            let down = (me - distance).rem_euclid(n);
+            if me < up {
+                self.send(&[1], up, CONNECT_TAG)?;
+            }
+            if down < me {
+                self.recv(&mut byte, down, CONNECT_TAG)?;
+            }
+        }
+        self.barrier()
     }
 
     /// `MPI_Barrier`. Returns `ProcFailed` (or `Revoked`) instead of hanging when a member died.

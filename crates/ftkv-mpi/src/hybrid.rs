@@ -21,7 +21,7 @@ use crate::runtime::other;
 use crate::window::{LockedWindow, RmaScope, Window};
 
 /// A window over every member of a communicator whose operations use shared memory to members
-/// on this host and messages to members on other hosts. Inside a passive-target epoch from
+/// on this host and TCP connections of its own to members on other hosts. Inside a passive-target epoch from
 /// creation to [`HostWindow::close`].
 pub struct HostWindow {
     local: Option<LockedWindow>,
@@ -47,6 +47,10 @@ impl HostWindow {
         let host_rank: Arc<[Option<i32>]> = host_ranks(&hosts, hosts[me]).into();
         let remote: Vec<bool> = host_rank.iter().map(Option::is_none).collect();
         let links = if remote.iter().any(|&r| r) {
+            // The window's own traffic between hosts is TCP of its own, but its users' (the
+            // store's collectives, the pool's steals) are Open MPI messages between the same
+            // process pairs.
+            comm.dup()?.connect_pairs()?;
             let (base, len) = local.window().local_memory();
             Some(Arc::new(Links::connect(comm, &remote, Memory { base, len })?))
         } else {
@@ -71,7 +75,7 @@ impl HostWindow {
         self.local.as_ref().expect("present until close")
     }
 
-    /// Whether some member lives on another host (operations to it are messages).
+    /// Whether some member lives on another host (operations to it go over a connection).
     pub fn spans_hosts(&self) -> bool {
         self.links.is_some()
     }

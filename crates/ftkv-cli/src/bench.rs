@@ -1,5 +1,6 @@
 //! `ftkv bench put` and `ftkv bench detect`: the put path against raw MPI RMA and two-sided
-//! messages to the same holders, in each detection mode, and how long the detector takes to notice a SIGKILL.
+//! messages to the same holders, in each detection mode, and how long the detector takes to
+//! notice a SIGKILL.
 
 use std::time::{Duration, Instant};
 
@@ -121,11 +122,14 @@ fn two_sided_put(
         .filter(|&&r| r != me && placement::holders(r, 0, &live, &hosts, copies).contains(&me))
         .count();
     let mut server = Server { expected: senders_to_me * iterations, served: 0, buf: vec![0; size] };
-    let targets = holders(world, copies)?;
+    let targets = placement::holders(me, 0, &live, &hosts, copies);
     let data = vec![7u8; size];
     world.barrier()?;
     let mut samples = Vec::with_capacity(iterations);
     for _ in 0..iterations {
+        // `isend` owns its buffer: the copies are made before the clock starts.
+        let payloads: Vec<Vec<u8>> = targets.iter().map(|_| data.clone()).collect();
+        let mut payloads = payloads.into_iter();
         let start = Instant::now();
         let mut acks = targets
             .iter()
@@ -133,7 +137,7 @@ fn two_sided_put(
             .collect::<ftkv_mpi::Result<Vec<_>>>()?;
         let mut sends = targets
             .iter()
-            .map(|&t| world.isend(data.clone(), t, DATA_TAG).map(Some))
+            .map(|&t| world.isend(payloads.next().expect("one per target"), t, DATA_TAG).map(Some))
             .collect::<ftkv_mpi::Result<Vec<_>>>()?;
         while acks.iter().any(Option::is_some) || sends.iter().any(Option::is_some) {
             server.serve(world)?;

@@ -15,7 +15,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, ensure, Result};
+use anyhow::{bail, ensure, Context, Result};
 use ftkv::{Config, Key, Store};
 use ftkv_mpi::Mpi;
 use rand::rngs::SmallRng;
@@ -35,6 +35,11 @@ pub struct Campaign {
     pub kills: usize,
     pub seed: u64,
     pub duration: Duration,
+    /// Cut one simulated host's link this long after the start (needs `--nodes`); restored once
+    /// the other hosts' ranks are done.
+    pub cut_link: Option<Duration>,
+    /// Directory that receives the whole transcript of every failed run (`seed-<seed>.txt`).
+    pub transcripts: Option<std::path::PathBuf>,
 }
 
 /// The campaign's summary (the JSON `ftkv chaos --json` writes).
@@ -61,6 +66,13 @@ pub struct Summary {
     /// Runs in which a recovery attempt stayed stuck inside Open MPI until the recovery
     /// deadline ended its ranks (each names the step); counted apart from lost data.
     pub stuck_runs: usize,
+    /// Ranks of cut-off hosts (`--cut-link`).
+    pub cut_off: usize,
+    /// Of those, ranks that ended because their side held no majority (the others were ended
+    /// by the runtime).
+    pub fenced: usize,
+    /// Ranks of a cut-off host that finished as if they were the store (a split brain).
+    pub split_brain: usize,
     pub failed_runs: usize,
 }
 
@@ -70,6 +82,13 @@ impl Campaign {
         args::check_copies(Opt::new("--copies", self.copies), ranks)?;
         args::check_kills(Opt::new("--kills", self.kills), ranks)?;
         ensure!(self.runs >= 1, "--runs {} must be at least 1", self.runs);
+        if self.cut_link.is_some() {
+            let nodes = crate::cluster::Hosts::from_env()?;
+            ensure!(
+                matches!(nodes, crate::cluster::Hosts::Simulated(n) if n >= 3),
+                "--cut-link needs --nodes 3 or more (a majority must stay connected)"
+            );
+        }
         Ok(())
     }
 }
@@ -91,12 +110,22 @@ pub fn run(exe: &std::path::Path, campaign: &Campaign) -> Result<Summary> {
         summary.fail_stops += result.fail_stops;
         summary.outside_failures += result.outside;
         summary.stuck_runs += result.stuck as usize;
+        summary.cut_off += result.cut;
+        summary.fenced += result.fenced;
+        summary.split_brain += result.split_brain;
         summary.keys_lost_in_recovery += result.lost_in_recovery;
         let failed = result.failed(campaign.copies);
         summary.failed_runs += failed as usize;
         eprintln!("[chaos {:>3}/{}] seed={seed} {}", run + 1, campaign.runs, result.line());
         if failed || result.fail_stops > 0 || result.stuck {
             eprintln!("{}", result.transcript_tail);
+            if let Some(dir) = &campaign.transcripts {
+                let path = dir.join(format!("seed-{seed}.txt"));
+                std::fs::create_dir_all(dir)
+                    .and_then(|()| std::fs::write(&path, &result.transcript))
+                    .with_context(|| format!("writing {}", path.display()))?;
+                eprintln!("  transcript: {}", path.display());
+            }
         }
     }
     Ok(summary)
@@ -115,7 +144,14 @@ struct RunResult {
     /// The most workers one recovery reported failed (failures between two recoveries).
     widest_recovery: usize,
     lost_in_recovery: u64,
+    /// Ranks of the cut host.
+    cut: usize,
+    /// Ranks of the cut host that ended because their side held no majority.
+    fenced: usize,
+    /// Ranks of the cut host that finished as the store.
+    split_brain: usize,
     transcript_tail: String,
+    transcript: String,
 }
 
 impl RunResult {
@@ -126,6 +162,7 @@ impl RunResult {
         let v = &self.verdict;
         let unexplained_loss = v.reported_lost > 0 && self.widest_recovery < copies;
         self.hung
+            || self.split_brain > 0
             || v.lost + v.torn > 0
             || unexplained_loss
             || self.unexplained
@@ -140,6 +177,9 @@ impl RunResult {
         }
         if self.outside > 0 {
             kills += &format!("+{} outside", self.outside);
+        }
+        if self.cut > 0 {
+            kills += &format!(" cut={} fenced={}", self.cut, self.fenced);
         }
         let v = &self.verdict;
         let verdict = match (self.hung, self.stuck, self.unexplained || self.none_finished) {
@@ -158,19 +198,145 @@ impl RunResult {
 fn run_once(exe: &std::path::Path, campaign: &Campaign, seed: u64) -> Result<RunResult> {
     let millis = campaign.duration.as_millis().to_string();
     let args = ["chaos-rank", &campaign.copies.to_string(), &millis, &seed.to_string()];
-    let launch = Launch::new(exe, campaign.ranks)
+    let mut launch = Launch::new(exe, campaign.ranks)
         .args(args)
+        .args(["--watchdog-ms", &watchdog_for(campaign).as_millis().to_string()])
         .env("FTKV_TRACE", "1")
         .timeout(campaign.duration + Duration::from_secs(40));
+    if campaign.cut_link.is_some() {
+        launch = with_failure_detector(launch);
+    }
     let mut job = launch.spawn()?;
     let mut rng = SmallRng::seed_from_u64(seed);
     let mut killer = Killer::plan(&mut rng, campaign);
+    let mut cut = campaign.cut_link.map(LinkCut::planned);
     while let Some(line) = job.next_line(Duration::from_millis(2)).or_else(|| idle(&mut job)) {
         killer.observe(&line);
         killer.maybe_kill(&job, &mut rng)?;
+        if let Some(cut) = &mut cut {
+            cut.observe(&line);
+            cut.step(&job, &killer, campaign.ranks, &mut rng)?;
+        }
     }
+    let restored = cut.as_mut().map(|c| c.restore(&job)).transpose()?;
     let out = job.finish()?;
-    Ok(classify(&out, campaign.ranks, &killer.killed))
+    let mut result = classify(&out, campaign.ranks, &killer.killed);
+    if let Some(cut) = &cut {
+        cut.judge(&out, &mut result, restored == Some(true));
+    }
+    Ok(result)
+}
+
+/// The store's watchdog bound: the default, or with a cut link long enough for the failure
+/// detector to declare every rank of the cut host failed (it declares one after another, each
+/// after its own timeout), so that the watchdog does not end the writers on the connected side.
+fn watchdog_for(campaign: &Campaign) -> Duration {
+    match campaign.cut_link {
+        None => ftkv::Config::new(["checkpoint"], 1).watchdog,
+        Some(_) => Duration::from_secs(8),
+    }
+}
+
+/// Open MPI's heartbeat detector: a cut-off host sends no error, only silence, and nothing
+/// else in Open MPI declares its ranks failed. A peer is declared failed after 1 s without a
+/// heartbeat (one every 0.2 s, sent by a thread of each rank), and the verdict spreads by
+/// Open MPI's reliable broadcast among the ranks: the default, through the runtime, does not
+/// reach the other ranks while a host's daemon is cut off.
+fn with_failure_detector(launch: Launch) -> Launch {
+    launch
+        .mca("mpi_ft_detector", "true")
+        .mca("mpi_ft_detector_thread", "true")
+        .mca("mpi_ft_detector_period", "0.2")
+        .mca("mpi_ft_detector_timeout", "1")
+        .mca("mpi_ft_propagator_with_rbcast", "true")
+}
+
+/// How long a link stays cut at most when the other hosts' ranks do not finish.
+const CUT_BOUND: Duration = Duration::from_secs(25);
+
+/// One host's link, cut at a planned moment and restored once the ranks of the other hosts
+/// finished (or after [`CUT_BOUND`]), so that the cut host's daemon reaches `mpirun` again.
+struct LinkCut {
+    at: Duration,
+    host: Option<usize>,
+    cut_ranks: Vec<usize>,
+    cut_since: Option<Instant>,
+    done: Vec<usize>,
+    restored: bool,
+}
+
+impl LinkCut {
+    fn planned(at: Duration) -> LinkCut {
+        let (host, cut_ranks, cut_since, done) = (None, Vec::new(), None, Vec::new());
+        LinkCut { at, host, cut_ranks, cut_since, done, restored: false }
+    }
+
+    fn observe(&mut self, (rank, text): &(Option<usize>, String)) {
+        if let Some(rank) = rank {
+            if text.starts_with("done=") || text.starts_with("error") {
+                self.done.push(*rank);
+            }
+        }
+    }
+
+    /// Cuts when due (a random host other than rank 0's), restores when the others are done.
+    fn step(
+        &mut self,
+        job: &RunningJob,
+        killer: &Killer,
+        ranks: usize,
+        rng: &mut SmallRng,
+    ) -> Result<()> {
+        let Some(cluster) = job.cluster() else { bail!("--cut-link needs simulated hosts") };
+        if self.host.is_none() && job.elapsed() >= self.at && killer.pids.len() == ranks {
+            let host_of = |r: &usize| killer.pids.get(r).and_then(|pid| cluster.host_of(*pid));
+            let spared = host_of(&0);
+            let candidates: Vec<usize> =
+                (0..cluster.hosts().len()).filter(|h| Some(*h) != spared).collect();
+            let host = candidates[rng.gen_range(0..candidates.len())];
+            self.cut_ranks = (0..ranks).filter(|r| host_of(r) == Some(host)).collect();
+            cluster.set_link(host, false)?;
+            let at = job.elapsed().as_secs_f64();
+            eprintln!("[chaos] {at:.1} s: cut host {host}'s link (ranks {:?})", self.cut_ranks);
+            self.host = Some(host);
+            self.cut_since = Some(Instant::now());
+        }
+        let Some(since) = self.cut_since else { return Ok(()) };
+        let others: Vec<usize> = (0..ranks)
+            .filter(|r| !self.cut_ranks.contains(r) && !killer.killed.contains(r))
+            .collect();
+        let others_done = others.iter().all(|r| self.done.contains(r));
+        if !self.restored && (others_done || since.elapsed() >= CUT_BOUND) {
+            self.restore(job)?;
+        }
+        Ok(())
+    }
+
+    /// Brings the link back up (idempotent); `true` when it was cut.
+    fn restore(&mut self, job: &RunningJob) -> Result<bool> {
+        let (Some(host), Some(cluster)) = (self.host, job.cluster()) else { return Ok(false) };
+        if !std::mem::replace(&mut self.restored, true) {
+            cluster.set_link(host, true)?;
+            eprintln!("[chaos] {:.1} s: restored host {host}'s link", job.elapsed().as_secs_f64());
+        }
+        Ok(true)
+    }
+
+    /// The cut host's ranks must never finish as the store: each ends, because its side held
+    /// no majority (`fenced`) or because the runtime ended it once the link came back (Open
+    /// MPI's runtime ends a job whose daemon it lost touch with). Their acknowledged writes
+    /// are judged with everyone else's. A link never cut fails the run.
+    fn judge(&self, out: &crate::launch::JobOutput, result: &mut RunResult, was_cut: bool) {
+        let fenced = |r: &usize| out.own_stderr(*r).any(|l| l.contains("holds no majority"));
+        let finished = |r: &usize| out.rank_value(*r, "done") == Some("yes");
+        result.fenced = self.cut_ranks.iter().filter(|r| fenced(r)).count();
+        result.split_brain = self.cut_ranks.iter().filter(|r| finished(r)).count();
+        result.cut = self.cut_ranks.len();
+        result.outside = result.outside.saturating_sub(self.cut_ranks.len());
+        if !was_cut || self.cut_ranks.is_empty() {
+            result.unexplained = true;
+        }
+    }
 }
 
 /// Judges one run's output: who died (the driver's kills and the survivors' agreed failed
@@ -188,6 +354,9 @@ fn classify(out: &crate::launch::JobOutput, ranks: usize, killed: &[usize]) -> R
     let outside = ended.iter().filter(|r| agreed_failed.contains(r) && !fail_stop(r)).count();
     let (widest_recovery, lost_in_recovery) = recoveries(out, ranks);
     RunResult {
+        cut: 0,
+        fenced: 0,
+        split_brain: 0,
         kills: killed.len(),
         verdict: judge_all(&histories, &finished, ranks),
         hung: out.timed_out,
@@ -199,6 +368,7 @@ fn classify(out: &crate::launch::JobOutput, ranks: usize, killed: &[usize]) -> R
         widest_recovery,
         lost_in_recovery,
         transcript_tail: diagnose(out, killed, &unfinished),
+        transcript: out.transcript(),
     }
 }
 
@@ -424,13 +594,14 @@ pub fn judge_all(h: &Histories, survivors: &[usize], ranks: usize) -> Verdict {
 }
 
 /// The rank side of one chaos run.
-pub fn rank_main(copies: usize, duration: Duration, seed: u64) -> Result<()> {
+pub fn rank_main(copies: usize, duration: Duration, seed: u64, watchdog: Duration) -> Result<()> {
     let mpi = Mpi::init()?;
     let world = mpi.world()?;
     println!("pid={}", std::process::id());
     let mut config = Config::new(["checkpoint", "loot"], copies);
     config.initial_capacity = 4096;
     config.max_value = 64 << 10;
+    config.watchdog = watchdog;
     let mut store = Store::create(&world, config)?;
     let mut rng = SmallRng::seed_from_u64(seed ^ (store.worker() as u64) << 32);
     write_loop(&mut store, &mut rng, duration)?;

@@ -132,6 +132,14 @@ enum Command {
         #[arg(long, default_value = "2", value_parser = args::seconds, value_name = "SECS")]
         #[arg(allow_negative_numbers = true)]
         duration: Duration,
+        /// Cut one simulated host's network link this many seconds into each run (needs
+        /// `--nodes 3` or more); its ranks must end, the others finish exact. The link comes
+        /// back once they are done.
+        #[arg(long, value_parser = args::seconds, value_name = "SECS")]
+        cut_link: Option<Duration>,
+        /// Write the whole transcript of every failed run into this directory.
+        #[arg(long, value_name = "DIR")]
+        transcripts: Option<PathBuf>,
         /// Write the summary as JSON.
         #[arg(long, value_name = "FILE")]
         json: Option<PathBuf>,
@@ -141,7 +149,14 @@ enum Command {
     Bench(BenchCommand),
     /// One chaos run on the ranks of an mpirun job (used by `ftkv chaos`).
     #[command(hide = true)]
-    ChaosRank { copies: usize, millis: u64, seed: u64 },
+    ChaosRank {
+        copies: usize,
+        millis: u64,
+        seed: u64,
+        /// The store's watchdog bound for one data-path call, in milliseconds.
+        #[arg(long, default_value_t = 2000)]
+        watchdog_ms: u64,
+    },
     /// One probe case on the ranks of an mpirun job (used by `ftkv probe`).
     #[command(hide = true)]
     ProbeCase {
@@ -435,9 +450,28 @@ fn run(command: Command) -> Result<()> {
             launch_under_mpirun(ranks)?;
             ftkv_cli::ping::rank_main(count)
         }
-        Command::Chaos { runs, ranks, copies, kills, seed, duration, json } => {
+        Command::Chaos {
+            runs,
+            ranks,
+            copies,
+            kills,
+            seed,
+            duration,
+            cut_link,
+            transcripts,
+            json,
+        } => {
             check_chaos(ranks, copies, kills)?;
-            let campaign = chaos::Campaign { runs, ranks, copies, kills, seed, duration };
+            let campaign = chaos::Campaign {
+                runs,
+                ranks,
+                copies,
+                kills,
+                seed,
+                duration,
+                cut_link,
+                transcripts,
+            };
             run_chaos(&campaign, json)
         }
         Command::Bench(BenchCommand::Put { ranks, copies, sizes, iterations }) => {
@@ -452,8 +486,9 @@ fn run(command: Command) -> Result<()> {
             launch_under_mpirun(ranks)?;
             ftkv_cli::bench::detect_rank_main()
         }
-        Command::ChaosRank { copies, millis, seed } => {
-            chaos::rank_main(copies, Duration::from_millis(millis), seed)
+        Command::ChaosRank { copies, millis, seed, watchdog_ms } => {
+            let watchdog = Duration::from_millis(watchdog_ms);
+            chaos::rank_main(copies, Duration::from_millis(millis), seed, watchdog)
         }
         Command::ProbeCase { window, call, failure, hang_after } => {
             let failure = probe::Knowledge::parse(&failure)?;

@@ -97,6 +97,9 @@ pub struct Outcome {
     pub outcome: String,
     /// Whether the caller knew of the failure when it called (see [`Knowledge`]).
     pub failure: Knowledge,
+    /// For an `abort`: the last lines the job wrote to stderr, which say who ended it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
 }
 
 /// Every case of the probe.
@@ -154,7 +157,7 @@ pub fn run_cases(
     let mut outcomes = Vec::new();
     for (i, case) in cases.iter().enumerate() {
         let started = Instant::now();
-        let outcome = run_case(exe, case, hang_after)?;
+        let (outcome, detail) = run_case(exe, case, hang_after)?;
         eprintln!(
             "[{:>2}/{}] {:<14} {:<20} {:<8} {outcome:<14} ({:.1} s)",
             i + 1,
@@ -164,34 +167,56 @@ pub fn run_cases(
             case.failure.name(),
             started.elapsed().as_secs_f64()
         );
+        if let Some(detail) = &detail {
+            eprintln!("        {detail}");
+        }
         outcomes.push(Outcome {
             window: case.window.to_owned(),
             call: case.call.to_owned(),
             outcome,
             failure: case.failure,
+            detail,
         });
     }
     Ok(outcomes)
 }
 
-fn run_case(exe: &std::path::Path, case: &Case, hang_after: Duration) -> Result<String> {
+/// Lines of an aborted job's stderr kept in its outcome.
+const ABORT_DETAIL_LINES: usize = 12;
+
+/// The case's outcome and, for an `abort`, the end of the job's stderr.
+fn run_case(
+    exe: &std::path::Path,
+    case: &Case,
+    hang_after: Duration,
+) -> Result<(String, Option<String>)> {
     let bound = hang_after.as_secs_f64().to_string();
     let args = ["probe-case", case.window, case.call, case.failure.name(), "--hang-after", &bound];
+    let file = std::env::temp_dir().join(format!("ftkv-probe-{}.outcome", std::process::id()));
+    let _ = std::fs::remove_file(&file);
     let mut job = Launch::new(exe, ranks_for(case.call))
         .args(args)
+        .env(OUTCOME_FILE_VAR, &file.to_string_lossy())
         .timeout(hang_after + Duration::from_secs(20));
     if case.window == RUNTIME {
         // One rank per host, so that the dying daemon takes only the target with it.
         job = job.on_hosts(crate::cluster::Hosts::Simulated(ranks_for(case.call)));
     }
     let out = job.run()?;
-    if let Some(outcome) = out.rank_value(PROBER as usize, "outcome") {
-        return Ok(outcome.to_owned());
+    let outcome = prober_outcome(&out, &file);
+    let _ = std::fs::remove_file(&file);
+    if let Some(outcome) = outcome {
+        return Ok((outcome, None));
     }
     if out.stderr.contains("lost communication with a remote daemon") {
-        return Ok("job_terminated".into());
+        return Ok(("job_terminated".into(), None));
     }
-    Ok(if out.timed_out { "hang".into() } else { "abort".into() })
+    if out.timed_out {
+        return Ok(("hang".into(), None));
+    }
+    let lines: Vec<&str> = out.stderr.lines().collect();
+    let tail = lines[lines.len().saturating_sub(ABORT_DETAIL_LINES)..].join("\n");
+    Ok(("abort".into(), Some(format!("exit {:?}; stderr ends: {tail}", out.status))))
 }
 
 /// The Markdown report: one matrix for the one-sided calls, one for the two-sided ones; each
@@ -471,7 +496,7 @@ fn report(
     hang_after: Duration,
     call: impl FnOnce() -> std::result::Result<(), MpiError>,
 ) -> Result<()> {
-    let bounded = failpoint::exit_unless_done(hang_after, || println!("outcome=hang"));
+    let bounded = failpoint::exit_unless_done(hang_after, || publish_outcome("hang".into()));
     let result = call();
     drop(bounded);
     print_outcome(&result);
@@ -480,9 +505,35 @@ fn report(
 
 fn print_outcome(result: &std::result::Result<(), MpiError>) {
     match result {
-        Ok(()) => println!("outcome=ok"),
-        Err(e) => println!("outcome={} detail={}", e.kind_name(), e.to_string().replace(' ', "_")),
+        Ok(()) => publish_outcome("ok".into()),
+        Err(e) => {
+            publish_outcome(format!("{} detail={}", e.kind_name(), e.to_string().replace(' ', "_")))
+        }
     }
+}
+
+/// Environment variable naming the file the prober also writes its outcome to: the rank leaves
+/// without finalising right after printing, and the runtime, tearing the job down, may drop
+/// output it has not forwarded yet.
+const OUTCOME_FILE_VAR: &str = "FTKV_PROBE_OUTCOME";
+
+/// Prints `outcome=<text>` and writes it to the outcome file, when the driver named one.
+fn publish_outcome(text: String) {
+    if let Some(path) = std::env::var_os(OUTCOME_FILE_VAR) {
+        if let Err(e) = std::fs::write(&path, format!("outcome={text}\n")) {
+            eprintln!("ftkv: writing the probe outcome to {path:?}: {e}");
+        }
+    }
+    println!("outcome={text}");
+}
+
+/// The prober's outcome: its stdout line, else the outcome file it wrote.
+fn prober_outcome(out: &crate::launch::JobOutput, file: &std::path::Path) -> Option<String> {
+    if let Some(outcome) = out.rank_value(PROBER as usize, "outcome") {
+        return Some(outcome.to_owned());
+    }
+    let text = std::fs::read_to_string(file).ok()?;
+    crate::launch::field(text.trim(), "outcome").map(str::to_owned)
 }
 
 /// Ranks other than the prober stay alive (and hold their window memory) until the prober is

@@ -9,7 +9,10 @@ use serde_json::Value;
 /// Every selected case runs in its own bounded job; this bounds the whole command.
 const PROBE_BOUND: Duration = Duration::from_secs(120);
 
-fn probe(cases: &[&str]) -> Vec<(String, String, String, String)> {
+/// Window, call, failure knowledge, outcome, and the detail of an abort.
+type Row = (String, String, String, String, String);
+
+fn probe(cases: &[&str]) -> Vec<Row> {
     let json = std::env::temp_dir().join(format!("ftkv-probe-test-{}.json", std::process::id()));
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_ftkv"));
     cmd.args(["probe", "--hang-after", "2", "--json"]).arg(&json);
@@ -24,7 +27,8 @@ fn probe(cases: &[&str]) -> Vec<(String, String, String, String)> {
     rows.iter()
         .map(|r| {
             let field = |k: &str| r[k].as_str().expect("string field").to_owned();
-            (field("window"), field("call"), field("failure"), field("outcome"))
+            let detail = r["detail"].as_str().unwrap_or_default().to_owned();
+            (field("window"), field("call"), field("failure"), field("outcome"), detail)
         })
         .collect()
 }
@@ -60,8 +64,8 @@ fn probe_reports_the_behaviour_the_design_rests_on() {
     ];
     assert_eq!(rows.len(), want.len(), "one row per selected case: {rows:?}");
     for (window, call, failure, outcome) in want {
-        let row = rows.iter().find(|(w, c, f, _)| w == window && c == call && f == failure);
-        let got = row.map(|(_, _, _, o)| o.as_str());
+        let row = rows.iter().find(|(w, c, f, _, _)| w == window && c == call && f == failure);
+        let got = row.map(|(_, _, _, o, _)| o.as_str());
         assert_eq!(got, Some(outcome), "{window}:{call}:{failure} in {rows:?}");
     }
 }

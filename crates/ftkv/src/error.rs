@@ -37,6 +37,12 @@ pub enum Error {
     Closed,
     #[error("workers {failed:?} failed: call recover() on every survivor")]
     RecoveryNeeded { failed: Vec<i32> },
+    #[error(
+        "this worker's side {live:?} holds no majority of the workers {previous:?} that were \
+         live across hosts: the others may be cut off rather than dead, so this side leaves the \
+         store to them"
+    )]
+    Partitioned { live: Vec<i32>, previous: Vec<i32> },
     #[error("every copy of key {0} was lost")]
     KeyLost(Key),
     #[error("MPI: {0}")]

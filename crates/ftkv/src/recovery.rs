@@ -91,10 +91,56 @@ pub fn plan(records: &[Record], layout: &Layout, me: i32) -> Plan {
     Plan { sends, recovered: best.len(), lost_candidates, marked }
 }
 
+/// Whether the survivors `live` of a shrink may go on as the store, given the live set
+/// `previous` of the last completed recovery (or creation) and every worker's host.
+///
+/// On one host nothing can split the ranks, so any survivors go on. Once `previous` spans hosts
+/// a network partition looks, to each side, exactly like the death of the other side; only one
+/// side may keep the store, or both would accept writes to the same keys. The side that holds
+/// more than half of `previous` goes on; at exactly half, the side with the lowest worker of
+/// `previous`. Every other side must end (its ranks cannot tell whether the others died).
+pub fn keeps_quorum(previous: &[i32], live: &[i32], hosts: &[u32]) -> bool {
+    let host_of = |w: &i32| hosts.get(*w as usize).copied();
+    let first_host = previous.first().and_then(host_of);
+    if previous.iter().all(|w| host_of(w) == first_host) {
+        return true;
+    }
+    let kept = live.iter().filter(|w| previous.contains(w)).count();
+    let lowest = previous.iter().min();
+    kept * 2 > previous.len()
+        || (kept * 2 == previous.len() && lowest.is_some_and(|l| live.contains(l)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::slot::SlotGeometry;
+
+    #[test]
+    fn only_one_side_of_a_split_across_hosts_keeps_the_store() {
+        let three_hosts = [0, 0, 1, 1, 2, 2];
+        let one_host = [0; 6];
+        let all = [0, 1, 2, 3, 4, 5];
+        let table: [(&[u32], &[i32], &[i32], bool); 10] = [
+            (&one_host, &all, &[4, 5], true),
+            (&one_host, &all, &[5], true),
+            (&three_hosts, &all, &[0, 1, 2, 3], true),
+            (&three_hosts, &all, &[2, 3, 4, 5], true),
+            (&three_hosts, &all, &[4, 5], false),
+            (&three_hosts, &all, &[0, 1, 2], true),
+            (&three_hosts, &all, &[3, 4, 5], false),
+            (&three_hosts, &[2, 3, 4, 5], &[2, 3], true),
+            (&three_hosts, &[2, 3, 4, 5], &[4, 5], false),
+            (&three_hosts, &[1, 4], &[4], false),
+        ];
+        for (hosts, previous, live, keeps) in table {
+            assert_eq!(
+                keeps_quorum(previous, live, hosts),
+                keeps,
+                "{previous:?} → {live:?} on {hosts:?}"
+            );
+        }
+    }
 
     #[test]
     fn newest_version_wins_and_the_lowest_holder_sends_it() {

@@ -454,7 +454,15 @@ impl<F: Fabric> Store<F> {
             let step = Arc::new(StepMarker::default());
             let deadline =
                 Deadline::start(self.comm.clone(), self.config.recovery_watchdog, step.clone());
-            if let Some(recovered) = self.recover_once(&retained, &step)? {
+            let outcome = match self.recover_once(&retained, &step) {
+                Err(partitioned @ Error::Partitioned { .. }) => {
+                    drop(deadline);
+                    retained.window.abandon();
+                    return Err(partitioned);
+                }
+                other => other?,
+            };
+            if let Some(recovered) = outcome {
                 step.set(Step::FreeWindow);
                 let freed = retained.window.close();
                 drop(deadline);
@@ -520,6 +528,10 @@ impl<F: Fabric> Store<F> {
         self.comm = shrunk.clone();
         let live = self.live_ids(&shrunk)?;
         self.trace(&format!("shrunk to {live:?}"));
+        let previous = &retained.layout.live;
+        if !recovery::keeps_quorum(previous, &live, &self.hosts) {
+            return Err(Error::Partitioned { live, previous: previous.clone() });
+        }
         self.layout = Layout::compute(
             &live,
             &self.hosts,

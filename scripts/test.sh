@@ -7,6 +7,18 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 start=$(date +%s)
 step() { printf '\n[test] %s (%d s so far)\n' "$*" "$(( $(date +%s) - start ))"; }
+# Runs a multi-host campaign under a hard timeout, then checks that it left nothing behind: no
+# simulated host's namespace, no rank or daemon process, no new shared-memory file.
+across_hosts() {
+  local bound=$1; shift
+  local shm_before; shm_before=$(ls /dev/shm | sort)
+  timeout --kill-after 10 "$bound" "$@"
+  local netns; netns=$(ip netns list | grep -o '^ftkv[0-9]*x[0-9]*[a-z0-9]*' || true)
+  [ -z "$netns" ] || { echo "namespaces left behind: $netns"; exit 1; }
+  ! pgrep -f 'ftkv (chaos-rank|probe-case)|prted' || { echo "processes left behind"; exit 1; }
+  local new; new=$(comm -13 <(echo "$shm_before") <(ls /dev/shm | sort))
+  [ -z "$new" ] || { echo "shared-memory files left behind: $new"; exit 1; }
+}
 step "set-up"
 scripts/setup.sh
 step "fmt and clippy"
@@ -21,7 +33,13 @@ FTKV_NODES=3 cargo test --release -p ftkv-cli --test store --test tasks
 step "chaos: 10 runs, 6 ranks, 2 copies, 1 kill each"
 target/release/ftkv chaos --runs 10 --ranks 6 --copies 2 --kills 1 --seed 1
 step "chaos across 3 simulated hosts: 4 runs, 6 ranks, 2 copies, 1 kill each"
-target/release/ftkv chaos --nodes 3 --runs 4 --ranks 6 --copies 2 --kills 1 --seed 1
+across_hosts 300 target/release/ftkv chaos --nodes 3 --runs 4 --ranks 6 --copies 2 --kills 1 --seed 1
+step "chaos across 3 simulated hosts, one host's link cut 2 s in: survivors exact, its ranks end"
+across_hosts 300 target/release/ftkv chaos --nodes 3 --runs 2 --ranks 6 --copies 2 --kills 0 \
+  --duration 5 --cut-link 2 --seed 1
+step "chaos across 3 simulated hosts over slow links (20 Mbit/s, tc tbf): 2 runs, 1 kill each"
+across_hosts 300 target/release/ftkv chaos --nodes 3 --runs 2 --ranks 6 --copies 2 --kills 1 \
+  --duration 4 --slow-links 20mbit --seed 3
 # Campaigns with a second kill during recovery (`--kills 2`) are run by hand: a kill that lands
 # inside MPIX_Comm_shrink can leave Open MPI 5.0.11's shrink stuck on every survivor (see the
 # README), which no store design can prevent and which would make CI flaky.

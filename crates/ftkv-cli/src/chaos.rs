@@ -38,6 +38,9 @@ pub struct Campaign {
     /// Cut one simulated host's link this long after the start (needs `--nodes`); restored once
     /// the other hosts' ranks are done.
     pub cut_link: Option<Duration>,
+    /// Limit every simulated host's link to this `tc` rate (e.g. `200mbit`), with up to 20 ms
+    /// of queueing delay (the kernel's token bucket: this machine's kernel has no netem).
+    pub slow_links: Option<String>,
     /// Directory that receives the whole transcript of every failed run (`seed-<seed>.txt`).
     pub transcripts: Option<std::path::PathBuf>,
 }
@@ -207,6 +210,10 @@ fn run_once(exe: &std::path::Path, campaign: &Campaign, seed: u64) -> Result<Run
         launch = with_failure_detector(launch);
     }
     let mut job = launch.spawn()?;
+    if let Some(rate) = &campaign.slow_links {
+        let Some(cluster) = job.cluster() else { bail!("--slow-links needs --nodes") };
+        cluster.throttle_links(rate, "20ms")?;
+    }
     let mut rng = SmallRng::seed_from_u64(seed);
     let mut killer = Killer::plan(&mut rng, campaign);
     let mut cut = campaign.cut_link.map(LinkCut::planned);
@@ -323,8 +330,9 @@ impl LinkCut {
     }
 
     /// The cut host's ranks must never finish as the store: each ends, because its side held
-    /// no majority (`fenced`) or because the runtime ended it once the link came back (Open
-    /// MPI's runtime ends a job whose daemon it lost touch with). Their acknowledged writes
+    /// no majority (`fenced`), through its own watchdog or recovery deadline while cut off
+    /// (not counted as a fail-stop), or because the runtime ended it once the link came back
+    /// (Open MPI's runtime ends a job whose daemon it lost touch with). Their acknowledged writes
     /// are judged with everyone else's. A link never cut fails the run.
     fn judge(&self, out: &crate::launch::JobOutput, result: &mut RunResult, was_cut: bool) {
         let fenced = |r: &usize| out.own_stderr(*r).any(|l| l.contains("holds no majority"));
@@ -333,6 +341,8 @@ impl LinkCut {
         result.split_brain = self.cut_ranks.iter().filter(|r| finished(r)).count();
         result.cut = self.cut_ranks.len();
         result.outside = result.outside.saturating_sub(self.cut_ranks.len());
+        let ended_itself = self.cut_ranks.iter().filter(|r| out.ended_itself(**r)).count();
+        result.fail_stops = result.fail_stops.saturating_sub(ended_itself);
         if !was_cut || self.cut_ranks.is_empty() {
             result.unexplained = true;
         }

@@ -137,6 +137,10 @@ enum Command {
         /// back once they are done.
         #[arg(long, value_parser = args::seconds, value_name = "SECS")]
         cut_link: Option<Duration>,
+        /// Limit every simulated host's link to this rate (a `tc` rate such as `200mbit`, with
+        /// up to 20 ms of queueing delay; needs `--nodes`).
+        #[arg(long, value_name = "RATE")]
+        slow_links: Option<String>,
         /// Write the whole transcript of every failed run into this directory.
         #[arg(long, value_name = "DIR")]
         transcripts: Option<PathBuf>,
@@ -458,6 +462,7 @@ fn run(command: Command) -> Result<()> {
             seed,
             duration,
             cut_link,
+            slow_links,
             transcripts,
             json,
         } => {
@@ -470,6 +475,7 @@ fn run(command: Command) -> Result<()> {
                 seed,
                 duration,
                 cut_link,
+                slow_links,
                 transcripts,
             };
             run_chaos(&campaign, json)

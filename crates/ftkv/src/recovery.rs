@@ -116,12 +116,15 @@ mod tests {
     use super::*;
     use crate::slot::SlotGeometry;
 
+    /// Hosts of every worker, previous live set, survivors, whether they keep the store.
+    type QuorumCase<'a> = (&'a [u32], &'a [i32], &'a [i32], bool);
+
     #[test]
     fn only_one_side_of_a_split_across_hosts_keeps_the_store() {
         let three_hosts = [0, 0, 1, 1, 2, 2];
         let one_host = [0; 6];
         let all = [0, 1, 2, 3, 4, 5];
-        let table: [(&[u32], &[i32], &[i32], bool); 10] = [
+        let table: [QuorumCase; 10] = [
             (&one_host, &all, &[4, 5], true),
             (&one_host, &all, &[5], true),
             (&three_hosts, &all, &[0, 1, 2, 3], true),

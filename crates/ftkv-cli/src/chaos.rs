@@ -198,7 +198,20 @@ impl RunResult {
     }
 }
 
+/// One run; started again (same seed) when `mpirun` could not start it at all.
 fn run_once(exe: &std::path::Path, campaign: &Campaign, seed: u64) -> Result<RunResult> {
+    let mut attempt = 1;
+    loop {
+        let (result, never_started) = run_attempt(exe, campaign, seed)?;
+        if !never_started || attempt == crate::launch::START_ATTEMPTS {
+            return Ok(result);
+        }
+        eprintln!("[chaos] seed={seed}: mpirun could not start the job; starting it again");
+        attempt += 1;
+    }
+}
+
+fn run_attempt(exe: &std::path::Path, campaign: &Campaign, seed: u64) -> Result<(RunResult, bool)> {
     let millis = campaign.duration.as_millis().to_string();
     let args = ["chaos-rank", &campaign.copies.to_string(), &millis, &seed.to_string()];
     let mut launch = Launch::new(exe, campaign.ranks)
@@ -231,7 +244,7 @@ fn run_once(exe: &std::path::Path, campaign: &Campaign, seed: u64) -> Result<Run
     if let Some(cut) = &cut {
         cut.judge(&out, &mut result, restored == Some(true));
     }
-    Ok(result)
+    Ok((result, out.never_started()))
 }
 
 /// The store's watchdog bound: the default, or with a cut link long enough for the failure

@@ -136,8 +136,22 @@ impl Launch {
     /// Runs the job to completion or until the timeout (then `mpirun` and every process under
     /// it are SIGKILLed and `timed_out` is set). Removes shared-memory segments the job left
     /// behind, however it ended.
+    ///
+    /// A job whose `mpirun` could not start at all (see [`JobOutput::never_started`]) is
+    /// started again, at most [`START_ATTEMPTS`] times in all, with a note on stderr.
     pub fn run(&self) -> Result<JobOutput> {
-        self.spawn()?.finish()
+        let mut attempt = 1;
+        loop {
+            let out = self.spawn()?.finish()?;
+            if !out.never_started() || attempt == START_ATTEMPTS {
+                return Ok(out);
+            }
+            eprintln!(
+                "ftkv: mpirun could not start the job ({}); starting it again",
+                START_FAILURE
+            );
+            attempt += 1;
+        }
     }
 
     /// Starts the job; its output can be read line by line while it runs.
@@ -725,6 +739,21 @@ impl JobOutput {
         }
         text.push_str(&format!("[stderr]\n{}", self.stderr));
         text
+    }
+}
+
+/// How often [`Launch::run`] starts a job whose `mpirun` failed before any rank ran.
+pub const START_ATTEMPTS: usize = 3;
+
+/// What `mpirun` prints when its PMIx server cannot start: a sporadic start-up failure of
+/// Open MPI's runtime, before any rank exists.
+const START_FAILURE: &str = "The PMIx server's listener thread failed to start";
+
+impl JobOutput {
+    /// Whether `mpirun` failed to start its runtime, so that no rank ever ran.
+    pub fn never_started(&self) -> bool {
+        let joined = self.stderr.split_whitespace().collect::<Vec<_>>().join(" ");
+        self.by_rank.is_empty() && joined.contains(START_FAILURE)
     }
 }
 

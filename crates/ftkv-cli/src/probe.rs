@@ -428,9 +428,9 @@ fn two_sided_case(world: &Comm, call: &str, probe: Probe) -> Result<()> {
 }
 
 /// The target SIGKILLs its host's PRRTE daemon (its parent) and itself; the others, once ULFM
-/// reports the target failed, shrink and synchronise on the survivors. The prober reports `ok`
-/// when that worked; when the runtime ends the job instead, the driver reports
-/// `job_terminated`.
+/// reports the target failed, shrink and synchronise on the survivors for [`RUNTIME_WATCH`].
+/// The prober reports `ok` when that worked; when the runtime ends the job instead, the driver
+/// reports `job_terminated`.
 fn daemon_death_case(world: &Comm, probe: Probe) -> Result<()> {
     pass_barrier(world)?;
     if world.rank() == TARGET {
@@ -438,12 +438,26 @@ fn daemon_death_case(world: &Comm, probe: Probe) -> Result<()> {
         failpoint::kill_self();
     }
     await_failure(world, TARGET, probe.failure)?;
-    let go_on = || world.shrink().and_then(|survivors| survivors.barrier());
+    let go_on = || world.shrink().and_then(|survivors| keep_synchronising(&survivors));
     if world.rank() != PROBER {
         go_on()?;
-        return wait_for_prober(world, probe.hang_after);
+        return wait_for_prober(world, probe.hang_after + RUNTIME_WATCH);
     }
-    report(probe.hang_after, go_on)
+    report(probe.hang_after + RUNTIME_WATCH, go_on)
+}
+
+/// How long the survivors of a daemon's death must keep working before the case reports `ok`:
+/// the runtime ends such a job about 2 s after the death, which a single barrier can beat.
+const RUNTIME_WATCH: Duration = Duration::from_secs(5);
+
+/// Barriers on `survivors` every 100 ms for [`RUNTIME_WATCH`].
+fn keep_synchronising(survivors: &Comm) -> std::result::Result<(), MpiError> {
+    let start = Instant::now();
+    while start.elapsed() < RUNTIME_WATCH {
+        survivors.barrier()?;
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Ok(())
 }
 
 /// SIGKILLs this rank's parent, which must be its host's PRRTE daemon.

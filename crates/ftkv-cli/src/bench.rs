@@ -8,30 +8,92 @@ use anyhow::{Context, Result};
 use ftkv::{placement, Config, Detection, Key, Store};
 use ftkv_mpi::{failpoint, Comm, LockedWindow, Mpi, Window};
 
-/// One line of results, printed by rank 0 as `key=value` words.
-fn report(mode: &str, size: usize, samples: &mut [Duration]) {
+/// One mode's latencies at one size (a row of `ftkv bench put`'s results file).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct PutRow {
+    pub mode: String,
+    pub size: usize,
+    pub puts: usize,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub max_us: f64,
+    pub mean_us: f64,
+}
+
+/// The latencies of `samples`, printed by rank 0 as one line of `key=value` words.
+fn report(mode: &str, size: usize, samples: &mut [Duration]) -> PutRow {
     samples.sort_unstable();
     let at = |q: f64| samples[((samples.len() - 1) as f64 * q) as usize].as_secs_f64() * 1e6;
-    let mean = samples.iter().sum::<Duration>().as_secs_f64() * 1e6 / samples.len() as f64;
+    let mean_us = samples.iter().sum::<Duration>().as_secs_f64() * 1e6 / samples.len() as f64;
+    let row = PutRow {
+        mode: mode.to_owned(),
+        size,
+        puts: samples.len(),
+        p50_us: at(0.5),
+        p99_us: at(0.99),
+        max_us: at(1.0),
+        mean_us,
+    };
     println!(
-        "mode={mode} size={size} puts={} p50_us={:.2} p99_us={:.2} max_us={:.2} mean_us={mean:.2}",
-        samples.len(),
-        at(0.5),
-        at(0.99),
-        at(1.0)
+        "mode={mode} size={size} puts={} p50_us={:.2} p99_us={:.2} max_us={:.2} mean_us={:.2}",
+        row.puts, row.p50_us, row.p99_us, row.max_us, row.mean_us
     );
+    row
+}
+
+/// What `ftkv bench put` writes to its results file: the job's shape, every row, and for each
+/// size the p50 of ftkv over raw RMA and over two-sided messages.
+#[derive(Debug, serde::Serialize)]
+struct PutResults {
+    ranks: i32,
+    copies: usize,
+    hosts: usize,
+    rows: Vec<PutRow>,
+    ratios: Vec<PutRatio>,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct PutRatio {
+    size: usize,
+    ftkv_over_raw_p50: f64,
+    ftkv_over_two_sided_p50: f64,
+}
+
+fn ratios(rows: &[PutRow]) -> Vec<PutRatio> {
+    let p50 = |mode: &str, size: usize| {
+        rows.iter().find(|r| r.mode == mode && r.size == size).map(|r| r.p50_us)
+    };
+    let mut sizes: Vec<usize> = rows.iter().map(|r| r.size).collect();
+    sizes.dedup();
+    sizes
+        .into_iter()
+        .filter_map(|size| {
+            let ftkv = p50("ftkv_bitmap", size)?;
+            Some(PutRatio {
+                size,
+                ftkv_over_raw_p50: ftkv / p50("raw_rma", size)?,
+                ftkv_over_two_sided_p50: ftkv / p50("two_sided", size)?,
+            })
+        })
+        .collect()
 }
 
 /// The rank side of `ftkv bench put`: every rank writes its checkpoint `iterations` times per
 /// size and mode; rank 0 reports its latencies. Raw RMA is put + flush of the same bytes to the
 /// same holders with no header, checksum or failure check.
-pub fn put_rank_main(copies: usize, sizes: &[usize], iterations: usize) -> Result<()> {
+pub fn put_rank_main(
+    copies: usize,
+    sizes: &[usize],
+    iterations: usize,
+    out: &std::path::Path,
+) -> Result<()> {
     let mpi = Mpi::init()?;
     let world = mpi.world()?.dup()?;
     // Ping mode's extra thread in MPI stalls Open MPI's TCP transport for seconds between
     // hosts (measured up to 16 s per put), longer than the watchdog: measured on one host only.
     let hosts = host_ids(&world)?;
     let spans_hosts = hosts.iter().any(|&h| h != hosts[0]);
+    let mut rows = Vec::new();
     for &size in sizes {
         let mut raw = raw_put(&world, copies, size, iterations)?;
         let mut two_sided = two_sided_put(&world, copies, size, iterations)?;
@@ -41,14 +103,24 @@ pub fn put_rank_main(copies: usize, sizes: &[usize], iterations: usize) -> Resul
             true => None,
         };
         if world.rank() == 0 {
-            report("raw_rma", size, &mut raw);
-            report("two_sided", size, &mut two_sided);
-            report("ftkv_bitmap", size, &mut bitmap);
+            rows.push(report("raw_rma", size, &mut raw));
+            rows.push(report("two_sided", size, &mut two_sided));
+            rows.push(report("ftkv_bitmap", size, &mut bitmap));
             match ping.as_mut() {
-                Some(ping) => report("ftkv_ping", size, ping),
+                Some(ping) => rows.push(report("ftkv_ping", size, ping)),
                 None => println!("mode=ftkv_ping size={size} skipped=spans_hosts"),
             }
         }
+    }
+    if world.rank() == 0 {
+        let mut distinct = hosts.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        let ratios = ratios(&rows);
+        let results =
+            PutResults { ranks: world.size(), copies, hosts: distinct.len(), rows, ratios };
+        write_results(out, &serde_json::to_string_pretty(&results)?)?;
+        println!("results={}", out.display());
     }
     drop(world);
     mpi.finalize_bounded(Duration::from_secs(3))?;
@@ -542,4 +614,12 @@ fn shmem_kib() -> Result<u64> {
     let line = meminfo.lines().find(|l| l.starts_with("Shmem:"));
     let kib = line.and_then(|l| l.split_whitespace().nth(1)?.parse().ok());
     kib.ok_or_else(|| anyhow::anyhow!("no Shmem line in /proc/meminfo"))
+}
+
+/// Writes `text` to `path`, creating its directory.
+fn write_results(path: &std::path::Path, text: &str) -> Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    std::fs::write(path, format!("{text}\n")).with_context(|| format!("writing {}", path.display()))
 }

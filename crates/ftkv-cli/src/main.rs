@@ -192,6 +192,9 @@ enum BenchCommand {
         #[arg(long, default_value_t = 2000, value_parser = args::at_least(1usize))]
         #[arg(allow_negative_numbers = true)]
         iterations: usize,
+        /// Results file (JSON: rows and ftkv's p50 over raw RMA and over two-sided).
+        #[arg(long, default_value = "results/bench_put.json", value_name = "FILE")]
+        out: PathBuf,
     },
     /// Milliseconds from a SIGKILL to the first survivor's alarm.
     Detect {
@@ -480,12 +483,12 @@ fn run(command: Command) -> Result<()> {
             };
             run_chaos(&campaign, json)
         }
-        Command::Bench(BenchCommand::Put { ranks, copies, sizes, iterations }) => {
+        Command::Bench(BenchCommand::Put { ranks, copies, sizes, iterations, out }) => {
             let ranks = Opt::with_default("--ranks", ranks, DEFAULT_RANKS);
             args::check_before_launch(&[ranks])?;
             args::check_copies(Opt::with_default("--copies", copies, PUT_COPIES), ranks)?;
             launch_under_mpirun(ranks.value)?;
-            ftkv_cli::bench::put_rank_main(copies, &sizes, iterations)
+            ftkv_cli::bench::put_rank_main(copies, &sizes, iterations, &out)
         }
         Command::Bench(BenchCommand::Detect { ranks }) => {
             check_jobs("--ranks", &[ranks], 2, "bench detect (a rank to kill and rank 0)")?;

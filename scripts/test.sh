@@ -24,6 +24,9 @@ scripts/setup.sh
 step "fmt and clippy"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --quiet -- -D warnings
+step "the store and the pool without MPI (no ftkv-mpi in the build): unit and in-process tests"
+cargo test --release -p ftkv -p ftkv-tasks --no-default-features
+cargo clippy -p ftkv -p ftkv-tasks --no-default-features --all-targets --quiet -- -D warnings
 step "unit, scenario and real-MPI tests"
 cargo test --workspace --release
 step "real-MPI tests over btl self,tcp"

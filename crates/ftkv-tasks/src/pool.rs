@@ -27,8 +27,8 @@
 use crate::events::{self, PoolEvent};
 use std::time::{Duration, Instant};
 
+use ftkv::fabric::{Fabric, FabricError};
 use ftkv::{Key, Store};
-use ftkv_mpi::{failpoint, Comm, MpiError, ANY_SOURCE};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -85,8 +85,8 @@ impl Default for PoolConfig {
 pub enum PoolError {
     #[error("store: {0}")]
     Store(#[from] ftkv::Error),
-    #[error("MPI: {0}")]
-    Mpi(#[from] MpiError),
+    #[error("fabric: {0}")]
+    Fabric(#[from] FabricError),
     #[error("corrupt {0} in the store")]
     Corrupt(&'static str),
     #[error("a worker failed and checkpointing is off")]
@@ -97,7 +97,7 @@ impl PoolError {
     fn needs_recovery(&self) -> bool {
         match self {
             PoolError::Store(e) => e.needs_recovery(),
-            PoolError::Mpi(_) => true,
+            PoolError::Fabric(_) => true,
             _ => false,
         }
     }
@@ -165,11 +165,11 @@ struct Pending<T> {
     tasks: Vec<T>,
 }
 
-struct Worker<'p, P: Problem> {
+struct Worker<'p, P: Problem, F: Fabric> {
     problem: &'p P,
     config: &'p PoolConfig,
-    store: Store,
-    comm: Comm,
+    store: Store<F>,
+    comm: F,
     me: i32,
     live: Vec<i32>,
     state: Checkpoint<P::Task>,
@@ -197,7 +197,10 @@ struct Worker<'p, P: Problem> {
 /// Runs `problem` on every rank of `world` (collective) and returns the result on every
 /// survivor. Workers may be killed at any moment; the survivors finish with the exact result
 /// as long as no more than `copies − 1` workers fail between two recoveries.
-pub fn run<P: Problem>(world: &Comm, problem: &P, config: &PoolConfig) -> Result<Outcome> {
+///
+/// The fabric `F` is MPI in production; on [`ftkv::fabric::local`] the same protocol runs on
+/// threads, without MPI.
+pub fn run<P: Problem, F: Fabric>(world: &F, problem: &P, config: &PoolConfig) -> Result<Outcome> {
     let started = Instant::now();
     let mut store_config = ftkv::Config::new(["checkpoint", "loot"], config.copies);
     store_config.initial_capacity = 16 << 10;
@@ -245,7 +248,7 @@ pub fn run<P: Problem>(world: &Comm, problem: &P, config: &PoolConfig) -> Result
     })
 }
 
-impl<P: Problem> Worker<'_, P> {
+impl<P: Problem, F: Fabric> Worker<'_, P, F> {
     fn checkpointing(&self) -> bool {
         self.config.interval.is_some()
     }
@@ -336,14 +339,13 @@ impl<P: Problem> Worker<'_, P> {
     }
 
     fn handle_messages(&mut self) -> Result<()> {
-        while let Some(status) = self.comm.iprobe(ANY_SOURCE, ftkv_mpi::ANY_TAG)? {
-            let mut buf = vec![0u8; status.len];
-            self.comm.recv(&mut buf, status.source, status.tag)?;
-            match status.tag {
-                STEAL_TAG => self.on_steal_request(status.source)?,
-                LOOT_TAG => self.on_loot(status.source, &buf)?,
+        while let Some(message) = self.comm.try_receive()? {
+            let (source, buf) = (message.source, message.data);
+            match message.tag {
+                STEAL_TAG => self.on_steal_request(source)?,
+                LOOT_TAG => self.on_loot(source, &buf)?,
                 ACK_TAG => self.on_ack(&buf)?,
-                PROBE_TAG => self.on_probe(status.source, &buf)?,
+                PROBE_TAG => self.on_probe(source, &buf)?,
                 STATUS_TAG => self.on_status(&buf)?,
                 DONE_TAG => self.done = true,
                 _ => {}
@@ -378,9 +380,9 @@ impl<P: Problem> Worker<'_, P> {
         let thief_worker = self.live[thief as usize];
         self.pending = Some(Pending { steal_id, thief: thief_worker, tasks });
         self.store_pending_loot()?;
-        failpoint::hit("steal_victim_after_loot");
+        self.comm.failpoint("steal_victim_after_loot");
         self.checkpoint()?;
-        failpoint::hit("steal_victim_before_send");
+        self.comm.failpoint("steal_victim_before_send");
         let mut message = steal_id.to_le_bytes().to_vec();
         let pending = self.pending.as_ref().expect("set above");
         encode_tasks::<P>(&pending.tasks, &mut message);
@@ -419,9 +421,9 @@ impl<P: Problem> Worker<'_, P> {
         self.state.pool.extend(tasks);
         self.state.received[victim_worker as usize] = steal_id;
         self.received += 1;
-        failpoint::hit("steal_thief_before_checkpoint");
+        self.comm.failpoint("steal_thief_before_checkpoint");
         self.checkpoint()?;
-        failpoint::hit("steal_thief_before_ack");
+        self.comm.failpoint("steal_thief_before_ack");
         self.comm.send(&steal_id.to_le_bytes(), victim, ACK_TAG)?;
         Ok(())
     }
@@ -607,7 +609,7 @@ impl<P: Problem> Worker<'_, P> {
         for &dead in &plan.adopt {
             self.adopt(dead, stored.checkpoints[dead as usize].clone());
         }
-        failpoint::hit("buddy_after_adopting");
+        self.comm.failpoint("buddy_after_adopting");
         for &victim in &plan.take_loot {
             let loot = stored.loots[victim as usize].as_ref().expect("planned loot exists");
             self.state.pool.extend(loot.tasks.iter().copied());

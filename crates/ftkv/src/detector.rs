@@ -18,7 +18,6 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::fabric::local::Killed;
 use crate::fabric::Fabric;
 
 /// What the detector publishes and the watchdog watches.
@@ -81,6 +80,8 @@ impl Health {
 pub(crate) struct Detector {
     stop: Arc<AtomicBool>,
     handle: Option<JoinHandle<()>>,
+    /// The fabric's test for a killed rank's unwinding ([`Fabric::is_kill`]).
+    is_kill: fn(&(dyn std::any::Any + Send)) -> bool,
 }
 
 /// What the detector thread needs.
@@ -101,7 +102,7 @@ impl Detector {
             .name("ftkv-detector".into())
             .spawn(move || run(watch, &flag))
             .expect("spawning the detector thread");
-        Detector { stop, handle: Some(handle) }
+        Detector { stop, handle: Some(handle), is_kill: F::is_kill }
     }
 }
 
@@ -110,7 +111,7 @@ impl Drop for Detector {
         self.stop.store(true, Ordering::Release);
         if let Some(handle) = self.handle.take() {
             match handle.join() {
-                Err(payload) if !payload.is::<Killed>() => {
+                Err(payload) if !(self.is_kill)(payload.as_ref()) => {
                     crate::events::warn("the detector thread panicked")
                 }
                 _ => {}

@@ -45,14 +45,14 @@ pub enum Error {
     Partitioned { live: Vec<i32>, previous: Vec<i32> },
     #[error("every copy of key {0} was lost")]
     KeyLost(Key),
-    #[error("MPI: {0}")]
-    Mpi(#[from] ftkv_mpi::MpiError),
+    #[error("fabric: {0}")]
+    Fabric(#[from] crate::fabric::FabricError),
 }
 
 impl Error {
     /// Whether the error reports a process failure (recover, then retry) rather than bad input.
     pub fn needs_recovery(&self) -> bool {
         matches!(self, Error::RecoveryNeeded { .. })
-            || matches!(self, Error::Mpi(e) if e.is_failure())
+            || matches!(self, Error::Fabric(e) if e.is_failure())
     }
 }

@@ -30,9 +30,10 @@
 //!   recoveries lose no acknowledged write. A recovery attempt stuck inside Open MPI (shrink can
 //!   stay blocked on one member while the others go on) ends that member after
 //!   [`Config::recovery_watchdog`], a fail-stop like any other.
-//! - **Fabrics**: the store talks to a [`fabric::Fabric`]: MPI's [`ftkv_mpi::Comm`] in
-//!   production, [`fabric::local::LocalCluster`] (ranks as threads, killable at named points)
-//!   for fast, deterministic protocol tests.
+//! - **Fabrics**: the store talks to a [`fabric::Fabric`]: MPI's `ftkv_mpi::Comm` in
+//!   production (the default `mpi` feature), [`fabric::local::LocalCluster`] (ranks as
+//!   threads, killable at named points) for protocol tests; without the `mpi` feature the
+//!   crate builds and tests on a machine without MPI.
 
 mod detector;
 mod error;
@@ -47,4 +48,4 @@ mod store;
 
 pub use error::{Error, Result};
 pub use key::{Config, Detection, Key};
-pub use store::{RecoveryReport, Store};
+pub use store::{DefaultFabric, RecoveryReport, Store};

@@ -4,15 +4,20 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ftkv_mpi::{Comm, MpiError};
-
 use crate::detector::{Deadline, Detector, Health, Step, StepMarker, Watch};
 use crate::error::{Error, Result};
-use crate::fabric::{Fabric, FabricWindow, RmaOps};
+use crate::fabric::{Fabric, FabricError, FabricWindow, RmaOps};
 use crate::key::{Config, Detection, Key};
 use crate::layout::{Copy, Layout};
 use crate::recovery::{self, Record};
 use crate::slot::{newest, Committed, Header, SlotGeometry, State, HEADER_LEN};
+
+/// The fabric a plain `Store` runs on: MPI when built with it.
+#[cfg(feature = "mpi")]
+pub type DefaultFabric = ftkv_mpi::Comm;
+/// The fabric a plain `Store` runs on: the in-process one when built without MPI.
+#[cfg(not(feature = "mpi"))]
+pub type DefaultFabric = crate::fabric::local::LocalFabric;
 
 /// What [`Store::recover`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,9 +45,10 @@ struct Retained<W> {
 /// created on (stable across shrinking). Each key has `copies` holders, none the owner. Calls are
 /// made by one thread at a time (`&mut self`); the detector thread runs beside it.
 ///
-/// The fabric `F` is MPI ([`Comm`]) in production and [`LocalFabric`](crate::fabric::local)
-/// in protocol tests.
-pub struct Store<F: Fabric = Comm> {
+/// The fabric `F` is MPI (`ftkv_mpi::Comm`, the default with the `mpi` feature) in production
+/// and [`LocalFabric`](crate::fabric::local::LocalFabric) in protocol tests (the default
+/// without MPI).
+pub struct Store<F: Fabric = DefaultFabric> {
     config: Config,
     geometry: SlotGeometry,
     me: i32,
@@ -91,8 +97,9 @@ impl<F: Fabric> Store<F> {
         let valid = host.map_err(Error::from).and_then(|_| config.validate(workers)).map(|()| {
             Layout::compute(&live, &hosts, config.kinds.len(), config.copies, geometry, me)
         });
-        let valid = valid
-            .and_then(|layout| check_window_memory(layout.window_len, workers).map(|()| layout));
+        let valid = valid.and_then(|layout| {
+            check_window_memory(comm, layout.window_len, workers).map(|()| layout)
+        });
         agree_on_config(comm, &config, valid.is_ok())?;
         let layout = valid?;
         let origin = comm.dup()?;
@@ -351,16 +358,16 @@ impl<F: Fabric> Store<F> {
     /// Classifies an MPI error of a store call. Besides ULFM's own failure classes, Open MPI's
     /// collectives can return `MPI_ERR_OTHER` on members that meet a failure indirectly; any
     /// error while the communicator is revoked or has failed members counts as a failure.
-    fn failure(&self, e: MpiError) -> Error {
+    fn failure(&self, e: FabricError) -> Error {
         let caused_by_failure = e.is_failure()
-            || matches!(e, MpiError::Timeout { .. })
+            || matches!(e, FabricError::Timeout { .. })
             || self.comm.is_revoked().unwrap_or(true)
             || self.comm.failed_ranks().map_or(true, |f| !f.is_empty());
         if caused_by_failure {
             self.health.raise_alarm();
             return Error::RecoveryNeeded { failed: self.newly_failed() };
         }
-        Error::Mpi(e)
+        Error::Fabric(e)
     }
 
     fn read_newest(&self, key: Key) -> Result<Option<Committed>> {
@@ -515,7 +522,7 @@ impl<F: Fabric> Store<F> {
     ) -> Result<Option<Recovered>> {
         step.set(Step::Revoke);
         if let Err(e) = self.comm.revoke() {
-            return Err(Error::Mpi(e));
+            return Err(Error::Fabric(e));
         }
         self.trace("revoked");
         step.set(Step::Shrink);
@@ -523,7 +530,7 @@ impl<F: Fabric> Store<F> {
         let shrunk = match self.comm.shrink() {
             Ok(c) => Arc::new(c),
             Err(e) if e.is_failure() => return Ok(None),
-            Err(e) => return Err(Error::Mpi(e)),
+            Err(e) => return Err(Error::Fabric(e)),
         };
         self.comm = shrunk.clone();
         let live = self.live_ids(&shrunk)?;
@@ -560,7 +567,7 @@ impl<F: Fabric> Store<F> {
             Ok(agreed) => agreed,
             Err(e) => {
                 self.dispose(attempt, false, step);
-                return Err(Error::Mpi(e));
+                return Err(Error::Fabric(e));
             }
         };
         self.trace(&format!("agreed {}", agreed.value));
@@ -734,8 +741,8 @@ fn agree_on_config<F: Fabric>(comm: &F, config: &Config, valid: bool) -> Result<
 /// could not hold if every rank ran on it (the conservative case: the host count is unknown
 /// here). Memory is reserved, not resident, until values are written, but Open MPI sizes the
 /// backing file for the whole reservation and fails when the file system is smaller.
-fn check_window_memory(per_rank: usize, ranks: usize) -> Result<()> {
-    let Some(capacity) = ftkv_mpi::shared_memory_capacity() else { return Ok(()) };
+fn check_window_memory<F: Fabric>(comm: &F, per_rank: usize, ranks: usize) -> Result<()> {
+    let Some(capacity) = comm.shared_memory_capacity() else { return Ok(()) };
     let total = (per_rank as u128) * ranks as u128;
     if total > capacity as u128 {
         return Err(Error::WindowTooLarge { per_rank, ranks, capacity });
@@ -759,7 +766,7 @@ fn read_copy<W: FabricWindow>(
     window: &W,
     copy: &Copy,
     geometry: SlotGeometry,
-) -> std::result::Result<Option<Committed>, MpiError> {
+) -> std::result::Result<Option<Committed>, FabricError> {
     let mut headers = [[0u8; HEADER_LEN]; 2];
     let [h0, h1] = &mut headers;
     let half = geometry.half_len as i64;

@@ -9,13 +9,14 @@
 //! independently of aborted collectives. Every rank runs on host 0 unless
 //! [`LocalCluster::with_hosts`] places them on several (simulated) hosts.
 
-use std::collections::HashMap;
+use std::any::Any;
+use std::collections::{HashMap, VecDeque};
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
-use super::{Agreed, Fabric, FabricResult, FabricWindow, MpiError, RmaOps};
+use super::{Agreed, Fabric, FabricError, FabricResult, FabricWindow, Message, RmaOps};
 
 /// The unwinding payload of a killed rank's threads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,6 +42,8 @@ struct State {
     armed: HashMap<(i32, String), usize>,
     /// Each rank's host id.
     hosts: Vec<u32>,
+    /// Messages not yet received, by communicator and receiving rank, oldest first.
+    mailboxes: HashMap<(usize, i32), VecDeque<Message>>,
 }
 
 struct CommState {
@@ -265,10 +268,13 @@ impl LocalFabric {
             (0..comm.members.len()).filter(|&r| entry.deposits[r].is_none()).collect();
         if kind == Kind::Collective {
             if comm.revoked {
-                return Err(MpiError::Revoked { op: "local collective" });
+                return Err(FabricError::Revoked { op: "local collective" });
             }
             if let Some(&r) = missing.iter().find(|&&r| dead(r)) {
-                return Err(MpiError::ProcFailed { op: "local collective", peer: Some(r as i32) });
+                return Err(FabricError::ProcFailed {
+                    op: "local collective",
+                    peer: Some(r as i32),
+                });
             }
         }
         if missing.iter().any(|&r| !dead(r)) {
@@ -391,7 +397,7 @@ impl Fabric for LocalFabric {
         let state = self.alive_state();
         let peer = state.comms[self.comm].members[target as usize];
         if state.dead[peer as usize] {
-            return Err(MpiError::ProcFailed { op: "local ping", peer: Some(target) });
+            return Err(FabricError::ProcFailed { op: "local ping", peer: Some(target) });
         }
         Ok(())
     }
@@ -414,6 +420,38 @@ impl Fabric for LocalFabric {
         )?;
         let memory = self.alive_state().windows[LocalFabric::decode_id(&id)].clone();
         Ok(LocalWindow { world: self.world.clone(), memory, rank: self.rank, me: self.me })
+    }
+
+    fn send(&self, data: &[u8], dest: i32, tag: i32) -> FabricResult<()> {
+        let mut state = self.alive_state();
+        let comm = &state.comms[self.comm];
+        if comm.revoked {
+            return Err(FabricError::Revoked { op: "local send" });
+        }
+        let peer = *comm.members.get(dest as usize).ok_or_else(|| FabricError::Other {
+            op: "local send",
+            msg: format!("no rank {dest} in a communicator of {}", comm.members.len()),
+        })?;
+        if state.dead[peer as usize] {
+            return Err(FabricError::ProcFailed { op: "local send", peer: Some(dest) });
+        }
+        let message = Message { source: self.rank, tag, data: data.to_vec() };
+        state.mailboxes.entry((self.comm, dest)).or_default().push_back(message);
+        drop(state);
+        self.world.changed.notify_all();
+        Ok(())
+    }
+
+    fn try_receive(&self) -> FabricResult<Option<Message>> {
+        let mut state = self.alive_state();
+        if state.comms[self.comm].revoked {
+            return Err(FabricError::Revoked { op: "local receive" });
+        }
+        Ok(state.mailboxes.get_mut(&(self.comm, self.rank)).and_then(VecDeque::pop_front))
+    }
+
+    fn is_kill(payload: &(dyn Any + Send)) -> bool {
+        payload.is::<Killed>()
     }
 
     fn failpoint(&self, name: &str) {
@@ -471,7 +509,7 @@ fn target_bytes(
     disp: i64,
     len: usize,
 ) -> FabricResult<MutexGuard<'_, Vec<u8>>> {
-    let outside = |what: String| MpiError::Other { op: "local rma", class: 0, msg: what };
+    let outside = |what: String| FabricError::Other { op: "local rma", msg: what };
     let bytes =
         memory.ranks.get(target as usize).ok_or_else(|| outside(format!("no rank {target}")))?;
     let guard = bytes.lock().unwrap_or_else(|p| p.into_inner());

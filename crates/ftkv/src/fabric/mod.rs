@@ -1,20 +1,62 @@
-//! What the store needs from the machine underneath: a fault-tolerant communicator with
-//! ULFM's recovery calls and passive-target windows.
+//! What the store and the task pool need from the machine underneath: a fault-tolerant
+//! communicator with ULFM's recovery calls, point-to-point messages and passive-target windows.
 //!
-//! [`ftkv_mpi::Comm`] is the production fabric (MPI with ULFM); [`local::LocalCluster`] runs
-//! ranks as threads of one process with killable ranks, for fast deterministic protocol tests.
-//! Errors are [`MpiError`]s in both, with the same meaning: `ProcFailed` and `Revoked` are peer
-//! failures, never panics.
+//! `ftkv_mpi::Comm` is the production fabric (MPI with ULFM, the default `mpi` feature);
+//! [`local::LocalCluster`] runs ranks as threads of one process with killable ranks, for fast
+//! protocol tests that need no MPI at all. Errors are [`FabricError`]s in both, with the same
+//! meaning: `ProcFailed` and `Revoked` are peer failures, never panics.
 
+use std::any::Any;
 use std::time::Duration;
 
-pub use ftkv_mpi::{Agreed, MpiError};
-
 pub mod local;
+#[cfg(feature = "mpi")]
 mod mpi;
 
+/// Why a fabric call failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FabricError {
+    /// A process involved in the call failed.
+    #[error("{op}: a peer process failed{}", peer.map(|p| format!(" (rank {p})")).unwrap_or_default())]
+    ProcFailed { op: &'static str, peer: Option<i32> },
+    /// A member revoked the communicator.
+    #[error("{op}: the communicator was revoked")]
+    Revoked { op: &'static str },
+    /// The call did not complete before its deadline.
+    #[error("{op}: no completion within {after:?}")]
+    Timeout { op: &'static str, after: Duration },
+    /// Anything else (bad arguments, an error of the layer underneath), with its message.
+    #[error("{op}: {msg}")]
+    Other { op: &'static str, msg: String },
+}
+
+impl FabricError {
+    /// True for the errors that mean "a process failed" (directly or through a revocation):
+    /// the caller should recover rather than retry.
+    pub fn is_failure(&self) -> bool {
+        matches!(self, FabricError::ProcFailed { .. } | FabricError::Revoked { .. })
+    }
+}
+
 /// A fabric call's result.
-pub type FabricResult<T> = std::result::Result<T, MpiError>;
+pub type FabricResult<T> = std::result::Result<T, FabricError>;
+
+/// The outcome of [`Fabric::agree`]: the AND of the survivors' flags (the same on every
+/// survivor), and whether a process failed that this member had not acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Agreed {
+    pub value: u32,
+    pub unacknowledged_failures: bool,
+}
+
+/// A point-to-point message received by [`Fabric::try_receive`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    /// The sender's rank in the communicator.
+    pub source: i32,
+    pub tag: i32,
+    pub data: Vec<u8>,
+}
 
 /// A communicator: one member per worker still alive, ranks `0..size()`.
 ///
@@ -56,6 +98,23 @@ pub trait Fabric: Send + Sync + Sized + 'static {
     /// Allocates `len` bytes per member (collective), zeroes the `(offset, len)` ranges of this
     /// member's memory and opens a passive-target epoch to all members.
     fn open_window(&self, len: usize, zeroed: &[(usize, usize)]) -> FabricResult<Self::Window>;
+    /// Sends `data` to `dest` with `tag`. Returns once the data may be reused: delivery is
+    /// not confirmed (a send to a rank that just died may still succeed). `ProcFailed` when
+    /// `dest` is known dead, `Revoked` on a revoked communicator.
+    fn send(&self, data: &[u8], dest: i32, tag: i32) -> FabricResult<()>;
+    /// The oldest message that arrived from any member, if one did; never waits. Messages
+    /// from one sender arrive in the order sent. `Revoked` on a revoked communicator.
+    fn try_receive(&self) -> FabricResult<Option<Message>>;
+    /// Bytes of shared memory this host offers for windows, when the fabric knows it.
+    fn shared_memory_capacity(&self) -> Option<u64> {
+        None
+    }
+    /// Whether a thread's panic `payload` is this fabric's way of ending a killed rank (not a
+    /// bug to report).
+    fn is_kill(payload: &(dyn Any + Send)) -> bool {
+        let _ = payload;
+        false
+    }
     /// A named failure-injection point (`FTKV_FAILPOINT` for MPI, armed kills locally).
     fn failpoint(&self, name: &str);
     /// A named point where an armed member blocks forever instead of dying.

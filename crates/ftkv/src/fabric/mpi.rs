@@ -2,9 +2,22 @@
 
 use std::time::Duration;
 
-use ftkv_mpi::{failpoint, Agreed, Comm, HostScope, HostWindow, ANY_SOURCE};
+use std::any::Any;
 
-use super::{Fabric, FabricResult, FabricWindow, RmaOps};
+use ftkv_mpi::{failpoint, Comm, HostScope, HostWindow, MpiError, ANY_SOURCE, ANY_TAG};
+
+use super::{Agreed, Fabric, FabricError, FabricResult, FabricWindow, Message, RmaOps};
+
+impl From<MpiError> for FabricError {
+    fn from(e: MpiError) -> FabricError {
+        match e {
+            MpiError::ProcFailed { op, peer } => FabricError::ProcFailed { op, peer },
+            MpiError::Revoked { op } => FabricError::Revoked { op },
+            MpiError::Timeout { op, after } => FabricError::Timeout { op, after },
+            other @ MpiError::Other { op, .. } => FabricError::Other { op, msg: other.to_string() },
+        }
+    }
+}
 
 const PING_TAG: i32 = 901;
 const PONG_TAG: i32 = 902;
@@ -21,57 +34,59 @@ impl Fabric for Comm {
     }
 
     fn host_id(&self) -> FabricResult<u32> {
-        Comm::host_id(self)
+        Ok(Comm::host_id(self)?)
     }
 
     fn dup(&self) -> FabricResult<Comm> {
-        Comm::dup(self)
+        Ok(Comm::dup(self)?)
     }
 
     fn barrier(&self) -> FabricResult<()> {
-        Comm::barrier(self)
+        Ok(Comm::barrier(self)?)
     }
 
     fn allgather(&self, mine: &[u8]) -> FabricResult<Vec<u8>> {
-        Comm::allgather(self, mine)
+        Ok(Comm::allgather(self, mine)?)
     }
 
     fn revoke(&self) -> FabricResult<()> {
-        Comm::revoke(self)
+        Ok(Comm::revoke(self)?)
     }
 
     fn is_revoked(&self) -> FabricResult<bool> {
-        Comm::is_revoked(self)
+        Ok(Comm::is_revoked(self)?)
     }
 
     fn shrink(&self) -> FabricResult<Comm> {
-        Comm::shrink(self)
+        Ok(Comm::shrink(self)?)
     }
 
     fn agree(&self, flag: u32) -> FabricResult<Agreed> {
-        Comm::agree(self, flag)
+        let agreed = Comm::agree(self, flag)?;
+        let unacknowledged_failures = agreed.unacknowledged_failures;
+        Ok(Agreed { value: agreed.value, unacknowledged_failures })
     }
 
     fn failed_ranks(&self) -> FabricResult<Vec<i32>> {
-        Comm::failed_ranks(self)
+        Ok(Comm::failed_ranks(self)?)
     }
 
     fn ranks_in(&self, origin: &Comm) -> FabricResult<Vec<i32>> {
         let ranks: Vec<i32> = (0..Comm::size(self)).collect();
-        let translated = self.translate_ranks(&ranks, origin)?;
+        let translated = self.translate_ranks(&ranks, origin).map_err(FabricError::from)?;
         Ok(translated.into_iter().map(|r| r.expect("a shrunk communicator's members")).collect())
     }
 
     fn progress(&self) -> FabricResult<()> {
-        self.iprobe(ANY_SOURCE, PING_TAG).map(drop)
+        Ok(self.iprobe(ANY_SOURCE, PING_TAG).map(drop)?)
     }
 
     fn ping(&self, target: i32, timeout: Duration) -> FabricResult<()> {
-        Comm::ping(self, target, PING_TAG, PONG_TAG, timeout).map(drop)
+        Ok(Comm::ping(self, target, PING_TAG, PONG_TAG, timeout).map(drop)?)
     }
 
     fn answer_pings(&self) -> FabricResult<()> {
-        Comm::answer_pings(self, PING_TAG, PONG_TAG).map(drop)
+        Ok(Comm::answer_pings(self, PING_TAG, PONG_TAG).map(drop)?)
     }
 
     /// Shared memory to the members on this host, messages to the others (see
@@ -82,6 +97,26 @@ impl Fabric for Comm {
             window.write_local(offset, &vec![0u8; len])?;
         }
         Ok(window)
+    }
+
+    fn send(&self, data: &[u8], dest: i32, tag: i32) -> FabricResult<()> {
+        Ok(Comm::send(self, data, dest, tag)?)
+    }
+
+    /// `MPI_Iprobe` for any source and tag, then `MPI_Recv` of what it found.
+    fn try_receive(&self) -> FabricResult<Option<Message>> {
+        let Some(status) = self.iprobe(ANY_SOURCE, ANY_TAG)? else { return Ok(None) };
+        let mut data = vec![0u8; status.len];
+        self.recv(&mut data, status.source, status.tag)?;
+        Ok(Some(Message { source: status.source, tag: status.tag, data }))
+    }
+
+    fn shared_memory_capacity(&self) -> Option<u64> {
+        ftkv_mpi::shared_memory_capacity()
+    }
+
+    fn is_kill(_payload: &(dyn Any + Send)) -> bool {
+        false
     }
 
     fn failpoint(&self, name: &str) {
@@ -105,19 +140,26 @@ impl FabricWindow for HostWindow {
         &self,
         issue: impl FnOnce(&mut HostScope<'buf>) -> FabricResult<R>,
     ) -> FabricResult<R> {
-        HostWindow::scope(self, issue)
+        let mut issued = None;
+        let completed = HostWindow::scope(self, |scope| {
+            issued = Some(issue(scope));
+            Ok(())
+        });
+        let value = issued.expect("the scope ran its issue")?;
+        completed?;
+        Ok(value)
     }
 
     fn sync(&self) -> FabricResult<()> {
-        HostWindow::sync(self)
+        Ok(HostWindow::sync(self)?)
     }
 
     fn read_local(&self, offset: usize, out: &mut [u8]) -> FabricResult<()> {
-        HostWindow::read_local(self, offset, out)
+        Ok(HostWindow::read_local(self, offset, out)?)
     }
 
     fn close(self) -> FabricResult<()> {
-        HostWindow::close(self)
+        Ok(HostWindow::close(self)?)
     }
 
     fn abandon(self) {
@@ -127,10 +169,10 @@ impl FabricWindow for HostWindow {
 
 impl<'buf> RmaOps<'buf> for HostScope<'buf> {
     fn put(&mut self, target: i32, disp: i64, data: &'buf [u8]) -> FabricResult<()> {
-        HostScope::put(self, target, disp, data)
+        Ok(HostScope::put(self, target, disp, data)?)
     }
 
     fn get(&mut self, target: i32, disp: i64, out: &'buf mut [u8]) -> FabricResult<()> {
-        HostScope::get(self, target, disp, out)
+        Ok(HostScope::get(self, target, disp, out)?)
     }
 }

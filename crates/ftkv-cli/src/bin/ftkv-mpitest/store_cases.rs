@@ -94,7 +94,7 @@ fn recover_at(store: &mut Store, cause: Error, next: u32) -> Result<u32> {
 
 fn lowest_next_round(store: &Store, next: u32) -> ftkv::Result<u32> {
     let comm = store.communicator()?;
-    let all = comm.allgather(&next.to_le_bytes()).map_err(ftkv::Error::Mpi)?;
+    let all = comm.allgather(&next.to_le_bytes()).map_err(|e| ftkv::Error::Fabric(e.into()))?;
     let rounds = all.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]));
     Ok(rounds.min().unwrap_or(next))
 }

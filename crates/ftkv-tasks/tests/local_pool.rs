@@ -1,0 +1,114 @@
+//! The work-stealing pool on the in-process fabric (ranks as threads, no MPI): exact N-Queens
+//! counts with no failure and with a worker killed at each named point of the steal and
+//! recovery protocols. Every run is bounded, so a protocol that waits forever fails the test.
+
+use std::sync::mpsc;
+use std::time::Duration;
+
+use ftkv::fabric::local::LocalCluster;
+use ftkv_tasks::nqueens::NQueens;
+use ftkv_tasks::pool::{self, Interval, Outcome, PoolConfig};
+
+/// The longest a pool run may take before the test fails.
+const RUN_BOUND: Duration = Duration::from_secs(60);
+
+fn config(ranks: usize, seed: u64) -> PoolConfig {
+    PoolConfig {
+        copies: 2.min(ranks - 1),
+        interval: Some(Interval::Tasks(200)),
+        batch: 16,
+        progress: None,
+        seed,
+    }
+}
+
+/// Runs N-Queens of size `n` on `ranks` thread workers, `victim` killed at its `nth` pass
+/// through `failpoint` when given; each rank's outcome (`None` for the killed one).
+fn run_pool(
+    ranks: usize,
+    n: u32,
+    kill: Option<(i32, &str, usize)>,
+    seed: u64,
+) -> Vec<Option<Outcome>> {
+    let cluster = LocalCluster::new(ranks);
+    if let Some((victim, point, nth)) = kill {
+        cluster.arm(victim, point, nth);
+    }
+    let (done, result) = mpsc::channel();
+    std::thread::spawn(move || {
+        let problem = NQueens::new(n).expect("a valid size");
+        let outcomes = cluster.run(|fabric| {
+            pool::run(&fabric, &problem, &config(ranks, seed))
+                .expect("the pool ends without an error")
+        });
+        let _ = done.send(outcomes);
+    });
+    result.recv_timeout(RUN_BOUND).expect("the pool finishes within its bound")
+}
+
+/// Every survivor reports the published count; exactly `killed` died and the survivors agree.
+fn assert_exact(outcomes: &[Option<Outcome>], n: u32, killed: &[i32]) {
+    let published = NQueens::new(n).unwrap().published().expect("a published count");
+    for (rank, outcome) in outcomes.iter().enumerate() {
+        let rank = rank as i32;
+        match outcome {
+            None => assert!(killed.contains(&rank), "rank {rank} died unexpectedly"),
+            Some(outcome) => {
+                assert!(!killed.contains(&rank), "killed rank {rank} finished");
+                assert_eq!(outcome.total.leaves, published, "rank {rank}'s count: {outcome:?}");
+                assert_eq!(outcome.failed, killed, "rank {rank}'s failed set");
+            }
+        }
+    }
+}
+
+#[test]
+fn n_queens_is_exact_without_failures_on_2_to_5_workers() {
+    for ranks in 2..=5 {
+        assert_exact(&run_pool(ranks, 8, None, ranks as u64), 8, &[]);
+    }
+}
+
+#[test]
+fn n_queens_is_exact_with_a_worker_killed_at_every_protocol_point() {
+    let points = [
+        ("steal_victim_after_loot", 1),
+        ("steal_victim_before_send", 1),
+        ("steal_thief_before_checkpoint", 1),
+        ("steal_thief_before_ack", 1),
+        ("steal_victim_after_loot", 3),
+        ("steal_thief_before_ack", 4),
+    ];
+    let mut deaths = Vec::new();
+    for (i, (point, nth)) in points.into_iter().enumerate() {
+        for victim in [1, 3] {
+            let outcomes = run_pool(4, 12, Some((victim, point, nth)), 10 + i as u64);
+            let died = outcomes[victim as usize].is_none();
+            let killed: Vec<i32> = if died { vec![victim] } else { Vec::new() };
+            assert_exact(&outcomes, 12, &killed);
+            deaths.push((point, nth, victim, died));
+        }
+    }
+    // A victim that never reached its point in the run proves nothing; most must have.
+    let reached = deaths.iter().filter(|d| d.3).count();
+    assert!(reached * 4 >= deaths.len() * 3, "too few kills happened: {deaths:?}");
+}
+
+#[test]
+fn the_buddy_killed_after_adopting_hands_the_work_to_the_next() {
+    // Worker 2 dies in its first steal (every worker but 0 starts as a thief); its buddy, 3,
+    // then dies right after adopting its checkpoint.
+    let cluster = LocalCluster::new(5);
+    cluster.arm(2, "steal_thief_before_checkpoint", 1);
+    cluster.arm(3, "buddy_after_adopting", 1);
+    let (done, result) = mpsc::channel();
+    std::thread::spawn(move || {
+        let problem = NQueens::new(10).unwrap();
+        let outcomes = cluster.run(|fabric| pool::run(&fabric, &problem, &config(5, 7)).unwrap());
+        let _ = done.send(outcomes);
+    });
+    let outcomes = result.recv_timeout(RUN_BOUND).expect("the pool finishes within its bound");
+    let killed: Vec<i32> = (0..5).filter(|&r| outcomes[r as usize].is_none()).collect();
+    assert_eq!(killed, [2, 3], "worker 2 died in its steal, then its buddy");
+    assert_exact(&outcomes, 10, &killed);
+}

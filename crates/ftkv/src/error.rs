@@ -43,6 +43,8 @@ pub enum Error {
          store to them"
     )]
     Partitioned { live: Vec<i32>, previous: Vec<i32> },
+    #[error("recovery failed: {0}")]
+    RecoveryFailed(String),
     #[error("every copy of key {0} was lost")]
     KeyLost(Key),
     #[error("fabric: {0}")]

@@ -17,7 +17,7 @@ pub struct Copy {
 }
 
 /// The routes of all keys for a live set.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Layout {
     /// Stable ids of the live workers; index = rank in the current communicator.
     pub live: Vec<i32>,

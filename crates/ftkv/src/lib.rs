@@ -35,6 +35,7 @@
 //!   threads, killable at named points) for protocol tests; without the `mpi` feature the
 //!   crate builds and tests on a machine without MPI.
 
+pub mod attempt;
 mod detector;
 mod error;
 pub mod events;

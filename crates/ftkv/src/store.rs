@@ -4,12 +4,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::attempt::{self, Command, Event, Fault};
 use crate::detector::{Deadline, Detector, Health, Step, StepMarker, Watch};
 use crate::error::{Error, Result};
 use crate::fabric::{Fabric, FabricError, FabricWindow, RmaOps};
 use crate::key::{Config, Detection, Key};
 use crate::layout::{Copy, Layout};
-use crate::recovery::{self, Record};
+use crate::recovery;
 use crate::slot::{newest, Committed, Header, SlotGeometry, State, HEADER_LEN};
 
 /// The fabric a plain `Store` runs on: MPI when built with it.
@@ -457,34 +458,192 @@ impl<F: Fabric> Store<F> {
             Some(window) => Retained { window, layout: self.layout.clone() },
             None => return Err(Error::Closed),
         };
-        for attempt in 1..=MAX_RECOVERY_ATTEMPTS {
-            let step = Arc::new(StepMarker::default());
-            let deadline =
-                Deadline::start(self.comm.clone(), self.config.recovery_watchdog, step.clone());
-            let outcome = match self.recover_once(&retained, &step) {
-                Err(partitioned @ Error::Partitioned { .. }) => {
-                    drop(deadline);
-                    retained.window.abandon();
-                    return Err(partitioned);
+        let mut machine = attempt::Machine::new(attempt::Inputs {
+            me: self.me,
+            hosts: self.hosts.clone(),
+            kinds: self.config.kinds.len(),
+            copies: self.config.copies,
+            geometry: self.geometry,
+            previous: retained.layout.clone(),
+            acked: self.acked.clone(),
+        });
+        let step = Arc::new(StepMarker::default());
+        let mut run = AttemptRun {
+            step,
+            deadline: None,
+            window: None,
+            held: HashMap::new(),
+            agreement_error: None,
+        };
+        let mut command = machine.start();
+        loop {
+            let event = match command {
+                Command::Commit(committed) => {
+                    return self.commit(committed, retained, run, started)
                 }
-                other => other?,
+                Command::Fail(failed) => return Err(self.give_up(failed, retained, run)),
+                command => self.execute(command, &retained, &mut run)?,
             };
-            if let Some(recovered) = outcome {
-                step.set(Step::FreeWindow);
-                let freed = retained.window.close();
-                drop(deadline);
-                freed?;
-                self.trace("old window freed");
-                return self.finish_recovery(recovered, attempt, started);
-            }
-            drop(deadline);
-            crate::events::warn(format!(
-                "worker {}: recovery attempt {attempt} met a failure, retrying",
-                self.me
-            ));
+            command = machine.on(event);
         }
-        self.window = Some(retained.window);
-        Err(Error::RecoveryNeeded { failed: self.newly_failed() })
+    }
+
+    /// Executes one recovery command on the fabric and reports what happened. Errors returned
+    /// here end the recovery at once (a revoke or shrink that failed for another reason than a
+    /// process failure).
+    fn execute(
+        &mut self,
+        command: Command,
+        retained: &Retained<F::Window>,
+        run: &mut AttemptRun<F>,
+    ) -> Result<Event> {
+        let step = run.step.clone();
+        Ok(match command {
+            Command::Revoke { attempt } => {
+                if attempt > 1 {
+                    let me = self.me;
+                    crate::events::warn(format!(
+                        "worker {me}: recovery attempt {} met a failure, retrying",
+                        attempt - 1
+                    ));
+                }
+                run.step = Arc::new(StepMarker::default());
+                run.deadline = None;
+                let watchdog = self.config.recovery_watchdog;
+                run.deadline = Some(Deadline::start(self.comm.clone(), watchdog, run.step.clone()));
+                run.step.set(Step::Revoke);
+                self.comm.revoke().map_err(Error::Fabric)?;
+                self.trace("revoked");
+                Event::Revoked
+            }
+            Command::Shrink => {
+                step.set(Step::Shrink);
+                self.comm.stall_point("recovery_stall_shrink");
+                match self.comm.shrink() {
+                    Ok(shrunk) => {
+                        let shrunk = Arc::new(shrunk);
+                        self.comm = shrunk.clone();
+                        let live = self.live_ids(&shrunk)?;
+                        self.trace(&format!("shrunk to {live:?}"));
+                        Event::Shrunk(Ok(live))
+                    }
+                    Err(e) if e.is_failure() => Event::Shrunk(Err(Fault::Failure)),
+                    Err(e) => return Err(Error::Fabric(e)),
+                }
+            }
+            Command::OpenWindow { layout } => {
+                self.layout = layout;
+                self.epoch += 1;
+                self.comm.failpoint("recovery_after_shrink");
+                step.set(Step::OpenWindow);
+                match open_window(&*self.comm, &self.layout, self.geometry) {
+                    Ok(window) => {
+                        run.window = Some(window);
+                        self.trace("window open");
+                        let scanned = scan_local(retained, self.geometry);
+                        run.held = scanned.as_ref().map_or_else(|_| HashMap::new(), Clone::clone);
+                        let versions = |held: HashMap<Key, Committed>| {
+                            held.iter().map(|(key, c)| (*key, c.header.version)).collect()
+                        };
+                        Event::WindowOpened(scanned.map(versions).map_err(fault))
+                    }
+                    Err(e) => Event::WindowOpened(Err(fault(e))),
+                }
+            }
+            Command::Exchange { records } => {
+                step.set(Step::ExchangeRecords);
+                let all = recovery::exchange(&*self.comm, &records);
+                self.trace("records exchanged");
+                Event::Exchanged(all.map_err(fault))
+            }
+            Command::Copy { sends } => {
+                self.comm.failpoint("recovery_mid_copy");
+                step.set(Step::CopyOut);
+                let window = run.window.as_ref().expect("copies go to an opened window");
+                let copied = copy_out(window, &self.layout, &sends, &run.held, self.geometry)
+                    .and_then(|()| {
+                        step.set(Step::Barrier);
+                        Ok(self.comm.barrier()?)
+                    })
+                    .map(|()| self.comm.failed_ranks().is_ok_and(|f| f.is_empty()));
+                Event::Copied(copied.map_err(fault))
+            }
+            Command::Agree { flags, revoke } => {
+                if revoke {
+                    step.set(Step::Revoke);
+                    if let Err(e) = self.comm.revoke() {
+                        crate::events::warn(format!("revoke during recovery: {e}"));
+                    }
+                }
+                self.trace(&format!("rebuilt ok={}", flags & attempt::ATTEMPT_SUCCEEDED != 0));
+                step.set(Step::Agree);
+                let agreed = self.comm.agree(flags);
+                if let Ok(agreed) = &agreed {
+                    self.trace(&format!("agreed {}", agreed.value));
+                }
+                let agreed = agreed.map(|a| (a.value, a.unacknowledged_failures));
+                Event::Agreed(agreed.map_err(|e| {
+                    run.agreement_error = Some(Error::Fabric(e.clone()));
+                    fault(e)
+                }))
+            }
+            Command::Dispose { free } => {
+                step.set(Step::FreeWindow);
+                self.dispose(run.window.take(), free);
+                Event::Disposed
+            }
+            Command::Commit(_) | Command::Fail(_) => unreachable!("handled by recover"),
+        })
+    }
+
+    /// Adopts the committed attempt: its window and layout; frees the previous window.
+    fn commit(
+        &mut self,
+        committed: attempt::Committed,
+        retained: Retained<F::Window>,
+        mut run: AttemptRun<F>,
+        started: Instant,
+    ) -> Result<RecoveryReport> {
+        self.window = Some(run.window.take().expect("agreement implies a window"));
+        if committed.alarm {
+            self.pending_alarm = true;
+        }
+        run.step.set(Step::FreeWindow);
+        let freed = retained.window.close();
+        drop(run);
+        freed?;
+        self.trace("old window freed");
+        let recovered = Recovered { keys: committed.keys, lost: committed.lost };
+        self.finish_recovery(recovered, committed.attempts, started)
+    }
+
+    /// The error a recovery that did not succeed returns. After a partition this side leaves
+    /// the store without touching its windows again; when every attempt failed, the previous
+    /// window stays, so that another recovery can start from it.
+    fn give_up(
+        &mut self,
+        failed: attempt::Failed,
+        retained: Retained<F::Window>,
+        mut run: AttemptRun<F>,
+    ) -> Error {
+        let agreement_error = run.agreement_error.take();
+        drop(run);
+        match failed {
+            attempt::Failed::Partitioned { live, previous } => {
+                retained.window.abandon();
+                Error::Partitioned { live, previous }
+            }
+            attempt::Failed::Error(message) => {
+                agreement_error.unwrap_or(Error::RecoveryFailed(message))
+            }
+            attempt::Failed::Exhausted { last_error } => {
+                if let Some(e) = last_error {
+                    crate::events::warn(format!("recovery gave up; last error: {e}"));
+                }
+                self.window = Some(retained.window);
+                Error::RecoveryNeeded { failed: self.newly_failed() }
+            }
+        }
     }
 
     fn finish_recovery(
@@ -513,83 +672,11 @@ impl<F: Fabric> Store<F> {
         })
     }
 
-    /// One attempt. `Ok(None)`: a failure interrupted it (uniformly known through the final
-    /// agreement), try again.
-    fn recover_once(
-        &mut self,
-        retained: &Retained<F::Window>,
-        step: &StepMarker,
-    ) -> Result<Option<Recovered>> {
-        step.set(Step::Revoke);
-        if let Err(e) = self.comm.revoke() {
-            return Err(Error::Fabric(e));
-        }
-        self.trace("revoked");
-        step.set(Step::Shrink);
-        self.comm.stall_point("recovery_stall_shrink");
-        let shrunk = match self.comm.shrink() {
-            Ok(c) => Arc::new(c),
-            Err(e) if e.is_failure() => return Ok(None),
-            Err(e) => return Err(Error::Fabric(e)),
-        };
-        self.comm = shrunk.clone();
-        let live = self.live_ids(&shrunk)?;
-        self.trace(&format!("shrunk to {live:?}"));
-        let previous = &retained.layout.live;
-        if !recovery::keeps_quorum(previous, &live, &self.hosts) {
-            return Err(Error::Partitioned { live, previous: previous.clone() });
-        }
-        self.layout = Layout::compute(
-            &live,
-            &self.hosts,
-            self.config.kinds.len(),
-            self.config.copies,
-            self.geometry,
-            self.me,
-        );
-        self.epoch += 1;
-        shrunk.failpoint("recovery_after_shrink");
-        let attempt = self.rebuild(&shrunk, retained, step);
-        let ok = attempt.result.is_ok() && shrunk.failed_ranks().is_ok_and(|f| f.is_empty());
-        if !ok {
-            step.set(Step::Revoke);
-            let revoked = shrunk.revoke();
-            if let Err(e) = revoked {
-                crate::events::warn(format!("revoke during recovery: {e}"));
-            }
-        }
-        // Only the agreed value is uniform across survivors (ULFM reports unacknowledged
-        // failures per process), so it alone decides; a failure that the agreement itself met
-        // raises the alarm and the next store call asks for another recovery.
-        self.trace(&format!("rebuilt ok={ok}"));
-        step.set(Step::Agree);
-        let agreed = match shrunk.agree(attempt.flags(ok)) {
-            Ok(agreed) => agreed,
-            Err(e) => {
-                self.dispose(attempt, false, step);
-                return Err(Error::Fabric(e));
-            }
-        };
-        self.trace(&format!("agreed {}", agreed.value));
-        if agreed.value & ATTEMPT_SUCCEEDED == 0 {
-            self.dispose(attempt, agreed.value & WINDOW_OPENED != 0, step);
-            return Ok(None);
-        }
-        let window = attempt.window.expect("agreement implies a window");
-        let recovered = attempt.result.expect("agreement implies local success");
-        self.window = Some(window);
-        if agreed.unacknowledged_failures {
-            self.pending_alarm = true;
-        }
-        Ok(Some(recovered))
-    }
-
     /// Frees a failed attempt's window when every survivor opened it (only an agreement can say
     /// so, and freeing is collective); otherwise leaves it allocated, since a collective free
     /// that some survivors never join would not return.
-    fn dispose(&self, attempt: Attempt<F::Window>, everyone_opened: bool, step: &StepMarker) {
-        step.set(Step::FreeWindow);
-        let Some(window) = attempt.window else { return };
+    fn dispose(&self, window: Option<F::Window>, everyone_opened: bool) {
+        let Some(window) = window else { return };
         if !everyone_opened {
             self.trace("failed attempt's window left allocated");
             window.abandon();
@@ -615,102 +702,32 @@ impl<F: Fabric> Store<F> {
     fn live_ids(&self, shrunk: &F) -> Result<Vec<i32>> {
         Ok(shrunk.ranks_in(&self.origin)?)
     }
-
-    /// New window, exchange of surviving versions, copies to the new holders. The window, when
-    /// it was opened, comes back also when the attempt failed: [`Store::dispose`] decides,
-    /// uniformly, whether it can be freed.
-    fn rebuild(
-        &self,
-        shrunk: &F,
-        retained: &Retained<F::Window>,
-        step: &StepMarker,
-    ) -> Attempt<F::Window> {
-        step.set(Step::OpenWindow);
-        let window = match open_window(shrunk, &self.layout, self.geometry) {
-            Ok(window) => window,
-            Err(e) => return Attempt { window: None, result: Err(e) },
-        };
-        self.trace("window open");
-        let result = self.fill(shrunk, retained, &window, step);
-        Attempt { window: Some(window), result }
-    }
-
-    fn fill(
-        &self,
-        shrunk: &F,
-        retained: &Retained<F::Window>,
-        window: &F::Window,
-        step: &StepMarker,
-    ) -> Result<Recovered> {
-        let local = scan_local(retained, self.geometry)?;
-        let mut records: Vec<Record> = local
-            .iter()
-            .map(|(key, c)| Record { key: *key, version: c.header.version, source: shrunk.rank() })
-            .collect();
-        records.extend(self.owner_marks());
-        step.set(Step::ExchangeRecords);
-        let all = recovery::exchange(shrunk, &records)?;
-        self.trace("records exchanged");
-        let plan = recovery::plan(&all, &self.layout, shrunk.rank());
-        shrunk.failpoint("recovery_mid_copy");
-        step.set(Step::CopyOut);
-        copy_out(window, &self.layout, &plan.sends, &local, self.geometry)?;
-        step.set(Step::Barrier);
-        shrunk.barrier()?;
-        let lost = plan
-            .lost_candidates
-            .into_iter()
-            .filter(|k| plan.marked.contains(k) || self.all_holders_died(*k, &retained.layout))
-            .collect();
-        Ok(Recovered { keys: plan.recovered, lost })
-    }
-
-    /// Records saying which of its own keys this worker wrote with an acknowledgement: such a
-    /// key without any surviving copy is lost (an unacknowledged first write may have reached
-    /// no holder, and then nothing was lost).
-    fn owner_marks(&self) -> impl Iterator<Item = Record> + '_ {
-        let written = self.acked.iter().enumerate().filter(|(_, &v)| v > 0);
-        written.map(|(kind, &version)| Record {
-            key: Key::new(self.me, kind as u16),
-            version,
-            source: recovery::OWNER_MARK,
-        })
-    }
-
-    /// A dead owner's key without surviving copy may never have been written; it counts as lost
-    /// when every holder it had died.
-    fn all_holders_died(&self, key: Key, old: &Layout) -> bool {
-        let owner_dead = !self.layout.live.contains(&key.owner);
-        let route = old.route(key).unwrap_or(&[]);
-        owner_dead && route.iter().all(|c| !self.layout.live.contains(&c.worker))
-    }
 }
 
-const MAX_RECOVERY_ATTEMPTS: usize = 16;
-
-/// Agreement flag: this survivor's attempt succeeded and it saw no new failure.
-const ATTEMPT_SUCCEEDED: u32 = 1;
-/// Agreement flag: this survivor opened the attempt's window.
-const WINDOW_OPENED: u32 = 2;
-
-/// One recovery attempt's window (if it was opened) and outcome.
-struct Attempt<W: FabricWindow> {
-    window: Option<W>,
-    result: Result<Recovered>,
-}
-
-impl<W: FabricWindow> Attempt<W> {
-    /// This survivor's contribution to the attempt's agreement (a bitwise AND).
-    fn flags(&self, ok: bool) -> u32 {
-        let opened = if self.window.is_some() { WINDOW_OPENED } else { 0 };
-        opened | if ok { ATTEMPT_SUCCEEDED } else { 0 }
-    }
+/// The state a recovery keeps across its commands: the current attempt's step marker and
+/// deadline, and its window once opened.
+struct AttemptRun<F: Fabric> {
+    step: Arc<StepMarker>,
+    deadline: Option<Deadline>,
+    window: Option<F::Window>,
+    /// The previous window's slots this rank holds, read once the attempt's window is open.
+    held: HashMap<Key, Committed>,
+    /// The agreement's own error, returned if it ends the recovery.
+    agreement_error: Option<Error>,
 }
 
 /// The outcome of a successful rebuild.
 struct Recovered {
     keys: usize,
     lost: Vec<Key>,
+}
+
+/// A fabric error as the recovery machine sees it.
+fn fault(e: impl Into<Error>) -> Fault {
+    match e.into() {
+        e if e.needs_recovery() => Fault::Failure,
+        e => Fault::Other(e.to_string()),
+    }
 }
 
 /// Every member's host id, by rank: one allgather of `mine` (4 bytes little-endian each).

@@ -44,6 +44,7 @@ mod key;
 pub mod layout;
 pub mod placement;
 mod recovery;
+pub mod sim;
 pub mod slot;
 mod store;
 

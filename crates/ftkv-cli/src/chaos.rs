@@ -24,7 +24,8 @@ use serde::Serialize;
 
 use crate::args::{self, Opt};
 use crate::launch::{kill_random_rank, Launch, RunningJob};
-use crate::values::{check_value, value};
+pub use ftkv::history::{allowed, Observed, Op};
+use ftkv::history::{observe, value};
 
 /// Campaign parameters.
 #[derive(Debug, Clone)]
@@ -504,24 +505,6 @@ impl Killer {
     }
 }
 
-/// One write a worker tried: kind, sequence number, whether it deletes, whether it was acked.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Op {
-    pub seq: u32,
-    pub delete: bool,
-    pub acked: bool,
-}
-
-/// What a survivor read for a key at the end.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Observed {
-    Seq(u32),
-    Absent,
-    Torn,
-    /// The store reported the key lost (`Error::KeyLost`): every holder died.
-    Lost,
-}
-
 /// Writers' histories per key and every survivor's final reads.
 #[derive(Debug, Default)]
 pub struct Histories {
@@ -579,18 +562,6 @@ pub struct Verdict {
     pub torn: u64,
     /// Keys the store reported lost.
     pub reported_lost: u64,
-}
-
-/// Whether `observed` is allowed by the key's history: the last acknowledged write or any write
-/// tried after it; with nothing acknowledged, also the key's absence.
-pub fn allowed(ops: &[Op], observed: Observed) -> bool {
-    let last_acked = ops.iter().rposition(|o| o.acked);
-    let candidates = &ops[last_acked.unwrap_or(0)..];
-    match observed {
-        Observed::Torn | Observed::Lost => false,
-        Observed::Seq(seq) => candidates.iter().any(|o| o.seq == seq && !o.delete),
-        Observed::Absent => last_acked.is_none() || candidates.iter().any(|o| o.delete),
-    }
 }
 
 /// Judges every survivor's reads of every key.
@@ -713,10 +684,10 @@ fn report_finals(store: &mut Store, workers: i32) -> Result<()> {
     for owner in 0..workers {
         for kind in 0..2u16 {
             let read = match store.get(Key::new(owner, kind)) {
-                Ok(None) => "absent".to_string(),
-                Ok(Some(v)) => match check_value(&v) {
-                    Some((o, seq)) if o == owner => seq.to_string(),
-                    _ => "torn".to_string(),
+                Ok(read) => match observe(owner, read.as_deref()) {
+                    Observed::Seq(seq) => seq.to_string(),
+                    Observed::Absent => "absent".to_string(),
+                    Observed::Torn | Observed::Lost => "torn".to_string(),
                 },
                 Err(ftkv::Error::KeyLost(_)) => "lost".to_string(),
                 Err(e) => return Err(e.into()),
@@ -730,33 +701,6 @@ fn report_finals(store: &mut Store, workers: i32) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn op(seq: u32, delete: bool, acked: bool) -> Op {
-        Op { seq, delete, acked }
-    }
-
-    #[test]
-    fn history_judgement_table() {
-        let acked_then_inflight = [op(1, false, true), op(2, false, true), op(3, false, false)];
-        let deleted = [op(1, false, true), op(2, true, true)];
-        let never_acked = [op(1, false, false)];
-        let table: Vec<(&[Op], Observed, bool)> = vec![
-            (&acked_then_inflight, Observed::Seq(2), true),
-            (&acked_then_inflight, Observed::Seq(3), true),
-            (&acked_then_inflight, Observed::Seq(1), false),
-            (&acked_then_inflight, Observed::Absent, false),
-            (&acked_then_inflight, Observed::Torn, false),
-            (&deleted, Observed::Absent, true),
-            (&deleted, Observed::Seq(1), false),
-            (&never_acked, Observed::Absent, true),
-            (&never_acked, Observed::Seq(1), true),
-            (&[], Observed::Absent, true),
-            (&[], Observed::Seq(4), false),
-        ];
-        for (ops, observed, want) in table {
-            assert_eq!(allowed(ops, observed), want, "{ops:?} {observed:?}");
-        }
-    }
 
     #[test]
     fn lines_build_histories_and_verdicts() {

@@ -17,4 +17,3 @@ pub mod rank_failure;
 pub mod render;
 pub mod stats;
 pub mod tasks;
-pub mod values;

@@ -40,6 +40,7 @@ mod detector;
 mod error;
 pub mod events;
 pub mod fabric;
+pub mod history;
 mod key;
 pub mod layout;
 pub mod placement;

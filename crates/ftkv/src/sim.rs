@@ -23,6 +23,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use crate::attempt::{self, Command, Event, Fault, Machine};
+use crate::history::{allowed, Observed, Op};
 use crate::key::Key;
 use crate::layout::Layout;
 use crate::recovery::Record;
@@ -114,6 +115,9 @@ struct Worker {
     dies_at: Option<usize>,
     actions: usize,
     opened: Option<usize>,
+    /// Its first shrink never returns (an Open MPI shrink stuck on one member while the
+    /// others go on); its recovery deadline ends it once nobody else can move.
+    stuck_in_shrink: bool,
 }
 
 struct Sim {
@@ -125,6 +129,8 @@ struct Sim {
     previous: Layout,
     /// The last acknowledged version of each key (0: never written).
     acked: BTreeMap<Key, u64>,
+    /// Keys with a write of the next version in flight (on some holders).
+    in_flight: std::collections::BTreeSet<Key>,
     /// What each holder stores in the previous window: key → version.
     stored: BTreeMap<i32, BTreeMap<Key, u64>>,
     dead: Vec<bool>,
@@ -139,6 +145,10 @@ struct Sim {
 }
 
 const KINDS: usize = 2;
+
+/// Acknowledged versions, what each holder stores, and the keys with a write in flight.
+type Contents =
+    (BTreeMap<Key, u64>, BTreeMap<i32, BTreeMap<Key, u64>>, std::collections::BTreeSet<Key>);
 /// More steps than any run needs: reaching it means a livelock.
 const STEP_LIMIT: usize = 20_000;
 
@@ -152,7 +162,7 @@ impl Sim {
         let all: Vec<i32> = (0..n as i32).collect();
         let geometry = SlotGeometry::new(64);
         let previous = Layout::compute(&all, &hosts, KINDS, copies, geometry, 0);
-        let (acked, stored) = Self::contents(&mut rng, &previous);
+        let (acked, stored, in_flight) = Self::contents(&mut rng, &previous);
         // Up to copies − 1 dead at the start (nothing may be lost), sometimes more.
         let max_dead = if rng.gen_bool(0.2) { copies } else { copies - 1 };
         let initially = rng.gen_range(1..=max_dead.clamp(1, n - 2));
@@ -161,10 +171,12 @@ impl Sim {
             dead[rng.gen_range(0..n)] = true;
         }
         let later = rng.gen_range(0..=2usize);
+        let stuck = rng.gen_bool(0.15);
         let scenario = format!(
             "{n} workers on {host_count} hosts, {copies} copies, dead at start {:?}, {later} \
-             kills during recovery",
-            (0..n as i32).filter(|&w| dead[w as usize]).collect::<Vec<_>>()
+             kills during recovery{}",
+            (0..n as i32).filter(|&w| dead[w as usize]).collect::<Vec<_>>(),
+            if stuck { ", one shrink stuck" } else { "" }
         );
         let comms = vec![Comm { members: all.clone(), revoked: false }];
         let mut sim = Sim {
@@ -175,6 +187,7 @@ impl Sim {
             copies,
             previous,
             acked,
+            in_flight,
             stored,
             dead,
             comms,
@@ -185,21 +198,22 @@ impl Sim {
             steps: 0,
             violations: Vec::new(),
         };
-        sim.start_workers(later);
+        sim.start_workers(later, stuck);
         sim
     }
 
     /// Random acknowledged versions and what every holder stores: the acknowledged version,
     /// or, where a write was in flight, the next one on some holders.
-    fn contents(
-        rng: &mut SmallRng,
-        layout: &Layout,
-    ) -> (BTreeMap<Key, u64>, BTreeMap<i32, BTreeMap<Key, u64>>) {
+    fn contents(rng: &mut SmallRng, layout: &Layout) -> Contents {
         let (mut acked, mut stored) = (BTreeMap::new(), BTreeMap::<i32, BTreeMap<Key, u64>>::new());
+        let mut flying = std::collections::BTreeSet::new();
         for key in layout.keys() {
             let version = if rng.gen_bool(0.8) { rng.gen_range(1..50) } else { 0 };
             acked.insert(key, version);
             let in_flight = rng.gen_bool(0.3);
+            if in_flight {
+                flying.insert(key);
+            }
             for copy in layout.route(key).unwrap_or(&[]) {
                 let held = version + u64::from(in_flight && rng.gen_bool(0.5));
                 if held > 0 {
@@ -207,15 +221,16 @@ impl Sim {
                 }
             }
         }
-        (acked, stored)
+        (acked, stored, flying)
     }
 
-    fn start_workers(&mut self, later_kills: usize) {
+    fn start_workers(&mut self, later_kills: usize, stuck: bool) {
         let survivors: Vec<i32> =
             (0..self.dead.len() as i32).filter(|&w| !self.dead[w as usize]).collect();
         let doomed: Vec<i32> = (0..later_kills.min(survivors.len() - 1))
             .map(|_| survivors[self.rng.gen_range(0..survivors.len())])
             .collect();
+        let stuck = stuck.then(|| survivors[self.rng.gen_range(0..survivors.len())]);
         for &id in &survivors {
             let acked = (0..KINDS as u16).map(|k| self.acked[&Key::new(id, k)]).collect();
             let inputs = attempt::Inputs {
@@ -239,6 +254,7 @@ impl Sim {
                 dies_at,
                 actions: 0,
                 opened: None,
+                stuck_in_shrink: stuck == Some(id),
             });
         }
     }
@@ -247,14 +263,32 @@ impl Sim {
         while self.steps < STEP_LIMIT {
             let runnable: Vec<usize> =
                 (0..self.workers.len()).filter(|&i| self.can_act(i)).collect();
-            if runnable.is_empty() {
+            if runnable.is_empty() && !self.end_a_stuck_worker() {
                 break;
+            }
+            if runnable.is_empty() {
+                continue;
             }
             let i = runnable[self.rng.gen_range(0..runnable.len())];
             self.act(i);
             self.steps += 1;
         }
         self.judge();
+    }
+
+    /// When nobody can move: the recovery deadline of a worker stuck in its shrink ends it (a
+    /// fail-stop the others then see). `false` when no worker is stuck.
+    fn end_a_stuck_worker(&mut self) -> bool {
+        let stuck = self.workers.iter().position(|w| {
+            w.stuck_in_shrink
+                && !self.dead[w.id as usize]
+                && matches!(w.status, Status::Waiting(_, Kind::Shrink, _, _))
+        });
+        let Some(i) = stuck else { return false };
+        self.dead[self.workers[i].id as usize] = true;
+        self.trace(i, 0xdead_0001);
+        self.steps += 1;
+        true
     }
 
     fn alive(&self, id: i32) -> bool {
@@ -268,6 +302,7 @@ impl Sim {
         }
         match &w.status {
             Status::Ready(_) => true,
+            Status::Waiting(_, Kind::Shrink, _, _) if w.stuck_in_shrink => false,
             Status::Waiting(_, kind, comm, call) => self.completes(*kind, *comm, *call),
             Status::Done(_) => false,
         }
@@ -504,38 +539,48 @@ impl Sim {
         self.judge_data(comm, &first);
     }
 
-    /// Every acknowledged write with a surviving copy is at every live new holder; a written
-    /// key without one is reported lost.
+    /// The key's history as its owner wrote it: the acknowledged version, then the one in
+    /// flight, if any.
+    fn history_of(&self, key: Key) -> Vec<Op> {
+        let acked = self.acked[&key];
+        let mut ops = Vec::new();
+        if acked > 0 {
+            ops.push(Op { seq: acked as u32, delete: false, acked: true });
+        }
+        if self.in_flight.contains(&key) {
+            ops.push(Op { seq: acked as u32 + 1, delete: false, acked: false });
+        }
+        ops
+    }
+
+    /// Judged by the history oracle ([`crate::history`]): while a copy survived, every live
+    /// new holder has a version the key's history allows; a written key without a surviving
+    /// copy is reported lost, and a key with one is not.
     fn judge_data(&mut self, comm: usize, committed: &attempt::Committed) {
         let live = &committed.layout.live;
         for (&key, &acked) in &self.acked.clone() {
             let old_holders = self.previous.route(key).unwrap_or(&[]).to_vec();
             let survived = old_holders.iter().any(|c| live.contains(&c.worker));
             let lost = committed.lost.contains(&key);
-            if survived && acked > 0 {
-                if lost {
+            if survived {
+                if lost && acked > 0 {
                     self.violations.push(format!("{key} reported lost though a copy survived"));
                 }
+                let ops = self.history_of(key);
                 for copy in committed.layout.route(key).unwrap_or(&[]) {
                     if !self.alive(copy.worker) {
                         continue;
                     }
                     let has = self.copied.get(&(comm, copy.worker)).and_then(|m| m.get(&key));
-                    if has.is_none_or(|&v| v < acked) {
+                    let observed = has.map_or(Observed::Absent, |&v| Observed::Seq(v as u32));
+                    if !allowed(&ops, observed) {
                         self.violations.push(format!(
-                            "{key}: new holder {} has {has:?}, acknowledged {acked}",
+                            "{key}: new holder {} has {observed:?}, history {ops:?}",
                             copy.worker
                         ));
                     }
                 }
-            }
-            let owner_live = live.contains(&key.owner);
-            let written = acked > 0;
-            if !survived
-                && written
-                && (owner_live || old_holders.iter().all(|c| !live.contains(&c.worker)))
-                && !lost
-            {
+            } else if acked > 0 && !lost {
                 self.violations.push(format!("{key} written, no copy survived, not reported lost"));
             }
         }

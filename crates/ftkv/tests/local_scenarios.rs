@@ -8,6 +8,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use ftkv::fabric::local::{LocalCluster, LocalFabric};
+use ftkv::history::{allowed, observe, value, Observed, Op};
 use ftkv::{Config, Error, Key, Store};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -35,22 +36,6 @@ fn config(copies: usize) -> Config {
     config.initial_capacity = 1024;
     config.max_value = 16 << 10;
     config
-}
-
-/// A value naming its owner and sequence number, padded to `len`.
-fn value(owner: i32, seq: u32, len: usize) -> Vec<u8> {
-    let mut v = format!("{owner}:{seq}:").into_bytes();
-    v.resize(len.max(v.len()), (seq % 251) as u8);
-    v
-}
-
-/// Owner and sequence number of a value made by [`value`], `None` if it is not one (torn).
-fn parse(v: &[u8]) -> Option<(i32, u32)> {
-    let mut parts = v.splitn(3, |&b| b == b':');
-    let owner = std::str::from_utf8(parts.next()?).ok()?.parse().ok()?;
-    let seq: u32 = std::str::from_utf8(parts.next()?).ok()?.parse().ok()?;
-    let padding = parts.next()?;
-    padding.iter().all(|&b| b == (seq % 251) as u8).then_some((owner, seq))
 }
 
 fn recover(store: &mut Store<LocalFabric>) {
@@ -167,25 +152,6 @@ fn writer_killed_between_copies_leaves_old_or_new() {
     writer_killed_at("put_between_copies", 3);
 }
 
-/// One write a worker tried, and whether it was acknowledged.
-#[derive(Debug, Clone, Copy)]
-struct Op {
-    seq: u32,
-    delete: bool,
-    acked: bool,
-}
-
-/// Whether a final read is allowed by a key's history: the last acknowledged write or one tried
-/// after it; absence only if nothing was acknowledged or a delete is among those.
-fn allowed(ops: &[Op], read: Option<u32>) -> bool {
-    let last_acked = ops.iter().rposition(|o| o.acked);
-    let candidates = &ops[last_acked.unwrap_or(0)..];
-    match read {
-        Some(seq) => candidates.iter().any(|o| o.seq == seq && !o.delete),
-        None => last_acked.is_none() || candidates.iter().any(|o| o.delete),
-    }
-}
-
 /// A randomized run: ranks, copies, up to `copies − 1` kills at random failpoints (one of them
 /// possibly during recovery), every survivor checks every key against the writers' histories.
 fn random_scenario(seed: u64) {
@@ -237,7 +203,7 @@ fn random_scenario(seed: u64) {
     }
 }
 
-type Finals = HashMap<(i32, u16), Option<u32>>;
+type Finals = HashMap<(i32, u16), Observed>;
 
 fn run_worker(
     fabric: LocalFabric,
@@ -275,12 +241,7 @@ fn run_worker(
     for owner in 0..workers {
         for kind in 0..2u16 {
             let read = store.get(Key::new(owner, kind)).expect("get");
-            let seq = read.map(|v| {
-                let (o, seq) = parse(&v).expect("a well-formed value");
-                assert_eq!(o, owner, "a value of the wrong owner");
-                seq
-            });
-            finals.insert((owner, kind), seq);
+            finals.insert((owner, kind), observe(owner, read.as_deref()));
         }
     }
     store.sync().expect("final sync");

@@ -7,9 +7,9 @@
 //! `round=torn`).
 
 use anyhow::{bail, ensure, Result};
+use ftkv::history::{check_value, value};
 use ftkv::{Config, Error, Key, Store};
 use ftkv_cli::chaos;
-use ftkv_cli::values::{check_value, value};
 use ftkv_mpi::{failpoint, Comm};
 
 fn env_usize(name: &str, default: usize) -> usize {

@@ -13,7 +13,7 @@ pub struct NQueens {
 }
 
 /// A partial board.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Board {
     pub row: u32,
     pub columns: u32,
@@ -42,8 +42,6 @@ impl NQueens {
 
 impl Problem for NQueens {
     type Task = Board;
-    const TASK_LEN: usize = 16;
-
     fn roots(&self) -> Vec<Board> {
         vec![Board { row: 0, columns: 0, left: 0, right: 0 }]
     }
@@ -68,18 +66,6 @@ impl Problem for NQueens {
             });
         }
     }
-
-    fn encode(board: &Board, out: &mut Vec<u8>) {
-        for word in [board.row, board.columns, board.left, board.right] {
-            out.extend_from_slice(&word.to_le_bytes());
-        }
-    }
-
-    fn decode(bytes: &[u8]) -> Option<Board> {
-        let word =
-            |i: usize| Some(u32::from_le_bytes(bytes.get(i * 4..i * 4 + 4)?.try_into().ok()?));
-        Some(Board { row: word(0)?, columns: word(1)?, left: word(2)?, right: word(3)? })
-    }
 }
 
 #[cfg(test)]
@@ -97,11 +83,8 @@ mod tests {
     }
 
     #[test]
-    fn boards_round_trip_through_bytes() {
+    fn boards_round_trip_through_the_codec() {
         let board = Board { row: 3, columns: 0b1011, left: 7, right: 1 << 19 };
-        let mut bytes = Vec::new();
-        NQueens::encode(&board, &mut bytes);
-        assert_eq!(bytes.len(), NQueens::TASK_LEN);
-        assert_eq!(NQueens::decode(&bytes), Some(board));
+        assert_eq!(ftkv::codec::decode::<Board>(&ftkv::codec::encode(&board)), Some(board));
     }
 }

@@ -33,7 +33,9 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use crate::problem::Problem;
-use crate::state::{decode_tasks, encode_tasks, plan, Checkpoint, Loot, Reader, Seen};
+use ftkv::codec;
+
+use crate::state::{plan, Checkpoint, Loot, Seen};
 use crate::uts::Counts;
 
 const STEAL_TAG: i32 = 11;
@@ -45,6 +47,10 @@ const DONE_TAG: i32 = 16;
 /// The shortest time between two termination waves.
 const WAVE_GAP: Duration = Duration::from_millis(1);
 const CHECKPOINT: u16 = 0;
+/// A victim's answer to a steal request: the steal id and the tasks, or a refusal.
+type LootMessage<T> = Option<(u64, Vec<T>)>;
+/// A worker's answer to a termination probe: wave id, busy, loot sent, loot received.
+type StatusMessage = [u64; 4];
 const LOOT: u16 = 1;
 
 /// When a worker writes its periodic checkpoint.
@@ -322,7 +328,7 @@ impl<P: Problem, F: Fabric> Worker<'_, P, F> {
         if !self.checkpointing() {
             return Ok(());
         }
-        let bytes = self.state.encode::<P>();
+        let bytes = self.state.encode();
         self.store.put(Key::new(self.me, CHECKPOINT), &bytes)?;
         self.stats.checkpoints += 1;
         self.stats.store_bytes += bytes.len() as u64;
@@ -362,7 +368,7 @@ impl<P: Problem, F: Fabric> Worker<'_, P, F> {
         if victim >= self.comm.rank() {
             victim += 1;
         }
-        self.comm.send(&[0u8; 8], victim, STEAL_TAG)?;
+        self.comm.send(&codec::encode(&()), victim, STEAL_TAG)?;
         self.asking = Some(victim);
         Ok(())
     }
@@ -371,7 +377,8 @@ impl<P: Problem, F: Fabric> Worker<'_, P, F> {
     /// little work; an empty answer is a refusal.
     fn on_steal_request(&mut self, thief: i32) -> Result<()> {
         if self.pending.is_some() || self.state.pool.len() < 2 {
-            return Ok(self.comm.send(&0u64.to_le_bytes(), thief, LOOT_TAG)?);
+            let refusal: LootMessage<P::Task> = None;
+            return Ok(self.comm.send(&codec::encode(&refusal), thief, LOOT_TAG)?);
         }
         let half = self.state.pool.len() / 2;
         let tasks: Vec<P::Task> = self.state.pool.drain(..half).collect();
@@ -383,10 +390,9 @@ impl<P: Problem, F: Fabric> Worker<'_, P, F> {
         self.comm.failpoint("steal_victim_after_loot");
         self.checkpoint()?;
         self.comm.failpoint("steal_victim_before_send");
-        let mut message = steal_id.to_le_bytes().to_vec();
         let pending = self.pending.as_ref().expect("set above");
-        encode_tasks::<P>(&pending.tasks, &mut message);
-        self.comm.send(&message, thief, LOOT_TAG)?;
+        let message: LootMessage<P::Task> = Some((steal_id, pending.tasks.clone()));
+        self.comm.send(&codec::encode(&message), thief, LOOT_TAG)?;
         self.sent += 1;
         self.stats.steals += 1;
         Ok(())
@@ -401,7 +407,7 @@ impl<P: Problem, F: Fabric> Worker<'_, P, F> {
         if self.checkpointing() {
             let steal_id = pending.steal_id;
             let loot = Loot { steal_id, thief: pending.thief, tasks: pending.tasks.clone() };
-            let bytes = loot.encode::<P>();
+            let bytes = loot.encode();
             self.store.put(Key::new(self.me, LOOT), &bytes)?;
             self.stats.store_bytes += bytes.len() as u64;
         }
@@ -411,12 +417,9 @@ impl<P: Problem, F: Fabric> Worker<'_, P, F> {
 
     fn on_loot(&mut self, victim: i32, message: &[u8]) -> Result<()> {
         self.asking = None;
-        let mut reader = Reader { bytes: message, at: 0 };
-        let steal_id = reader.u64().ok_or(PoolError::Corrupt("loot message"))?;
-        if steal_id == 0 {
-            return Ok(());
-        }
-        let tasks = decode_tasks::<P>(&mut reader).ok_or(PoolError::Corrupt("loot message"))?;
+        let loot: LootMessage<P::Task> =
+            codec::decode(message).ok_or(PoolError::Corrupt("loot message"))?;
+        let Some((steal_id, tasks)) = loot else { return Ok(()) };
         let victim_worker = self.live[victim as usize];
         self.state.pool.extend(tasks);
         self.state.received[victim_worker as usize] = steal_id;
@@ -424,12 +427,12 @@ impl<P: Problem, F: Fabric> Worker<'_, P, F> {
         self.comm.failpoint("steal_thief_before_checkpoint");
         self.checkpoint()?;
         self.comm.failpoint("steal_thief_before_ack");
-        self.comm.send(&steal_id.to_le_bytes(), victim, ACK_TAG)?;
+        self.comm.send(&codec::encode(&steal_id), victim, ACK_TAG)?;
         Ok(())
     }
 
     fn on_ack(&mut self, message: &[u8]) -> Result<()> {
-        let steal_id = Reader { bytes: message, at: 0 }.u64().ok_or(PoolError::Corrupt("ack"))?;
+        let steal_id: u64 = codec::decode(message).ok_or(PoolError::Corrupt("ack"))?;
         if self.pending.as_ref().is_some_and(|p| p.steal_id == steal_id) {
             self.pending = None;
             if self.checkpointing() {
@@ -447,16 +450,14 @@ impl<P: Problem, F: Fabric> Worker<'_, P, F> {
     }
 
     fn on_probe(&mut self, leader: i32, message: &[u8]) -> Result<()> {
-        let id = Reader { bytes: message, at: 0 }.u64().ok_or(PoolError::Corrupt("probe"))?;
-        let mut reply = id.to_le_bytes().to_vec();
-        self.status().iter().for_each(|w| reply.extend_from_slice(&w.to_le_bytes()));
-        Ok(self.comm.send(&reply, leader, STATUS_TAG)?)
+        let id: u64 = codec::decode(message).ok_or(PoolError::Corrupt("probe"))?;
+        let [busy, sent, received] = self.status();
+        let reply: StatusMessage = [id, busy, sent, received];
+        Ok(self.comm.send(&codec::encode(&reply), leader, STATUS_TAG)?)
     }
 
     fn on_status(&mut self, message: &[u8]) -> Result<()> {
-        let mut r = Reader { bytes: message, at: 0 };
-        let words: Option<Vec<u64>> = (0..4).map(|_| r.u64()).collect();
-        let words = words.ok_or(PoolError::Corrupt("status"))?;
+        let words: StatusMessage = codec::decode(message).ok_or(PoolError::Corrupt("status"))?;
         if let Some(wave) = self.wave.as_mut().filter(|w| w.id == words[0]) {
             wave.answers += 1;
             wave.busy += words[1];
@@ -489,7 +490,7 @@ impl<P: Problem, F: Fabric> Worker<'_, P, F> {
         let [busy, sent, received] = self.status();
         self.wave = Some(Wave { id: self.waves, answers: 0, busy, sent, received });
         for rank in 1..self.comm.size() {
-            self.comm.send(&self.waves.to_le_bytes(), rank, PROBE_TAG)?;
+            self.comm.send(&codec::encode(&self.waves), rank, PROBE_TAG)?;
         }
         if self.comm.size() == 1 {
             return self.end_wave();
@@ -509,7 +510,7 @@ impl<P: Problem, F: Fabric> Worker<'_, P, F> {
             return Ok(false);
         }
         for rank in 1..self.comm.size() {
-            self.comm.send(&[0u8; 8], rank, DONE_TAG)?;
+            self.comm.send(&codec::encode(&()), rank, DONE_TAG)?;
         }
         self.done = true;
         Ok(true)
@@ -654,12 +655,12 @@ impl<P: Problem, F: Fabric> Worker<'_, P, F> {
         for w in 0..workers as i32 {
             let checkpoint = match self.store.get(Key::new(w, CHECKPOINT))? {
                 Some(bytes) => {
-                    Some(Checkpoint::decode::<P>(&bytes).ok_or(PoolError::Corrupt("checkpoint"))?)
+                    Some(Checkpoint::decode(&bytes).ok_or(PoolError::Corrupt("checkpoint"))?)
                 }
                 None => None,
             };
             let loot = match self.store.get(Key::new(w, LOOT))? {
-                Some(bytes) => Some(Loot::decode::<P>(&bytes).ok_or(PoolError::Corrupt("loot"))?),
+                Some(bytes) => Some(Loot::decode(&bytes).ok_or(PoolError::Corrupt("loot"))?),
                 None => None,
             };
             let initial = Checkpoint::initial(self.problem, w, workers);

@@ -5,21 +5,17 @@ use crate::uts::{self, Counts, Node};
 
 /// A task-parallel computation with a known answer.
 pub trait Problem: Sync {
-    type Task: Copy + Send;
-    /// Bytes of an encoded task.
-    const TASK_LEN: usize;
+    /// A task; checkpoints, loot and steal messages carry tasks through [`ftkv::codec`].
+    type Task: Copy + Send + serde::Serialize + serde::de::DeserializeOwned;
 
     /// The tasks the computation starts from.
     fn roots(&self) -> Vec<Self::Task>;
     /// Runs `task`: adds to `counts` and pushes the tasks it creates.
     fn run(&self, task: &Self::Task, pool: &mut Vec<Self::Task>, counts: &mut Counts);
-    fn encode(task: &Self::Task, out: &mut Vec<u8>);
-    fn decode(bytes: &[u8]) -> Option<Self::Task>;
 }
 
 impl Problem for uts::Params {
     type Task = Node;
-    const TASK_LEN: usize = uts::NODE_LEN;
 
     fn roots(&self) -> Vec<Node> {
         vec![self.root()]
@@ -27,14 +23,6 @@ impl Problem for uts::Params {
 
     fn run(&self, task: &Node, pool: &mut Vec<Node>, counts: &mut Counts) {
         uts::expand(self, task, pool, counts);
-    }
-
-    fn encode(task: &Node, out: &mut Vec<u8>) {
-        task.encode(out);
-    }
-
-    fn decode(bytes: &[u8]) -> Option<Node> {
-        Node::decode(bytes)
     }
 }
 

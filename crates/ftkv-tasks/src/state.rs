@@ -10,8 +10,8 @@
 use crate::problem::Problem;
 use crate::uts::Counts;
 
-/// A worker's checkpointed state.
-#[derive(Debug, Clone, PartialEq)]
+/// A worker's checkpointed state (stored through [`ftkv::codec`]).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Checkpoint<T> {
     pub counts: Counts,
     /// Steal id of the last loot this worker gave away (left out of its pool).
@@ -23,15 +23,13 @@ pub struct Checkpoint<T> {
     pub pool: Vec<T>,
 }
 
-/// Loot in flight from a victim to a thief.
-#[derive(Debug, Clone, PartialEq)]
+/// Loot in flight from a victim to a thief (stored through [`ftkv::codec`]).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Loot<T> {
     pub steal_id: u64,
     pub thief: i32,
     pub tasks: Vec<T>,
 }
-
-const MAGIC: u32 = 0x4654_4b31;
 
 impl<T: Copy> Checkpoint<T> {
     /// The state every worker starts from: the roots on worker 0, nothing elsewhere.
@@ -45,88 +43,30 @@ impl<T: Copy> Checkpoint<T> {
         }
     }
 
-    pub fn encode<P: Problem<Task = T>>(&self) -> Vec<u8> {
-        let mut out =
-            Vec::with_capacity(64 + self.received.len() * 8 + self.pool.len() * P::TASK_LEN);
-        out.extend_from_slice(&MAGIC.to_le_bytes());
-        for word in
-            [self.counts.nodes, self.counts.leaves, self.counts.max_depth as u64, self.last_given]
-        {
-            out.extend_from_slice(&word.to_le_bytes());
-        }
-        put_len(&mut out, self.received.len());
-        self.received.iter().for_each(|r| out.extend_from_slice(&r.to_le_bytes()));
-        put_len(&mut out, self.adopted.len());
-        self.adopted.iter().for_each(|a| out.extend_from_slice(&a.to_le_bytes()));
-        encode_tasks::<P>(&self.pool, &mut out);
-        out
+    pub fn encode(&self) -> Vec<u8>
+    where
+        T: serde::Serialize,
+    {
+        ftkv::codec::encode(self)
     }
 
-    pub fn decode<P: Problem<Task = T>>(bytes: &[u8]) -> Option<Self> {
-        let mut r = Reader { bytes, at: 0 };
-        (r.u32()? == MAGIC).then_some(())?;
-        let counts = Counts { nodes: r.u64()?, leaves: r.u64()?, max_depth: r.u64()? as u32 };
-        let last_given = r.u64()?;
-        let received = (0..r.u32()?).map(|_| r.u64()).collect::<Option<_>>()?;
-        let adopted = (0..r.u32()?).map(|_| r.u32().map(|a| a as i32)).collect::<Option<_>>()?;
-        let pool = decode_tasks::<P>(&mut r)?;
-        Some(Checkpoint { counts, last_given, received, adopted, pool })
+    /// `None` when `bytes` are not a checkpoint.
+    pub fn decode(bytes: &[u8]) -> Option<Self>
+    where
+        T: serde::de::DeserializeOwned,
+    {
+        ftkv::codec::decode(bytes)
     }
 }
 
-impl<T: Copy> Loot<T> {
-    pub fn encode<P: Problem<Task = T>>(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(16 + self.tasks.len() * P::TASK_LEN);
-        out.extend_from_slice(&self.steal_id.to_le_bytes());
-        out.extend_from_slice(&self.thief.to_le_bytes());
-        encode_tasks::<P>(&self.tasks, &mut out);
-        out
+impl<T: serde::Serialize + serde::de::DeserializeOwned> Loot<T> {
+    pub fn encode(&self) -> Vec<u8> {
+        ftkv::codec::encode(self)
     }
 
-    pub fn decode<P: Problem<Task = T>>(bytes: &[u8]) -> Option<Self> {
-        let mut r = Reader { bytes, at: 0 };
-        let steal_id = r.u64()?;
-        let thief = r.u32()? as i32;
-        let tasks = decode_tasks::<P>(&mut r)?;
-        Some(Loot { steal_id, thief, tasks })
-    }
-}
-
-fn put_len(out: &mut Vec<u8>, len: usize) {
-    out.extend_from_slice(&(len as u32).to_le_bytes());
-}
-
-/// Appends a count and the tasks.
-pub fn encode_tasks<P: Problem>(tasks: &[P::Task], out: &mut Vec<u8>) {
-    put_len(out, tasks.len());
-    tasks.iter().for_each(|t| P::encode(t, out));
-}
-
-/// Reads what [`encode_tasks`] wrote.
-pub fn decode_tasks<P: Problem>(r: &mut Reader<'_>) -> Option<Vec<P::Task>> {
-    let n = r.u32()? as usize;
-    (0..n).map(|_| P::decode(r.take(P::TASK_LEN)?)).collect()
-}
-
-/// A cursor over encoded bytes; every read is bounds-checked.
-pub struct Reader<'a> {
-    pub bytes: &'a [u8],
-    pub at: usize,
-}
-
-impl<'a> Reader<'a> {
-    pub fn take(&mut self, n: usize) -> Option<&'a [u8]> {
-        let slice = self.bytes.get(self.at..self.at.checked_add(n)?)?;
-        self.at += n;
-        Some(slice)
-    }
-
-    pub fn u32(&mut self) -> Option<u32> {
-        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
-    }
-
-    pub fn u64(&mut self) -> Option<u64> {
-        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
+    /// `None` when `bytes` are not a loot.
+    pub fn decode(bytes: &[u8]) -> Option<Self> {
+        ftkv::codec::decode(bytes)
     }
 }
 
@@ -205,7 +145,7 @@ pub fn plan(me: i32, live: &[i32], seen: &[Seen], pending: Option<u64>) -> Plan 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::nqueens::{Board, NQueens};
+    use crate::nqueens::Board;
 
     fn seen(
         last_given: u64,
@@ -325,10 +265,10 @@ mod tests {
             adopted: vec![2],
             pool: vec![board, board],
         };
-        let bytes = checkpoint.encode::<NQueens>();
-        assert_eq!(Checkpoint::decode::<NQueens>(&bytes), Some(checkpoint));
-        assert_eq!(Checkpoint::<Board>::decode::<NQueens>(&bytes[..bytes.len() - 1]), None);
+        let bytes = checkpoint.encode();
+        assert_eq!(Checkpoint::decode(&bytes), Some(checkpoint));
+        assert_eq!(Checkpoint::<Board>::decode(&bytes[..bytes.len() - 1]), None);
         let loot = Loot { steal_id: 4, thief: 1, tasks: vec![board] };
-        assert_eq!(Loot::decode::<NQueens>(&loot.encode::<NQueens>()), Some(loot));
+        assert_eq!(Loot::decode(&loot.encode()), Some(loot));
     }
 }

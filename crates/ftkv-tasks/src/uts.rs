@@ -240,14 +240,11 @@ fn shape(a: i64) -> Option<Shape> {
 }
 
 /// A tree node: generator state and height.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Node {
     pub state: [u8; 20],
     pub height: u32,
 }
-
-/// Bytes of an encoded [`Node`].
-pub const NODE_LEN: usize = 24;
 
 impl Node {
     /// The node's random number on [0, 1).
@@ -256,21 +253,10 @@ impl Node {
             u32::from_be_bytes([self.state[16], self.state[17], self.state[18], self.state[19]]);
         (bits & 0x7fff_ffff) as f64 / 2_147_483_648.0
     }
-
-    pub fn encode(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.state);
-        out.extend_from_slice(&self.height.to_le_bytes());
-    }
-
-    pub fn decode(bytes: &[u8]) -> Option<Node> {
-        let state = bytes.get(..20)?.try_into().ok()?;
-        let height = u32::from_le_bytes(bytes.get(20..24)?.try_into().ok()?);
-        Some(Node { state, height })
-    }
 }
 
 /// Node, leaf and depth counts of a (part of a) tree.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Counts {
     pub nodes: u64,
     pub leaves: u64,
@@ -343,11 +329,8 @@ mod tests {
     }
 
     #[test]
-    fn nodes_round_trip_through_bytes() {
+    fn nodes_round_trip_through_the_codec() {
         let node = Params::default().child(&Params::default().root(), 3);
-        let mut bytes = Vec::new();
-        node.encode(&mut bytes);
-        assert_eq!(bytes.len(), NODE_LEN);
-        assert_eq!(Node::decode(&bytes), Some(node));
+        assert_eq!(ftkv::codec::decode::<Node>(&ftkv::codec::encode(&node)), Some(node));
     }
 }

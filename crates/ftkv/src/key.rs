@@ -4,7 +4,9 @@ use crate::error::{Error, Result};
 
 /// A key: the owning worker's stable id (its world rank, unchanged by shrinking) and the index
 /// of a kind in [`Config::kinds`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub struct Key {
     pub owner: i32,
     pub kind: u16,

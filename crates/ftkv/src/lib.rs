@@ -36,6 +36,7 @@
 //!   crate builds and tests on a machine without MPI.
 
 pub mod attempt;
+pub mod codec;
 mod detector;
 mod error;
 pub mod events;

@@ -2,62 +2,56 @@
 
 use std::collections::HashMap;
 
-use crate::fabric::Fabric;
-
+use crate::codec;
 use crate::error::Result;
+use crate::fabric::{Fabric, FabricError};
 use crate::key::Key;
 use crate::layout::Layout;
 
 /// A surviving copy: key, version, and the rank (in the shrunk communicator) that holds it; or,
 /// with `source` [`OWNER_MARK`], a live owner's statement that it wrote the key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Record {
     pub key: Key,
     pub version: u64,
     pub source: i32,
 }
 
-const RECORD_LEN: usize = 18;
-
 /// `source` of a record that marks a key as written by its live owner (not a copy).
 pub const OWNER_MARK: i32 = -1;
 
-impl Record {
-    fn encode(&self) -> [u8; RECORD_LEN] {
-        let mut out = [0u8; RECORD_LEN];
-        out[0..4].copy_from_slice(&self.key.owner.to_le_bytes());
-        out[4..6].copy_from_slice(&self.key.kind.to_le_bytes());
-        out[6..14].copy_from_slice(&self.version.to_le_bytes());
-        out[14..18].copy_from_slice(&self.source.to_le_bytes());
-        out
-    }
-
-    fn decode(b: &[u8]) -> Record {
-        let owner = i32::from_le_bytes(b[0..4].try_into().expect("4 bytes"));
-        let kind = u16::from_le_bytes(b[4..6].try_into().expect("2 bytes"));
-        let version = u64::from_le_bytes(b[6..14].try_into().expect("8 bytes"));
-        let source = i32::from_le_bytes(b[14..18].try_into().expect("4 bytes"));
-        Record { key: Key::new(owner, kind), version, source }
-    }
-}
-
-/// Every survivor's records, on every survivor (two allgathers: counts, then padded records).
+/// Every survivor's records, on every survivor: each rank's records through [`codec`], in
+/// frames of equal length ([`gather_frames`]).
 pub fn exchange<F: Fabric>(comm: &F, mine: &[Record]) -> Result<Vec<Record>> {
-    let counts = comm.allgather(&(mine.len() as u64).to_le_bytes())?;
-    let max = counts.chunks(8).map(|c| u64::from_le_bytes(c.try_into().expect("8"))).max();
-    let max = max.unwrap_or(0) as usize;
-    let mut padded = vec![0u8; max * RECORD_LEN + 8];
-    padded[..8].copy_from_slice(&(mine.len() as u64).to_le_bytes());
-    for (i, r) in mine.iter().enumerate() {
-        padded[8 + i * RECORD_LEN..8 + (i + 1) * RECORD_LEN].copy_from_slice(&r.encode());
-    }
-    let all = comm.allgather(&padded)?;
+    let frames = gather_frames(comm, &codec::encode(mine))?;
     let mut records = Vec::new();
-    for chunk in all.chunks(padded.len()) {
-        let n = u64::from_le_bytes(chunk[..8].try_into().expect("8")) as usize;
-        records.extend((0..n).map(|i| Record::decode(&chunk[8 + i * RECORD_LEN..])));
+    for frame in frames {
+        let theirs: Vec<Record> = codec::decode(&frame).ok_or_else(|| FabricError::Other {
+            op: "record exchange",
+            msg: "a survivor's records do not decode".into(),
+        })?;
+        records.extend(theirs);
     }
     Ok(records)
+}
+
+/// Every member's `mine`, in rank order, although their lengths differ: an allgather of the
+/// lengths (8 bytes each, little-endian), then one of the bytes padded to the longest.
+pub fn gather_frames<F: Fabric>(comm: &F, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
+    let lengths = comm.allgather(&(mine.len() as u64).to_le_bytes())?;
+    let lengths: Vec<usize> = lengths
+        .chunks(8)
+        .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")) as usize)
+        .collect();
+    let longest = lengths.iter().copied().max().unwrap_or(0);
+    let mut padded = mine.to_vec();
+    padded.resize(longest, 0);
+    let all = comm.allgather(&padded)?;
+    Ok(lengths
+        .iter()
+        .enumerate()
+        .map(|(rank, &len)| all[rank * longest..rank * longest + len].to_vec())
+        .collect())
 }
 
 /// What one rank does in a recovery.
@@ -169,7 +163,7 @@ mod tests {
 
     #[test]
     fn records_round_trip() {
-        let r = Record { key: Key::new(7, 3), version: u64::MAX - 1, source: 5 };
-        assert_eq!(Record::decode(&r.encode()), r);
+        let r = vec![Record { key: Key::new(7, 3), version: u64::MAX - 1, source: OWNER_MARK }];
+        assert_eq!(codec::decode::<Vec<Record>>(&codec::encode(&r)), Some(r));
     }
 }

@@ -23,6 +23,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use crate::attempt::{self, Command, Event, Fault, Machine};
+use crate::codec;
 use crate::history::{allowed, Observed, Op};
 use crate::key::Key;
 use crate::layout::Layout;
@@ -366,7 +367,7 @@ impl Sim {
             Command::Shrink => self.join(i, command, Kind::Shrink, Vec::new()),
             Command::OpenWindow { .. } => self.join(i, command, Kind::Open, Vec::new()),
             Command::Exchange { records } => {
-                let bytes = encode(records);
+                let bytes = codec::encode(records);
                 self.join(i, command, Kind::Exchange, bytes)
             }
             Command::Copy { sends } => {
@@ -450,7 +451,9 @@ impl Sim {
                     }
                     Kind::Exchange => {
                         let c = &self.calls[&(comm, kind, call)];
-                        let all = members.iter().flat_map(|m| decode(&c.joined[m])).collect();
+                        let decode = |m: &i32| codec::decode::<Vec<Record>>(&c.joined[m]);
+                        let all =
+                            members.iter().flat_map(|m| decode(m).unwrap_or_default()).collect();
                         Event::Exchanged(Ok(all))
                     }
                     _ => {
@@ -606,33 +609,6 @@ fn short(status: &Status) -> String {
         }
         Status::Done(c) => format!("done with {:#x}", command_code(c)),
     }
-}
-
-fn encode(records: &[Record]) -> Vec<u8> {
-    records
-        .iter()
-        .flat_map(|r| {
-            let mut b = r.key.owner.to_le_bytes().to_vec();
-            b.extend(r.key.kind.to_le_bytes());
-            b.extend(r.version.to_le_bytes());
-            b.extend(r.source.to_le_bytes());
-            b
-        })
-        .collect()
-}
-
-fn decode(bytes: &[u8]) -> Vec<Record> {
-    bytes
-        .chunks(18)
-        .map(|c| Record {
-            key: Key::new(
-                i32::from_le_bytes(c[0..4].try_into().expect("4")),
-                u16::from_le_bytes(c[4..6].try_into().expect("2")),
-            ),
-            version: u64::from_le_bytes(c[6..14].try_into().expect("8")),
-            source: i32::from_le_bytes(c[14..18].try_into().expect("4")),
-        })
-        .collect()
 }
 
 fn command_code(command: &Command) -> u64 {

@@ -1,19 +1,13 @@
-//! Library half of the `ftkv` command: launching jobs under Open MPI's `mpirun` (also used by the
-//! multi-rank tests) and the subcommands' implementations.
+//! The `ftkv` command's own parts: the demo's task runs, the probe, ping, how a rank reports a
+//! failure, and how events are rendered. The launcher, the benchmarks and the chaos campaign
+//! live in their own crates and are re-exported under their old names.
 
-pub mod args;
-pub mod bench;
-pub mod bench_recovery;
-pub mod bench_store;
-pub mod chaos;
-pub mod cluster;
-pub mod env;
-pub mod interrupt;
-pub mod launch;
-pub mod peers;
+pub use ftkv_bench::{bench, bench_recovery, bench_store, peers, stats};
+pub use ftkv_chaos as chaos;
+pub use ftkv_launch::{args, cluster, env, interrupt, launch};
+
 pub mod ping;
 pub mod probe;
 pub mod rank_failure;
 pub mod render;
-pub mod stats;
 pub mod tasks;

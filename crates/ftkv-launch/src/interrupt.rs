@@ -1,12 +1,21 @@
 //! One handler for SIGINT, SIGTERM and SIGHUP of a driver process: it ends every job this
-//! process launched (SIGKILL to `mpirun` and its ranks, their shared-memory files removed) and
-//! every peer server it started, then exits with 130.
+//! process launched (SIGKILL to `mpirun` and its ranks, their shared-memory files removed),
+//! runs the cleanups other parts registered (the benchmarks' peer servers), then exits with 130.
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
 
 use anyhow::{Context, Result};
 
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+/// Cleanups the handler runs after ending the jobs, in registration order.
+static CLEANUPS: Mutex<Vec<fn()>> = Mutex::new(Vec::new());
+
+/// Registers `cleanup` for the handler; each registration runs once per interrupt.
+pub fn on_interrupt(cleanup: fn()) {
+    CLEANUPS.lock().unwrap_or_else(|p| p.into_inner()).push(cleanup);
+}
 
 /// Whether the handler ran: the driver's own error (its job ended under it) is then a
 /// consequence of the interrupt, and the process exits with 130 as well.
@@ -23,7 +32,8 @@ pub fn install() -> Result<()> {
             INTERRUPTED.store(true, Ordering::Release);
             crate::launch::end_running_jobs();
             crate::cluster::remove_live_clusters();
-            crate::peers::kill_registered();
+            let cleanups = CLEANUPS.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            cleanups.iter().for_each(|cleanup| cleanup());
             eprintln!("ftkv: interrupted; jobs and peer servers stopped");
             std::process::exit(130);
         });

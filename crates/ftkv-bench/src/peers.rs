@@ -17,16 +17,18 @@ use anyhow::{bail, ensure, Context, Result};
 /// PIDs of every server started by this process, for the Ctrl-C handler.
 static RUNNING: Mutex<Vec<u32>> = Mutex::new(Vec::new());
 
-/// Installs (once) the interrupt handler that kills the registered servers and exits.
+/// Installs (once) the interrupt handler, which kills the registered servers and exits.
 pub fn install_interrupt_handler() -> Result<()> {
-    crate::interrupt::install()
+    static REGISTERED: std::sync::Once = std::sync::Once::new();
+    REGISTERED.call_once(|| ftkv_launch::interrupt::on_interrupt(kill_registered));
+    ftkv_launch::interrupt::install()
 }
 
 /// Kills every registered server.
 pub fn kill_registered() {
     let pids = RUNNING.lock().unwrap_or_else(|p| p.into_inner()).clone();
     for pid in pids {
-        if let Err(e) = crate::launch::kill_pid(pid).map(drop) {
+        if let Err(e) = ftkv_launch::launch::kill_pid(pid).map(drop) {
             eprintln!("ftkv: stopping server {pid}: {e}");
         }
     }

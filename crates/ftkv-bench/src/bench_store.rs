@@ -8,7 +8,7 @@ use anyhow::{bail, ensure, Context, Result};
 use serde::Serialize;
 
 use crate::bench::{checkpoint_workload, WorkloadResult};
-use crate::launch::{field, Launch};
+use ftkv_launch::launch::{field, Launch};
 use crate::peers::{self, EtcdClient, RespClient, ETCD_PORTS, REDIS_PORTS};
 use crate::stats::Histogram;
 
@@ -229,7 +229,7 @@ fn mpi_rows(
 }
 
 fn parse_lines(
-    out: &crate::launch::JobOutput,
+    out: &ftkv_launch::launch::JobOutput,
     ranks: usize,
     system: System,
     size: usize,

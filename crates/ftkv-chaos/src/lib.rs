@@ -22,8 +22,8 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use crate::args::{self, Opt};
-use crate::launch::{kill_random_rank, Launch, RunningJob};
+use ftkv_launch::args::{self, Opt};
+use ftkv_launch::launch::{kill_random_rank, Launch, RunningJob};
 pub use ftkv::history::{allowed, Observed, Op};
 use ftkv::history::{observe, value};
 
@@ -87,9 +87,9 @@ impl Campaign {
         args::check_kills(Opt::new("--kills", self.kills), ranks)?;
         ensure!(self.runs >= 1, "--runs {} must be at least 1", self.runs);
         if self.cut_link.is_some() {
-            let nodes = crate::cluster::Hosts::from_env()?;
+            let nodes = ftkv_launch::cluster::Hosts::from_env()?;
             ensure!(
-                matches!(nodes, crate::cluster::Hosts::Simulated(n) if n >= 3),
+                matches!(nodes, ftkv_launch::cluster::Hosts::Simulated(n) if n >= 3),
                 "--cut-link needs --nodes 3 or more (a majority must stay connected)"
             );
         }
@@ -204,7 +204,7 @@ fn run_once(exe: &std::path::Path, campaign: &Campaign, seed: u64) -> Result<Run
     let mut attempt = 1;
     loop {
         let (result, never_started) = run_attempt(exe, campaign, seed)?;
-        if !never_started || attempt == crate::launch::START_ATTEMPTS {
+        if !never_started || attempt == ftkv_launch::launch::START_ATTEMPTS {
             return Ok(result);
         }
         eprintln!("[chaos] seed={seed}: mpirun could not start the job; starting it again");
@@ -348,7 +348,7 @@ impl LinkCut {
     /// (not counted as a fail-stop), or because the runtime ended it once the link came back
     /// (Open MPI's runtime ends a job whose daemon it lost touch with). Their acknowledged writes
     /// are judged with everyone else's. A link never cut fails the run.
-    fn judge(&self, out: &crate::launch::JobOutput, result: &mut RunResult, was_cut: bool) {
+    fn judge(&self, out: &ftkv_launch::launch::JobOutput, result: &mut RunResult, was_cut: bool) {
         let fenced = |r: &usize| out.own_stderr(*r).any(|l| l.contains("holds no majority"));
         let finished = |r: &usize| out.rank_value(*r, "done") == Some("yes");
         result.fenced = self.cut_ranks.iter().filter(|r| fenced(r)).count();
@@ -365,7 +365,7 @@ impl LinkCut {
 
 /// Judges one run's output: who died (the driver's kills and the survivors' agreed failed
 /// set), who finished, and what the finished survivors read.
-fn classify(out: &crate::launch::JobOutput, ranks: usize, killed: &[usize]) -> RunResult {
+fn classify(out: &ftkv_launch::launch::JobOutput, ranks: usize, killed: &[usize]) -> RunResult {
     let histories = parse_histories(out, ranks);
     let agreed_failed = out.agreed_failed(ranks, "done=yes");
     let dead = |r: &usize| killed.contains(r) || agreed_failed.contains(r);
@@ -398,16 +398,16 @@ fn classify(out: &crate::launch::JobOutput, ranks: usize, killed: &[usize]) -> R
 
 /// From every rank's `recovered failed=<ids> ... lost=<n>` lines: the most workers one
 /// recovery reported failed, and the most keys any one survivor heard reported lost in all.
-fn recoveries(out: &crate::launch::JobOutput, ranks: usize) -> (usize, u64) {
+fn recoveries(out: &ftkv_launch::launch::JobOutput, ranks: usize) -> (usize, u64) {
     let (mut widest, mut lost) = (0, 0);
     for rank in 0..ranks {
         let lines = out.rank_lines(rank).iter().filter(|l| l.starts_with("recovered "));
         let mut rank_lost = 0;
         for line in lines {
-            let failed = crate::launch::field(line, "failed").unwrap_or_default();
+            let failed = ftkv_launch::launch::field(line, "failed").unwrap_or_default();
             widest = widest.max(failed.split(',').filter(|w| w.parse::<usize>().is_ok()).count());
             rank_lost +=
-                crate::launch::field(line, "lost").and_then(|n| n.parse().ok()).unwrap_or(0);
+                ftkv_launch::launch::field(line, "lost").and_then(|n| n.parse().ok()).unwrap_or(0);
         }
         lost = lost.max(rank_lost);
     }
@@ -415,7 +415,7 @@ fn recoveries(out: &crate::launch::JobOutput, ranks: usize) -> (usize, u64) {
 }
 
 /// Who was killed, and for each survivor that did not finish its last lines and its stderr.
-fn diagnose(out: &crate::launch::JobOutput, killed: &[usize], unfinished: &[usize]) -> String {
+fn diagnose(out: &ftkv_launch::launch::JobOutput, killed: &[usize], unfinished: &[usize]) -> String {
     let mut text = format!("  killed ranks {killed:?}, unfinished survivors {unfinished:?}\n");
     let untagged = out.stderr.lines().filter(|l| !l.trim().is_empty() && !l.starts_with("[1,"));
     for line in untagged.filter(|l| !l.contains("help message")).take(10) {
@@ -434,12 +434,12 @@ fn diagnose(out: &crate::launch::JobOutput, killed: &[usize], unfinished: &[usiz
     text
 }
 
-fn ended_as_fail_stop(out: &crate::launch::JobOutput, rank: usize) -> bool {
+fn ended_as_fail_stop(out: &ftkv_launch::launch::JobOutput, rank: usize) -> bool {
     out.ended_itself(rank)
 }
 
 /// Whether `rank` was ended by the recovery deadline (a recovery attempt stuck inside Open MPI).
-fn ended_stuck_in_recovery(out: &crate::launch::JobOutput, rank: usize) -> bool {
+fn ended_stuck_in_recovery(out: &ftkv_launch::launch::JobOutput, rank: usize) -> bool {
     out.own_stderr(rank)
         .map(str::trim)
         .any(|l| l.starts_with("ftkv:") && l.contains("recovery attempt has not ended"))
@@ -512,7 +512,7 @@ pub struct Histories {
     pub finals: HashMap<usize, HashMap<(i32, u16), Observed>>,
 }
 
-fn parse_histories(out: &crate::launch::JobOutput, ranks: usize) -> Histories {
+fn parse_histories(out: &ftkv_launch::launch::JobOutput, ranks: usize) -> Histories {
     let mut h = Histories::default();
     for rank in 0..ranks {
         for line in out.rank_lines(rank) {

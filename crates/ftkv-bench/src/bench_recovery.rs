@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use crate::bench::unix_us;
 use crate::bench_store::size_name;
-use crate::launch::{field, kill_pid, JobOutput, Launch};
+use ftkv_launch::launch::{field, kill_pid, JobOutput, Launch};
 
 /// One recovery measurement.
 #[derive(Debug, Clone, Serialize)]

@@ -8,9 +8,9 @@ use anyhow::{bail, ensure, Context, Result};
 use serde::Serialize;
 
 use crate::bench::{checkpoint_workload, WorkloadResult};
-use ftkv_launch::launch::{field, Launch};
 use crate::peers::{self, EtcdClient, RespClient, ETCD_PORTS, REDIS_PORTS};
 use crate::stats::Histogram;
+use ftkv_launch::launch::{field, Launch};
 
 /// The systems measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

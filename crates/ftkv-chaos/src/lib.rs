@@ -22,10 +22,10 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use ftkv_launch::args::{self, Opt};
-use ftkv_launch::launch::{kill_random_rank, Launch, RunningJob};
 pub use ftkv::history::{allowed, Observed, Op};
 use ftkv::history::{observe, value};
+use ftkv_launch::args::{self, Opt};
+use ftkv_launch::launch::{kill_random_rank, Launch, RunningJob};
 
 /// Campaign parameters.
 #[derive(Debug, Clone)]
@@ -415,7 +415,11 @@ fn recoveries(out: &ftkv_launch::launch::JobOutput, ranks: usize) -> (usize, u64
 }
 
 /// Who was killed, and for each survivor that did not finish its last lines and its stderr.
-fn diagnose(out: &ftkv_launch::launch::JobOutput, killed: &[usize], unfinished: &[usize]) -> String {
+fn diagnose(
+    out: &ftkv_launch::launch::JobOutput,
+    killed: &[usize],
+    unfinished: &[usize],
+) -> String {
     let mut text = format!("  killed ranks {killed:?}, unfinished survivors {unfinished:?}\n");
     let untagged = out.stderr.lines().filter(|l| !l.trim().is_empty() && !l.starts_with("[1,"));
     for line in untagged.filter(|l| !l.contains("help message")).take(10) {

@@ -83,7 +83,7 @@ impl Launch {
     }
 
     /// The job's output goes straight to this process's stdout and stderr, untagged (the
-    /// returned [`JobOutput`] then holds no lines).
+    /// returned [`JobOutput`] then holds no stdout lines; its stderr is kept as well).
     pub fn attached(mut self) -> Launch {
         self.attached = true;
         self
@@ -171,11 +171,16 @@ impl Launch {
         let mut child = spawn(command, self.attached)?;
         let processes = JobProcesses::register(child.id(), shm_before);
         let (sender, lines) = std::sync::mpsc::channel();
-        let (mut out_reader, mut err_reader) = (None, None);
-        if let (Some(stdout), Some(mut stderr)) = (child.stdout.take(), child.stderr.take()) {
-            out_reader = Some(std::thread::spawn(move || forward_lines(stdout, &sender)));
-            err_reader = Some(std::thread::spawn(move || read_all(&mut stderr)));
-        }
+        let out_reader = child
+            .stdout
+            .take()
+            .map(|stdout| std::thread::spawn(move || forward_lines(stdout, &sender)));
+        let attached = self.attached;
+        let err_reader = child.stderr.take().map(|mut stderr| {
+            std::thread::spawn(
+                move || if attached { tee(&mut stderr) } else { read_all(&mut stderr) },
+            )
+        });
         Ok(RunningJob {
             _slot: slot,
             child,
@@ -334,10 +339,29 @@ pub fn job_slot() -> std::sync::MutexGuard<'static, ()> {
 fn spawn(mut cmd: Command, attached: bool) -> Result<Child> {
     use std::os::unix::process::CommandExt;
     cmd.stdin(Stdio::null()).process_group(0);
+    cmd.stderr(Stdio::piped());
     if !attached {
-        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        cmd.stdout(Stdio::piped());
     }
     cmd.spawn().with_context(|| format!("cannot start {:?} (run scripts/setup.sh)", env::mpirun()))
+}
+
+/// Copies `pipe` to this process's stderr as it comes and returns all of it: an attached job's
+/// stderr reaches the terminal live and is still there to judge afterwards (a runtime that
+/// could not start, see [`JobOutput::never_started`]).
+fn tee(pipe: &mut impl Read) -> String {
+    use std::io::Write;
+    let (mut kept, mut chunk) = (Vec::new(), [0u8; 4096]);
+    loop {
+        match pipe.read(&mut chunk) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                let _ = std::io::stderr().write_all(&chunk[..n]);
+                kept.extend_from_slice(&chunk[..n]);
+            }
+        }
+    }
+    String::from_utf8_lossy(&kept).replace('\0', "")
 }
 
 fn read_all(pipe: &mut impl Read) -> String {

@@ -86,7 +86,12 @@ impl Campaign {
         args::check_copies(Opt::new("--copies", self.copies), ranks)?;
         args::check_kills(Opt::new("--kills", self.kills), ranks)?;
         ensure!(self.runs >= 1, "--runs {} must be at least 1", self.runs);
-        if self.cut_link.is_some() {
+        if let Some(at) = self.cut_link {
+            ensure!(
+                at < self.duration,
+                "--cut-link {at:?} must fall inside the run's --duration {:?}",
+                self.duration
+            );
             let nodes = ftkv_launch::cluster::Hosts::from_env()?;
             ensure!(
                 matches!(nodes, ftkv_launch::cluster::Hosts::Simulated(n) if n >= 3),

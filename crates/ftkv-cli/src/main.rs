@@ -117,6 +117,9 @@ enum Command {
         #[arg(long, default_value_t = 1, value_parser = args::at_least(0u64))]
         #[arg(allow_negative_numbers = true)]
         seed: u64,
+        /// Print every step of each run (to replay a failing seed: `--runs 1 --trace`).
+        #[arg(long)]
+        trace: bool,
     },
     /// Randomized SIGKILL campaign against the store, checked against the write history.
     Chaos {
@@ -470,7 +473,7 @@ fn run(command: Command) -> Result<()> {
             launch_under_mpirun(ranks)?;
             ftkv_cli::ping::rank_main(count)
         }
-        Command::Sim { runs, seed } => run_sim(seed, runs),
+        Command::Sim { runs, seed, trace } => run_sim(seed, runs, trace),
         Command::Chaos {
             runs,
             ranks,
@@ -555,7 +558,14 @@ fn run_chaos(campaign: &chaos::Campaign, json: Option<PathBuf>) -> Result<()> {
     Ok(())
 }
 
-fn run_sim(seed: u64, runs: u64) -> Result<()> {
+fn run_sim(seed: u64, runs: u64, trace: bool) -> Result<()> {
+    if trace {
+        for seed in seed..seed.saturating_add(runs) {
+            let (report, steps) = ftkv::sim::run_traced(seed);
+            println!("seed={seed} {}", report.scenario);
+            steps.iter().for_each(|step| println!("  {step}"));
+        }
+    }
     let started = std::time::Instant::now();
     let (failing, digest) = ftkv::sim::campaign(seed, runs);
     for report in &failing {

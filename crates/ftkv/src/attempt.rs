@@ -1,6 +1,6 @@
 //! The store's global recovery as a state machine without I/O: events in (a shrink's live set,
 //! the exchanged records, an agreement's value), commands out (revoke, shrink, open a window,
-//! exchange, copy, agree, commit, dispose). [`Store::recover`](crate::Store::recover) executes
+//! exchange, copy, agree, commit, dispose, fail). [`Store::recover`](crate::Store::recover) executes
 //! the commands on a real fabric; [`crate::sim`] executes them on a simulated one with seeded
 //! interleavings and kills. Every decision of a recovery is taken here: whether this side may
 //! go on ([`recovery::keeps_quorum`]), the new layout, which copies this rank sends, which keys
@@ -49,11 +49,12 @@ pub enum Event {
     Revoked,
     /// The shrink returned the live workers (stable ids, in rank order), or met a failure.
     Shrunk(Result<Vec<i32>, Fault>),
-    /// The attempt's window was opened, with the newest complete version of every slot this
-    /// worker holds in the previous window, read after the shrink: every survivor's put
-    /// acknowledged before it joined the shrink is in it (a scan before the shrink could miss
-    /// a put that a survivor still making puts completes meanwhile).
-    WindowOpened(Result<Vec<(Key, u64)>, Fault>),
+    /// The attempt's window was opened (outer `Ok`), and then this worker's scan of the
+    /// previous window: the newest complete version of every slot it holds, read after the
+    /// shrink, so that every survivor's put acknowledged before it joined the shrink is in it
+    /// (a scan before the shrink could miss a put a survivor still completes meanwhile). A
+    /// failed scan still counts the window as opened: everyone may free it.
+    WindowOpened(Result<Result<Vec<(Key, u64)>, Fault>, Fault>),
     /// Every survivor's records, or a failure during the exchange.
     Exchanged(Result<Vec<Record>, Fault>),
     /// The copies were written and the barrier passed; `quiet`: no new failure is known here.
@@ -64,8 +65,9 @@ pub enum Event {
     Disposed,
 }
 
-/// A fabric call's failure as the machine needs it: a process failure (retry) or anything else
-/// (give up with that message).
+/// A fabric call's failure as the machine needs it: a process failure, or anything else with
+/// its message (kept, and reported if every attempt fails; the attempt is retried either way,
+/// since the other survivors retry in lock-step).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Fault {
     Failure,
@@ -77,36 +79,25 @@ pub enum Fault {
 pub enum Command {
     /// Revoke the communicator of the previous attempt (the store's at the first), then report
     /// [`Event::Revoked`]. `attempt` counts from 1.
-    Revoke {
-        attempt: usize,
-    },
+    Revoke { attempt: usize },
+    /// Shrink the revoked communicator to its live members.
     Shrink,
-    /// Open a window of `len` bytes per member on the shrunk communicator.
-    OpenWindow {
-        layout: Layout,
-    },
+    /// Open the window of `layout` (its `window_len` bytes per member) on the shrunk
+    /// communicator, then scan the previous window's slots this worker holds.
+    OpenWindow { layout: Layout },
     /// Allgather these records.
-    Exchange {
-        records: Vec<Record>,
-    },
+    Exchange { records: Vec<Record> },
     /// Write the newest version of each of `sends` (this rank holds it) to every new holder,
     /// then pass a barrier and report whether a failure is known.
-    Copy {
-        sends: Vec<Key>,
-    },
+    Copy { sends: Vec<Key> },
     /// Revoke the shrunk communicator first when `revoke` (the attempt failed here), then
     /// contribute `flags` to the agreement.
-    Agree {
-        flags: u32,
-        revoke: bool,
-    },
+    Agree { flags: u32, revoke: bool },
     /// The recovery succeeded: adopt the attempt's window and layout.
     Commit(Committed),
     /// Free the attempt's window (collective: every survivor opened it) or abandon it, then
     /// report [`Event::Disposed`].
-    Dispose {
-        free: bool,
-    },
+    Dispose { free: bool },
     /// The recovery ends without success.
     Fail(Failed),
 }
@@ -221,12 +212,16 @@ impl Machine {
         Command::OpenWindow { layout }
     }
 
-    fn on_opened(&mut self, opened: Result<Vec<(Key, u64)>, Fault>) -> Command {
+    fn on_opened(&mut self, opened: Result<Result<Vec<(Key, u64)>, Fault>, Fault>) -> Command {
         match opened {
-            Ok(held) => {
+            Ok(Ok(held)) => {
                 self.opened = true;
                 self.phase = Phase::Exchanging;
                 Command::Exchange { records: self.records(&held) }
+            }
+            Ok(Err(scan)) => {
+                self.opened = true;
+                self.attempt_failed_here(scan)
             }
             Err(fault) => self.attempt_failed_here(fault),
         }
@@ -373,7 +368,7 @@ mod tests {
     fn a_clean_attempt_commits_what_the_agreement_confirms() {
         let mut m = machine(vec![0; 4]);
         open(&mut m, vec![0, 1, 2]);
-        let Command::Exchange { records } = m.on(Event::WindowOpened(Ok(vec![]))) else {
+        let Command::Exchange { records } = m.on(Event::WindowOpened(Ok(Ok(vec![])))) else {
             panic!("exchange expected")
         };
         let mark = Record { key: Key::new(2, 0), version: 4, source: OWNER_MARK };
@@ -401,13 +396,23 @@ mod tests {
         for (value, free) in table {
             let mut m = machine(vec![0; 4]);
             open(&mut m, vec![0, 1, 2]);
-            let exchange = m.on(Event::WindowOpened(Ok(vec![])));
+            let exchange = m.on(Event::WindowOpened(Ok(Ok(vec![]))));
             assert!(matches!(exchange, Command::Exchange { .. }));
             let agree = m.on(Event::Exchanged(Err(Fault::Failure)));
             assert_eq!(agree, Command::Agree { flags: WINDOW_OPENED, revoke: true });
             assert_eq!(m.on(Event::Agreed(Ok((value, true)))), Command::Dispose { free });
             assert_eq!(m.on(Event::Disposed), Command::Revoke { attempt: 2 });
         }
+    }
+
+    #[test]
+    fn a_failed_scan_still_counts_the_window_as_opened() {
+        let mut m = machine(vec![0; 4]);
+        open(&mut m, vec![0, 1, 2]);
+        let agree = m.on(Event::WindowOpened(Ok(Err(Fault::Other("scan".into())))));
+        assert_eq!(agree, Command::Agree { flags: WINDOW_OPENED, revoke: true });
+        let dispose = m.on(Event::Agreed(Ok((WINDOW_OPENED, false))));
+        assert_eq!(dispose, Command::Dispose { free: true });
     }
 
     #[test]

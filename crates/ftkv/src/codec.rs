@@ -17,7 +17,8 @@ pub fn encode<T: Serialize + ?Sized>(value: &T) -> Vec<u8> {
 
 /// The value encoded in `bytes`, `None` when they are not one (truncated, corrupt, foreign).
 pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Option<T> {
-    postcard::from_bytes(bytes).ok()
+    let (value, rest) = postcard::take_from_bytes(bytes).ok()?;
+    rest.is_empty().then_some(value)
 }
 
 #[cfg(test)]
@@ -31,5 +32,8 @@ mod tests {
         assert_eq!(decode::<(u64, Vec<u32>, [u8; 3])>(&bytes), Some(value));
         assert_eq!(decode::<(u64, Vec<u32>, [u8; 3])>(&bytes[..bytes.len() - 1]), None);
         assert_eq!(encode(&5u64).len(), 1, "small integers take one byte");
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert_eq!(decode::<(u64, Vec<u32>, [u8; 3])>(&longer), None, "trailing bytes");
     }
 }

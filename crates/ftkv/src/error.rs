@@ -42,7 +42,10 @@ pub enum Error {
          live across hosts: the others may be cut off rather than dead, so this side leaves the \
          store to them"
     )]
+    /// A recovery found this side without a majority of the last live set across hosts; the
+    /// store is closed on this side.
     Partitioned { live: Vec<i32>, previous: Vec<i32> },
+    /// A recovery ended on an error that is not a process failure; the store is closed.
     #[error("recovery failed: {0}")]
     RecoveryFailed(String),
     #[error("every copy of key {0} was lost")]

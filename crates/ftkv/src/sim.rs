@@ -50,6 +50,18 @@ pub fn run(seed: u64) -> RunReport {
     sim.report()
 }
 
+/// Runs the scenario of `seed` and returns, besides its report, one line per step: the step,
+/// the worker, and the code of its command (`0x100`..`0x900`: revoke, shrink, open, exchange,
+/// copy, agree, commit, dispose, fail) or of the event it received (`0x1000`..`0x7000` in
+/// the same order as [`Event`]'s variants), `0xdead..` for a death.
+pub fn run_traced(seed: u64) -> (RunReport, Vec<String>) {
+    let mut sim = Sim::new(seed);
+    sim.log = Some(Vec::new());
+    sim.run();
+    let log = sim.log.take().unwrap_or_default();
+    (sim.report(), log)
+}
+
 /// Runs `runs` scenarios from `first_seed` on; the summary digest combines every run's.
 pub fn campaign(first_seed: u64, runs: u64) -> (Vec<RunReport>, u64) {
     let mut digest = 0xcbf2_9ce4_8422_2325u64;
@@ -143,6 +155,10 @@ struct Sim {
     digest: u64,
     steps: usize,
     violations: Vec<String>,
+    /// Every step, when traced ([`run_traced`]).
+    log: Option<Vec<String>>,
+    /// Who opened each attempt's window (by communicator).
+    opened_by: BTreeMap<usize, std::collections::BTreeSet<i32>>,
 }
 
 const KINDS: usize = 2;
@@ -198,6 +214,8 @@ impl Sim {
             digest: seed,
             steps: 0,
             violations: Vec::new(),
+            log: None,
+            opened_by: BTreeMap::new(),
         };
         sim.start_workers(later, stuck);
         sim
@@ -270,11 +288,31 @@ impl Sim {
             if runnable.is_empty() {
                 continue;
             }
+            self.maybe_kill_a_blocked_worker();
             let i = runnable[self.rng.gen_range(0..runnable.len())];
-            self.act(i);
+            if self.can_act(i) {
+                self.act(i);
+            }
             self.steps += 1;
         }
         self.judge();
+    }
+
+    /// Now and then a worker due to die dies while it waits inside a collective (not only
+    /// when it acts).
+    fn maybe_kill_a_blocked_worker(&mut self) {
+        if !self.rng.gen_bool(0.05) {
+            return;
+        }
+        let blocked = self.workers.iter().position(|w| {
+            w.dies_at.is_some()
+                && !self.dead[w.id as usize]
+                && matches!(w.status, Status::Waiting(..))
+        });
+        if let Some(i) = blocked {
+            self.dead[self.workers[i].id as usize] = true;
+            self.trace(i, 0xde_ad02);
+        }
     }
 
     /// When nobody can move: the recovery deadline of a worker stuck in its shrink ends it (a
@@ -287,7 +325,7 @@ impl Sim {
         });
         let Some(i) = stuck else { return false };
         self.dead[self.workers[i].id as usize] = true;
-        self.trace(i, 0xdead_0001);
+        self.trace(i, 0xde_ad01);
         self.steps += 1;
         true
     }
@@ -329,7 +367,7 @@ impl Sim {
         w.actions += 1;
         if w.dies_at.is_some_and(|at| w.actions > at) {
             self.dead[w.id as usize] = true;
-            self.trace(i, 0xdead);
+            self.trace(i, 0xde_ad00);
             return;
         }
         let status = std::mem::replace(&mut self.workers[i].status, Status::Done(Command::Shrink));
@@ -382,6 +420,13 @@ impl Sim {
             }
             Command::Dispose { free: true } => self.join(i, command, Kind::Free, Vec::new()),
             Command::Dispose { free: false } => {
+                let opened = self.opened_by.get(&comm).map_or(0, |o| o.len());
+                if opened == self.comms[comm].members.len() {
+                    self.violations.push(format!(
+                        "worker {id} leaves the window of communicator {comm} allocated though \
+                         every member opened it"
+                    ));
+                }
                 let next = self.workers[i].machine.on(Event::Disposed);
                 Self::settle(next)
             }
@@ -446,8 +491,13 @@ impl Sim {
                     Kind::Open => {
                         self.workers[i].opened = Some(comm);
                         let id = self.workers[i].id;
+                        self.opened_by.entry(comm).or_default().insert(id);
                         let held = self.stored.get(&id).cloned().unwrap_or_default();
-                        Event::WindowOpened(Ok(held.into_iter().collect()))
+                        // The scan of the old window fails now and then (a read error).
+                        if self.rng.gen_bool(0.02) {
+                            return Event::WindowOpened(Ok(Err(Fault::Other("scan".into()))));
+                        }
+                        Event::WindowOpened(Ok(Ok(held.into_iter().collect())))
                     }
                     Kind::Exchange => {
                         let c = &self.calls[&(comm, kind, call)];
@@ -501,7 +551,11 @@ impl Sim {
 
     fn trace(&mut self, i: usize, code: u64) {
         let id = self.workers[i].id as u64;
-        self.digest = mix(self.digest, (self.steps as u64) << 24 | id << 16 | code);
+        self.digest = mix(mix(self.digest, (self.steps as u64) << 8 | id), code);
+        let (step, comm) = (self.steps, self.workers[i].comm);
+        if let Some(log) = &mut self.log {
+            log.push(format!("step {step} worker {id} on communicator {comm}: {code:#x}"));
+        }
     }
 
     fn judge(&mut self) {
@@ -535,8 +589,8 @@ impl Sim {
             }
         }
         for id in &alive {
-            if !first.layout.live.contains(id) && commits.iter().any(|(w, _, _)| w == id) {
-                self.violations.push(format!("survivor {id} left out of {:?}", first.layout.live));
+            if !commits.iter().any(|(w, _, _)| w == id) {
+                self.violations.push(format!("survivor {id} did not commit while others did"));
             }
         }
         self.judge_data(comm, &first);
@@ -629,7 +683,7 @@ fn event_code(event: &Event) -> u64 {
     match event {
         Event::Revoked => 0x1000,
         Event::Shrunk(r) => 0x2000 | r.as_ref().map_or(0xff, |l| l.len() as u64),
-        Event::WindowOpened(r) => 0x3000 | u64::from(r.is_ok()),
+        Event::WindowOpened(r) => 0x3000 | r.as_ref().map_or(0, |scan| 1 + u64::from(scan.is_ok())),
         Event::Exchanged(r) => 0x4000 | r.as_ref().map_or(0xfff, |l| l.len() as u64),
         Event::Copied(r) => 0x5000 | r.as_ref().map_or(2, |q| u64::from(*q)),
         Event::Agreed(r) => 0x6000 | r.as_ref().map_or(0xff, |(v, _)| u64::from(*v)),

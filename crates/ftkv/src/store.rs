@@ -482,7 +482,18 @@ impl<F: Fabric> Store<F> {
                     return self.commit(committed, retained, run, started)
                 }
                 Command::Fail(failed) => return Err(self.give_up(failed, retained, run)),
-                command => self.execute(command, &retained, &mut run)?,
+                command => match self.execute(command, &retained, &mut run) {
+                    Ok(event) => event,
+                    Err(e) => {
+                        // Freeing a window is collective: nobody may wait in it now.
+                        if let Some(window) = run.window.take() {
+                            window.abandon();
+                        }
+                        drop(run);
+                        retained.window.abandon();
+                        return Err(e);
+                    }
+                },
             };
             command = machine.on(event);
         }
@@ -540,12 +551,13 @@ impl<F: Fabric> Store<F> {
                     Ok(window) => {
                         run.window = Some(window);
                         self.trace("window open");
-                        let scanned = scan_local(retained, self.geometry);
-                        run.held = scanned.as_ref().map_or_else(|_| HashMap::new(), Clone::clone);
-                        let versions = |held: HashMap<Key, Committed>| {
-                            held.iter().map(|(key, c)| (*key, c.header.version)).collect()
-                        };
-                        Event::WindowOpened(scanned.map(versions).map_err(fault))
+                        let scanned = scan_local(retained, self.geometry).map(|held| {
+                            let versions = held.iter().map(|(k, c)| (*k, c.header.version));
+                            let versions = versions.collect();
+                            run.held = held;
+                            versions
+                        });
+                        Event::WindowOpened(Ok(scanned.map_err(fault)))
                     }
                     Err(e) => Event::WindowOpened(Err(fault(e))),
                 }
@@ -553,7 +565,9 @@ impl<F: Fabric> Store<F> {
             Command::Exchange { records } => {
                 step.set(Step::ExchangeRecords);
                 let all = recovery::exchange(&*self.comm, &records);
-                self.trace("records exchanged");
+                if all.is_ok() {
+                    self.trace("records exchanged");
+                }
                 Event::Exchanged(all.map_err(fault))
             }
             Command::Copy { sends } => {
@@ -634,12 +648,15 @@ impl<F: Fabric> Store<F> {
                 Error::Partitioned { live, previous }
             }
             attempt::Failed::Error(message) => {
+                retained.window.abandon();
                 agreement_error.unwrap_or(Error::RecoveryFailed(message))
             }
             attempt::Failed::Exhausted { last_error } => {
                 if let Some(e) = last_error {
                     crate::events::warn(format!("recovery gave up; last error: {e}"));
                 }
+                // The next recovery starts again from the last committed window and layout.
+                self.layout = retained.layout;
                 self.window = Some(retained.window);
                 Error::RecoveryNeeded { failed: self.newly_failed() }
             }

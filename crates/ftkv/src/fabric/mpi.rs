@@ -14,7 +14,9 @@ impl From<MpiError> for FabricError {
             MpiError::ProcFailed { op, peer } => FabricError::ProcFailed { op, peer },
             MpiError::Revoked { op } => FabricError::Revoked { op },
             MpiError::Timeout { op, after } => FabricError::Timeout { op, after },
-            other @ MpiError::Other { op, .. } => FabricError::Other { op, msg: other.to_string() },
+            MpiError::Other { op, class, msg } => {
+                FabricError::Other { op, msg: format!("MPI error class {class}: {msg}") }
+            }
         }
     }
 }

@@ -100,10 +100,13 @@ pub trait Fabric: Send + Sync + Sized + 'static {
     fn open_window(&self, len: usize, zeroed: &[(usize, usize)]) -> FabricResult<Self::Window>;
     /// Sends `data` to `dest` with `tag`. Returns once the data may be reused: delivery is
     /// not confirmed (a send to a rank that just died may still succeed). `ProcFailed` when
-    /// `dest` is known dead, `Revoked` on a revoked communicator.
+    /// `dest` is known dead, `Revoked` on a revoked communicator. MPI may block a large send
+    /// until the receiver matches it; the in-process fabric never blocks.
     fn send(&self, data: &[u8], dest: i32, tag: i32) -> FabricResult<()>;
     /// The oldest message that arrived from any member, if one did; never waits. Messages
-    /// from one sender arrive in the order sent. `Revoked` on a revoked communicator.
+    /// from one sender arrive in the order sent. `Revoked` on a revoked communicator; on MPI
+    /// also `ProcFailed` while a member's failure is not acknowledged (an any-source probe),
+    /// which the in-process fabric never reports.
     fn try_receive(&self) -> FabricResult<Option<Message>>;
     /// Bytes of shared memory this host offers for windows, when the fabric knows it.
     fn shared_memory_capacity(&self) -> Option<u64> {

@@ -248,7 +248,7 @@ fn run_attempt(exe: &std::path::Path, campaign: &Campaign, seed: u64) -> Result<
     let out = job.finish()?;
     let mut result = classify(&out, campaign.ranks, &killer.killed);
     if let Some(cut) = &cut {
-        cut.judge(&out, &mut result, restored == Some(true));
+        cut.judge(&out, campaign.ranks, &mut result, restored == Some(true));
     }
     Ok((result, out.never_started()))
 }
@@ -318,8 +318,13 @@ impl LinkCut {
         if self.host.is_none() && job.elapsed() >= self.at && killer.pids.len() == ranks {
             let host_of = |r: &usize| killer.pids.get(r).and_then(|pid| cluster.host_of(*pid));
             let spared = host_of(&0);
-            let candidates: Vec<usize> =
-                (0..cluster.hosts().len()).filter(|h| Some(*h) != spared).collect();
+            let holds_ranks = |h: &usize| (0..ranks).any(|r| host_of(&r) == Some(*h));
+            let candidates: Vec<usize> = (0..cluster.hosts().len())
+                .filter(|h| Some(*h) != spared && holds_ranks(h))
+                .collect();
+            if candidates.is_empty() {
+                bail!("--cut-link needs a host without rank 0 that holds ranks");
+            }
             let host = candidates[rng.gen_range(0..candidates.len())];
             self.cut_ranks = (0..ranks).filter(|r| host_of(r) == Some(host)).collect();
             cluster.set_link(host, false)?;
@@ -354,13 +359,21 @@ impl LinkCut {
     /// (not counted as a fail-stop), or because the runtime ended it once the link came back
     /// (Open MPI's runtime ends a job whose daemon it lost touch with). Their acknowledged writes
     /// are judged with everyone else's. A link never cut fails the run.
-    fn judge(&self, out: &ftkv_launch::launch::JobOutput, result: &mut RunResult, was_cut: bool) {
+    fn judge(
+        &self,
+        out: &ftkv_launch::launch::JobOutput,
+        ranks: usize,
+        result: &mut RunResult,
+        was_cut: bool,
+    ) {
         let fenced = |r: &usize| out.own_stderr(*r).any(|l| l.contains("holds no majority"));
         let finished = |r: &usize| out.rank_value(*r, "done") == Some("yes");
         result.fenced = self.cut_ranks.iter().filter(|r| fenced(r)).count();
         result.split_brain = self.cut_ranks.iter().filter(|r| finished(r)).count();
         result.cut = self.cut_ranks.len();
-        result.outside = result.outside.saturating_sub(self.cut_ranks.len());
+        let agreed = out.agreed_failed(ranks, "done=yes");
+        let counted_outside = |r: &&usize| agreed.contains(r) && !out.ended_itself(**r);
+        result.outside -= self.cut_ranks.iter().filter(counted_outside).count().min(result.outside);
         let ended_itself = self.cut_ranks.iter().filter(|r| out.ended_itself(**r)).count();
         result.fail_stops = result.fail_stops.saturating_sub(ended_itself);
         if !was_cut || self.cut_ranks.is_empty() {

@@ -3,7 +3,7 @@
 //! exchange, copy, agree, commit, dispose, fail). [`Store::recover`](crate::Store::recover) executes
 //! the commands on a real fabric; [`crate::sim`] executes them on a simulated one with seeded
 //! interleavings and kills. Every decision of a recovery is taken here: whether this side may
-//! go on ([`recovery::keeps_quorum`]), the new layout, which copies this rank sends, which keys
+//! go on (`recovery::keeps_quorum`), the new layout, which copies this rank sends, which keys
 //! are lost, this rank's agreement flags, and what an agreement means (commit, free or abandon
 //! the attempt's window, retry, give up).
 //!

@@ -70,6 +70,9 @@ pub struct Summary {
     /// Runs in which a recovery attempt stayed stuck inside Open MPI until the recovery
     /// deadline ended its ranks (each names the step); counted apart from lost data.
     pub stuck_runs: usize,
+    /// Runs started again: `mpirun` could not start them, or (with `--cut-link`) they failed
+    /// before the link was cut.
+    pub restarted_runs: usize,
     /// Ranks of cut-off hosts (`--cut-link`).
     pub cut_off: usize,
     /// Of those, ranks that ended because their side held no majority (the others were ended
@@ -108,7 +111,8 @@ pub fn run(exe: &std::path::Path, campaign: &Campaign) -> Result<Summary> {
     let mut summary = Summary::default();
     for run in 0..campaign.runs {
         let seed = campaign.seed.wrapping_add(run as u64);
-        let result = run_once(exe, campaign, seed)?;
+        let (result, restarts) = run_once(exe, campaign, seed)?;
+        summary.restarted_runs += restarts;
         summary.runs += 1;
         summary.kills += result.kills;
         summary.acked_writes += result.verdict.acked;
@@ -204,20 +208,41 @@ impl RunResult {
     }
 }
 
-/// One run; started again (same seed) when `mpirun` could not start it at all.
-fn run_once(exe: &std::path::Path, campaign: &Campaign, seed: u64) -> Result<RunResult> {
+/// One run; started again (same seed) when `mpirun` could not start it at all, and, with
+/// `--cut-link`, when the job failed before the link was cut: Open MPI's heartbeat detector
+/// can hang a loaded start-up or declare a live rank dead in it, which is not the cut under
+/// test (each restart is printed and counted in `restarted_runs`).
+fn run_once(exe: &std::path::Path, campaign: &Campaign, seed: u64) -> Result<(RunResult, usize)> {
     let mut attempt = 1;
     loop {
-        let (result, never_started) = run_attempt(exe, campaign, seed)?;
-        if !never_started || attempt == ftkv_launch::launch::START_ATTEMPTS {
-            return Ok(result);
+        let (result, start) = run_attempt(exe, campaign, seed)?;
+        if start == Start::Ran || attempt == ftkv_launch::launch::START_ATTEMPTS {
+            return Ok((result, attempt - 1));
         }
-        eprintln!("[chaos] seed={seed}: mpirun could not start the job; starting it again");
+        let why = match start {
+            Start::NeverStarted => "mpirun could not start the job",
+            _ => "the job failed before the link was cut (start-up with the detector on)",
+        };
+        eprintln!("[chaos] seed={seed}: {why}; starting it again");
         attempt += 1;
     }
 }
 
-fn run_attempt(exe: &std::path::Path, campaign: &Campaign, seed: u64) -> Result<(RunResult, bool)> {
+/// How far a run got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Start {
+    /// `mpirun` failed before any rank ran.
+    NeverStarted,
+    /// With `--cut-link`: the run failed before its link was cut.
+    FailedBeforeCut,
+    Ran,
+}
+
+fn run_attempt(
+    exe: &std::path::Path,
+    campaign: &Campaign,
+    seed: u64,
+) -> Result<(RunResult, Start)> {
     let millis = campaign.duration.as_millis().to_string();
     let args = ["chaos-rank", &campaign.copies.to_string(), &millis, &seed.to_string()];
     let mut launch = Launch::new(exe, campaign.ranks)
@@ -250,7 +275,15 @@ fn run_attempt(exe: &std::path::Path, campaign: &Campaign, seed: u64) -> Result<
     if let Some(cut) = &cut {
         cut.judge(&out, campaign.ranks, &mut result, restored == Some(true));
     }
-    Ok((result, out.never_started()))
+    let cut_missed = cut.as_ref().is_some_and(|c| c.host.is_none());
+    let start = if out.never_started() {
+        Start::NeverStarted
+    } else if cut_missed && result.failed(campaign.copies) {
+        Start::FailedBeforeCut
+    } else {
+        Start::Ran
+    };
+    Ok((result, start))
 }
 
 /// The store's watchdog bound: the default, or with a cut link long enough for the failure

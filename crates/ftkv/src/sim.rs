@@ -127,7 +127,6 @@ struct Worker {
     /// The step at which it dies, counted in its own actions.
     dies_at: Option<usize>,
     actions: usize,
-    opened: Option<usize>,
     /// Its first shrink never returns (an Open MPI shrink stuck on one member while the
     /// others go on); its recovery deadline ends it once nobody else can move.
     stuck_in_shrink: bool,
@@ -272,7 +271,6 @@ impl Sim {
                 calls: BTreeMap::new(),
                 dies_at,
                 actions: 0,
-                opened: None,
                 stuck_in_shrink: stuck == Some(id),
             });
         }
@@ -373,8 +371,8 @@ impl Sim {
         let status = std::mem::replace(&mut self.workers[i].status, Status::Done(Command::Shrink));
         let next = match status {
             Status::Ready(command) => self.begin(i, command),
-            Status::Waiting(command, kind, comm, call) => {
-                let event = self.finish(i, &command, kind, comm, call);
+            Status::Waiting(_, kind, comm, call) => {
+                let event = self.finish(i, kind, comm, call);
                 self.trace(i, event_code(&event));
                 let next = self.workers[i].machine.on(event);
                 Self::settle(next)
@@ -445,7 +443,7 @@ impl Sim {
     }
 
     /// The event a collective returns to worker `i`.
-    fn finish(&mut self, i: usize, command: &Command, kind: Kind, comm: usize, call: u64) -> Event {
+    fn finish(&mut self, i: usize, kind: Kind, comm: usize, call: u64) -> Event {
         let members = self.comms[comm].members.clone();
         let all_joined = {
             let c = &self.calls[&(comm, kind, call)];
@@ -489,7 +487,6 @@ impl Sim {
                 }
                 match regular {
                     Kind::Open => {
-                        self.workers[i].opened = Some(comm);
                         let id = self.workers[i].id;
                         self.opened_by.entry(comm).or_default().insert(id);
                         let held = self.stored.get(&id).cloned().unwrap_or_default();
@@ -508,7 +505,6 @@ impl Sim {
                     }
                     _ => {
                         let knows = anyone_dead && self.rng.gen_bool(0.7);
-                        let _ = command;
                         Event::Copied(Ok(!knows))
                     }
                 }

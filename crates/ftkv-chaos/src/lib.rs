@@ -23,7 +23,7 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
 pub use ftkv::history::{allowed, Observed, Op};
-use ftkv::history::{observe, value};
+use ftkv::history::{observe, planned_write, value};
 use ftkv_launch::args::{self, Opt};
 use ftkv_launch::launch::{kill_random_rank, Launch, RunningJob};
 
@@ -670,11 +670,7 @@ fn write_loop(store: &mut Store, rng: &mut SmallRng, duration: Duration) -> Resu
     let mut seq = 0u32;
     while start.elapsed() < duration {
         seq += 1;
-        let (kind, delete) = match seq % 10 {
-            0 => (1u16, false),
-            5 => (1, true),
-            _ => (0, false),
-        };
+        let (kind, delete) = planned_write(seq);
         println!("try {kind} {seq} {}", if delete { "del" } else { "put" });
         let key = Key::new(me, kind);
         let result = if delete {

@@ -16,6 +16,16 @@ pub struct Op {
     pub acked: bool,
 }
 
+/// The shared write workload's write number `seq` of a worker: the kind it writes and whether
+/// it deletes (kind 0 written nine times in ten; kind 1 put at 0 mod 10, deleted at 5 mod 10).
+pub fn planned_write(seq: u32) -> (u16, bool) {
+    match seq % 10 {
+        0 => (1, false),
+        5 => (1, true),
+        _ => (0, false),
+    }
+}
+
 /// What a read of a key returned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Observed {

@@ -8,7 +8,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use ftkv::fabric::local::{LocalCluster, LocalFabric};
-use ftkv::history::{allowed, observe, value, Observed, Op};
+use ftkv::history::{allowed, observe, planned_write, value, Observed, Op};
 use ftkv::{Config, Error, Key, Store};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -216,11 +216,7 @@ fn run_worker(
     let me = store.worker();
     let mut rng = SmallRng::seed_from_u64(seed ^ ((me as u64) << 32));
     for seq in 1..=ops {
-        let (kind, delete) = match seq % 10 {
-            0 => (1u16, false),
-            5 => (1, true),
-            _ => (0, false),
-        };
+        let (kind, delete) = planned_write(seq);
         let op = Op { seq, delete, acked: false };
         history.lock().unwrap().entry((me, kind)).or_default().push(op);
         let key = Key::new(me, kind);

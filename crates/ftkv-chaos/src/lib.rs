@@ -213,19 +213,21 @@ impl RunResult {
 /// can hang a loaded start-up or declare a live rank dead in it, which is not the cut under
 /// test (each restart is printed and counted in `restarted_runs`).
 fn run_once(exe: &std::path::Path, campaign: &Campaign, seed: u64) -> Result<(RunResult, usize)> {
-    let mut attempt = 1;
-    loop {
+    let mut restarts = 0;
+    let who = format!("[chaos] seed={seed}");
+    let result = ftkv_launch::launch::with_start_retries(&who, || {
         let (result, start) = run_attempt(exe, campaign, seed)?;
-        if start == Start::Ran || attempt == ftkv_launch::launch::START_ATTEMPTS {
-            return Ok((result, attempt - 1));
-        }
         let why = match start {
+            Start::Ran => return Ok((result, None)),
             Start::NeverStarted => "mpirun could not start the job",
-            _ => "the job failed before the link was cut (start-up with the detector on)",
+            Start::FailedBeforeCut => {
+                "the job failed before the link was cut (start-up with the detector on)"
+            }
         };
-        eprintln!("[chaos] seed={seed}: {why}; starting it again");
-        attempt += 1;
-    }
+        restarts += 1;
+        Ok((result, Some(why.to_owned())))
+    })?;
+    Ok((result, restarts.min(ftkv_launch::launch::START_ATTEMPTS - 1)))
 }
 
 /// How far a run got.

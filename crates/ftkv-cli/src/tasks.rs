@@ -204,6 +204,28 @@ fn run_pool_job(exe: &Path, demo: &Demo, show: bool) -> Result<RunReport> {
         demo.seed.to_string(),
     ];
     let launch = Launch::new(exe, demo.ranks).args(args).timeout(demo.timeout).transport_from_env();
+    let (out, watch) = crate::launch::with_start_retries("[demo]", || {
+        let (out, watch) = watch_pool_job(&launch, demo, show)?;
+        let again = out.never_started().then(|| "mpirun could not start the job".to_owned());
+        Ok(((out, watch), again))
+    })?;
+    ensure!(
+        !out.timed_out,
+        "the pool did not finish within {:?}:\n{}{}",
+        demo.timeout,
+        rank_errors(&out),
+        tail(&out)
+    );
+    let mut report = result_of(&out, demo, &watch)?;
+    report.matches_published = demo
+        .workload
+        .published()
+        .map(|(nodes, leaves)| nodes.is_none_or(|n| n == report.nodes) && leaves == report.leaves);
+    Ok(report)
+}
+
+/// Runs the pool job to its end, killing ranks as planned and showing progress when `show`.
+fn watch_pool_job(launch: &Launch, demo: &Demo, show: bool) -> Result<(JobOutput, Watch)> {
     let mut job = launch.spawn()?;
     let mut rng = SmallRng::seed_from_u64(demo.seed);
     let expected = demo.workload.published().and_then(|(nodes, leaves)| nodes.or(Some(leaves)));
@@ -219,20 +241,7 @@ fn run_pool_job(exe: &Path, demo: &Demo, show: bool) -> Result<RunReport> {
             watch.show_progress(job.elapsed());
         }
     }
-    let out = job.finish()?;
-    ensure!(
-        !out.timed_out,
-        "the pool did not finish within {:?}:\n{}{}",
-        demo.timeout,
-        rank_errors(&out),
-        tail(&out)
-    );
-    let mut report = result_of(&out, demo, &watch)?;
-    report.matches_published = demo
-        .workload
-        .published()
-        .map(|(nodes, leaves)| nodes.is_none_or(|n| n == report.nodes) && leaves == report.leaves);
-    Ok(report)
+    Ok((job.finish()?, watch))
 }
 
 /// Kill moments as fractions of the expected work (or of a second, when unknown), sorted.

@@ -140,18 +140,11 @@ impl Launch {
     /// A job whose `mpirun` could not start at all (see [`JobOutput::never_started`]) is
     /// started again, at most [`START_ATTEMPTS`] times in all, with a note on stderr.
     pub fn run(&self) -> Result<JobOutput> {
-        let mut attempt = 1;
-        loop {
+        with_start_retries("ftkv", || {
             let out = self.spawn()?.finish()?;
-            if !out.never_started() || attempt == START_ATTEMPTS {
-                return Ok(out);
-            }
-            eprintln!(
-                "ftkv: mpirun could not start the job ({}); starting it again",
-                START_FAILURE
-            );
-            attempt += 1;
-        }
+            let again = out.never_started();
+            Ok((out, again.then(|| format!("mpirun could not start the job ({START_FAILURE})"))))
+        })
     }
 
     /// Starts the job; its output can be read line by line while it runs.
@@ -768,6 +761,22 @@ impl JobOutput {
 
 /// How often [`Launch::run`] starts a job whose `mpirun` failed before any rank ran.
 pub const START_ATTEMPTS: usize = 3;
+
+/// Runs `attempt` until it gives no reason to start again, at most [`START_ATTEMPTS`] times;
+/// each reason is printed after `who`. For drivers that run a job their own way (streaming
+/// its output) and must start it again when it never started.
+pub fn with_start_retries<T>(
+    who: &str,
+    mut attempt: impl FnMut() -> Result<(T, Option<String>)>,
+) -> Result<T> {
+    for _ in 1..START_ATTEMPTS {
+        match attempt()? {
+            (value, None) => return Ok(value),
+            (_, Some(why)) => eprintln!("{who}: {why}; starting it again"),
+        }
+    }
+    attempt().map(|(value, _)| value)
+}
 
 /// What `mpirun` prints when its PMIx server cannot start: a sporadic start-up failure of
 /// Open MPI's runtime, before any rank exists.

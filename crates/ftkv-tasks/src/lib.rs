@@ -6,5 +6,6 @@ pub mod events;
 pub mod nqueens;
 pub mod pool;
 pub mod problem;
+pub mod protocol;
 pub mod state;
 pub mod uts;

@@ -1,0 +1,539 @@
+//! The pool's protocols as one sans-I/O state machine per worker: steal, loot, termination
+//! and the recovery plan. A [`Worker`] never touches a network, a store or a clock: it takes
+//! events (a tick at a time, a message, a recovery's new live set, what the store holds) and
+//! returns [`Command`]s for its driver to execute in order. [`crate::pool`] executes them on a
+//! [`ftkv::fabric::Fabric`] and a [`ftkv::Store`]; [`crate::sim`] on a simulated fabric and
+//! store.
+//!
+//! **Execution contract.** A driver executes a command list front to back and stops at the
+//! first command that fails because a process failed; it then recovers (every survivor
+//! recovers the store, then calls [`Worker::rejoin`]) and drops the rest of the list. The
+//! machine's state is already the state after the whole list: every command list is written so
+//! that any prefix of it, followed by a recovery, keeps the computation exact:
+//! - a victim's list is: put the loot key, put a checkpoint without the loot, send the loot;
+//! - a thief's list is: put a checkpoint with the loot, acknowledge;
+//! - the acknowledgement's list deletes the loot key;
+//! - [`Worker::rejoin`] writes the loot still in flight again, then a fresh checkpoint, then
+//!   synchronises (a barrier: every survivor's fresh checkpoint is in the store before anyone
+//!   reads) and reads everyone's state ([`Command::ReadAll`]); [`Worker::on_stored`] applies
+//!   this worker's part of [`crate::state::plan`] and checkpoints it before deleting loot keys.
+
+use std::time::Duration;
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+use crate::problem::Problem;
+use crate::state::{plan, Checkpoint, Loot, Seen};
+use crate::uts::Counts;
+
+/// The shortest time between two termination waves.
+const WAVE_GAP: Duration = Duration::from_millis(1);
+
+/// When a worker writes its periodic checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Interval {
+    Time(Duration),
+    Tasks(u64),
+}
+
+/// What the protocol needs to know of the pool's configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settings {
+    /// `None`: no checkpoints (a failure is then fatal).
+    pub interval: Option<Interval>,
+    /// Tasks run per tick.
+    pub batch: usize,
+    pub seed: u64,
+}
+
+/// A message between two workers of the pool (one tag; [`ftkv::codec`] on the wire).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub enum PoolMessage<T> {
+    /// An idle worker asks for work.
+    Steal,
+    /// A victim's answer: the steal id and the tasks, or `None` (a refusal).
+    Loot(Option<(u64, Vec<T>)>),
+    /// The thief checkpointed the loot of this steal id.
+    Ack(u64),
+    /// The leader's termination probe of this wave id.
+    Probe(u64),
+    /// An answer to a probe: wave id, busy, loot sent, loot received.
+    Status([u64; 4]),
+    /// The computation is over.
+    Done,
+}
+
+/// One of a worker's two store keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Slot {
+    Checkpoint = 0,
+    Loot = 1,
+}
+
+/// What a worker asks its driver to do, in order (see the module's execution contract).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Command<T> {
+    /// Send to a rank of the current live set (its index in [`Worker::live`]).
+    Send { rank: i32, message: PoolMessage<T> },
+    /// Blocking put of this worker's own key.
+    Put { slot: Slot, bytes: Vec<u8> },
+    /// Blocking delete of `owner`'s loot key (this worker's own, or one it resolves for a dead
+    /// victim).
+    DeleteLoot { owner: i32 },
+    /// A barrier over the live workers through the store.
+    Sync,
+    /// Read every worker's checkpoint and loot key and hand them to [`Worker::on_stored`].
+    ReadAll,
+    /// A named failure-injection point.
+    Failpoint(&'static str),
+    /// The leader announced the end: gather the results ([`Worker::contribution`]).
+    Finish,
+}
+
+/// Counters of one worker.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub tasks: u64,
+    pub steals: u64,
+    pub checkpoints: u64,
+    pub store_bytes: u64,
+}
+
+/// What the store holds for every worker, by worker id, decoded.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stored<T> {
+    pub checkpoints: Vec<Option<Checkpoint<T>>>,
+    pub loots: Vec<Option<Loot<T>>>,
+}
+
+impl<T: Copy + serde::Serialize + serde::de::DeserializeOwned> Stored<T> {
+    /// Decodes every worker's stored checkpoint and loot key; `Err` names what is corrupt.
+    pub fn decode(
+        checkpoints: &[Option<Vec<u8>>],
+        loots: &[Option<Vec<u8>>],
+    ) -> Result<Stored<T>, &'static str> {
+        let checkpoints = checkpoints
+            .iter()
+            .map(|b| b.as_deref().map(|b| Checkpoint::decode(b).ok_or("checkpoint")).transpose())
+            .collect::<Result<_, _>>()?;
+        let loots = loots
+            .iter()
+            .map(|b| b.as_deref().map(|b| Loot::decode(b).ok_or("loot")).transpose())
+            .collect::<Result<_, _>>()?;
+        Ok(Stored { checkpoints, loots })
+    }
+}
+
+/// The leader's termination wave in flight: sums of the answers so far.
+struct Wave {
+    id: u64,
+    answers: usize,
+    busy: u64,
+    sent: u64,
+    received: u64,
+}
+
+/// A loot this worker gave away and that its thief has not acknowledged yet.
+struct Pending<T> {
+    steal_id: u64,
+    /// The thief's worker id.
+    thief: i32,
+    tasks: Vec<T>,
+}
+
+/// One worker of the pool, as a state machine.
+pub struct Worker<'p, P: Problem> {
+    problem: &'p P,
+    settings: Settings,
+    me: i32,
+    live: Vec<i32>,
+    state: Checkpoint<P::Task>,
+    steal_counter: u64,
+    pending: Option<Pending<P::Task>>,
+    asking: Option<i32>,
+    sent: u64,
+    received: u64,
+    wave: Option<Wave>,
+    waves: u64,
+    last_wave: Duration,
+    quiet_wave: Option<(u64, u64)>,
+    done: bool,
+    rng: SmallRng,
+    last_checkpoint: (Duration, u64),
+    counters: Counters,
+}
+
+type Commands<T> = Vec<Command<T>>;
+
+impl<'p, P: Problem> Worker<'p, P> {
+    /// Worker `me` of `workers`, all alive, in its initial state.
+    pub fn new(problem: &'p P, settings: Settings, me: i32, workers: usize) -> Self {
+        Worker {
+            problem,
+            settings,
+            me,
+            live: (0..workers as i32).collect(),
+            state: Checkpoint::initial(problem, me, workers),
+            steal_counter: 0,
+            pending: None,
+            asking: None,
+            sent: 0,
+            received: 0,
+            wave: None,
+            waves: 0,
+            last_wave: Duration::ZERO,
+            quiet_wave: None,
+            done: false,
+            rng: SmallRng::seed_from_u64(settings.seed ^ ((me as u64) << 40)),
+            last_checkpoint: (Duration::ZERO, 0),
+            counters: Counters::default(),
+        }
+    }
+
+    pub fn me(&self) -> i32 {
+        self.me
+    }
+
+    /// The live workers by rank (worker ids).
+    pub fn live(&self) -> &[i32] {
+        &self.live
+    }
+
+    pub fn counters(&self) -> Counters {
+        self.counters
+    }
+
+    /// Tree nodes (or boards) counted so far by this worker's state.
+    pub fn counts(&self) -> Counts {
+        self.state.counts
+    }
+
+    /// Whether this worker has no task to run (its driver may pause before the next tick).
+    pub fn is_idle(&self) -> bool {
+        self.state.pool.is_empty()
+    }
+
+    fn checkpointing(&self) -> bool {
+        self.settings.interval.is_some()
+    }
+
+    fn rank(&self) -> i32 {
+        self.live.iter().position(|&w| w == self.me).expect("a live worker") as i32
+    }
+
+    /// The first checkpoint, before any work, and a barrier.
+    pub fn start(&mut self) -> Commands<P::Task> {
+        let mut commands = self.checkpoint(Duration::ZERO);
+        commands.push(Command::Sync);
+        commands
+    }
+
+    /// One round at time `now`: a batch of tasks (and the periodic checkpoint) or a steal
+    /// request, then the leader's termination wave; [`Command::Finish`] once it is over.
+    pub fn tick(&mut self, now: Duration) -> Commands<P::Task> {
+        let mut commands = Vec::new();
+        if self.state.pool.is_empty() {
+            commands.extend(self.ask_for_work());
+        } else {
+            self.run_batch();
+            commands.extend(self.maybe_checkpoint(now));
+        }
+        commands.extend(self.termination_wave(now));
+        if self.done {
+            commands.push(Command::Finish);
+        }
+        commands
+    }
+
+    fn run_batch(&mut self) {
+        for _ in 0..self.settings.batch {
+            let Some(task) = self.state.pool.pop() else { break };
+            self.problem.run(&task, &mut self.state.pool, &mut self.state.counts);
+            self.counters.tasks += 1;
+        }
+    }
+
+    fn maybe_checkpoint(&mut self, now: Duration) -> Commands<P::Task> {
+        let due = match self.settings.interval {
+            None => false,
+            Some(Interval::Time(t)) => now.saturating_sub(self.last_checkpoint.0) >= t,
+            Some(Interval::Tasks(n)) => self.counters.tasks - self.last_checkpoint.1 >= n,
+        };
+        if due {
+            self.checkpoint(now)
+        } else {
+            Vec::new()
+        }
+    }
+
+    fn checkpoint(&mut self, now: Duration) -> Commands<P::Task> {
+        self.last_checkpoint = (now, self.counters.tasks);
+        if !self.checkpointing() {
+            return Vec::new();
+        }
+        let bytes = self.state.encode();
+        self.counters.checkpoints += 1;
+        self.counters.store_bytes += bytes.len() as u64;
+        vec![Command::Put { slot: Slot::Checkpoint, bytes }]
+    }
+
+    fn ask_for_work(&mut self) -> Commands<P::Task> {
+        let size = self.live.len() as i32;
+        if self.asking.is_some() || size < 2 {
+            return Vec::new();
+        }
+        let mut victim = self.rng.gen_range(0..size - 1);
+        if victim >= self.rank() {
+            victim += 1;
+        }
+        self.asking = Some(victim);
+        vec![Command::Send { rank: victim, message: PoolMessage::Steal }]
+    }
+
+    /// A message from `source` (a rank of the live set) at time `now`.
+    pub fn on_message(
+        &mut self,
+        source: i32,
+        message: PoolMessage<P::Task>,
+        now: Duration,
+    ) -> Commands<P::Task> {
+        match message {
+            PoolMessage::Steal => self.on_steal_request(source, now),
+            PoolMessage::Loot(loot) => self.on_loot(source, loot, now),
+            PoolMessage::Ack(steal_id) => self.on_ack(steal_id),
+            PoolMessage::Probe(id) => {
+                let [busy, sent, received] = self.status();
+                let message = PoolMessage::Status([id, busy, sent, received]);
+                vec![Command::Send { rank: source, message }]
+            }
+            PoolMessage::Status(words) => {
+                self.on_status(words);
+                Vec::new()
+            }
+            PoolMessage::Done => {
+                self.done = true;
+                Vec::new()
+            }
+        }
+    }
+
+    /// Gives the older half of the pool, unless a loot is still unacknowledged or there is too
+    /// little work.
+    fn on_steal_request(&mut self, thief: i32, now: Duration) -> Commands<P::Task> {
+        if self.pending.is_some() || self.state.pool.len() < 2 {
+            return vec![Command::Send { rank: thief, message: PoolMessage::Loot(None) }];
+        }
+        let half = self.state.pool.len() / 2;
+        let tasks: Vec<P::Task> = self.state.pool.drain(..half).collect();
+        self.steal_counter += 1;
+        let steal_id = self.steal_counter;
+        let thief_worker = self.live[thief as usize];
+        self.pending = Some(Pending { steal_id, thief: thief_worker, tasks: tasks.clone() });
+        let mut commands = self.store_pending_loot();
+        commands.push(Command::Failpoint("steal_victim_after_loot"));
+        commands.extend(self.checkpoint(now));
+        commands.push(Command::Failpoint("steal_victim_before_send"));
+        let message = PoolMessage::Loot(Some((steal_id, tasks)));
+        commands.push(Command::Send { rank: thief, message });
+        self.sent += 1;
+        self.counters.steals += 1;
+        commands
+    }
+
+    /// Writes the loot in flight to this worker's loot key, then counts it as given
+    /// (`last_given`): a checkpoint that no longer holds the loot's tasks must say so, and is
+    /// only ever written after the loot key holds them.
+    fn store_pending_loot(&mut self) -> Commands<P::Task> {
+        let Some(pending) = self.pending.as_ref() else { return Vec::new() };
+        self.state.last_given = pending.steal_id;
+        if !self.checkpointing() {
+            return Vec::new();
+        }
+        let loot =
+            Loot { steal_id: pending.steal_id, thief: pending.thief, tasks: pending.tasks.clone() };
+        let bytes = loot.encode();
+        self.counters.store_bytes += bytes.len() as u64;
+        vec![Command::Put { slot: Slot::Loot, bytes }]
+    }
+
+    fn on_loot(
+        &mut self,
+        victim: i32,
+        loot: Option<(u64, Vec<P::Task>)>,
+        now: Duration,
+    ) -> Commands<P::Task> {
+        self.asking = None;
+        let Some((steal_id, tasks)) = loot else { return Vec::new() };
+        let victim_worker = self.live[victim as usize];
+        self.state.pool.extend(tasks);
+        self.state.received[victim_worker as usize] = steal_id;
+        self.received += 1;
+        let mut commands = vec![Command::Failpoint("steal_thief_before_checkpoint")];
+        commands.extend(self.checkpoint(now));
+        commands.push(Command::Failpoint("steal_thief_before_ack"));
+        commands.push(Command::Send { rank: victim, message: PoolMessage::Ack(steal_id) });
+        commands
+    }
+
+    fn on_ack(&mut self, steal_id: u64) -> Commands<P::Task> {
+        if !self.pending.as_ref().is_some_and(|p| p.steal_id == steal_id) {
+            return Vec::new();
+        }
+        self.pending = None;
+        if self.checkpointing() {
+            vec![Command::DeleteLoot { owner: self.me }]
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// (busy, loot sent, loot received); waiting for an acknowledgement counts as busy.
+    fn status(&self) -> [u64; 3] {
+        let busy = !self.state.pool.is_empty() || self.pending.is_some();
+        [busy as u64, self.sent, self.received]
+    }
+
+    fn on_status(&mut self, words: [u64; 4]) {
+        if let Some(wave) = self.wave.as_mut().filter(|w| w.id == words[0]) {
+            wave.answers += 1;
+            wave.busy += words[1];
+            wave.sent += words[2];
+            wave.received += words[3];
+        }
+    }
+
+    /// Termination detection by the leader (rank 0): a wave probes every worker for its
+    /// status; two consecutive waves with no busy worker, every loot sent received, and equal
+    /// counts end the computation, and the leader tells everyone.
+    fn termination_wave(&mut self, now: Duration) -> Commands<P::Task> {
+        if self.done || self.rank() != 0 {
+            return Vec::new();
+        }
+        let others = self.live.len() - 1;
+        match &self.wave {
+            None if now.saturating_sub(self.last_wave) >= WAVE_GAP => self.start_wave(now),
+            Some(wave) if wave.answers == others => self.end_wave(now),
+            _ => Vec::new(),
+        }
+    }
+
+    fn start_wave(&mut self, now: Duration) -> Commands<P::Task> {
+        self.waves += 1;
+        let [busy, sent, received] = self.status();
+        self.wave = Some(Wave { id: self.waves, answers: 0, busy, sent, received });
+        let mut commands: Commands<P::Task> = (1..self.live.len() as i32)
+            .map(|rank| Command::Send { rank, message: PoolMessage::Probe(self.waves) })
+            .collect();
+        if self.live.len() == 1 {
+            commands.extend(self.end_wave(now));
+        }
+        commands
+    }
+
+    fn end_wave(&mut self, now: Duration) -> Commands<P::Task> {
+        let wave = self.wave.take().expect("a wave in flight");
+        self.last_wave = now;
+        let quiet = wave.busy == 0 && wave.sent == wave.received;
+        let previous = self.quiet_wave.replace((wave.sent, wave.received));
+        if !quiet {
+            self.quiet_wave = None;
+        }
+        if !(quiet && previous == Some((wave.sent, wave.received))) {
+            return Vec::new();
+        }
+        self.done = true;
+        (1..self.live.len() as i32)
+            .map(|rank| Command::Send { rank, message: PoolMessage::Done })
+            .collect()
+    }
+
+    /// This worker's part of the final sums: nodes, leaves, depth, tasks, checkpoints, bytes.
+    pub fn contribution(&self) -> [u64; 6] {
+        let c = &self.state.counts;
+        let k = &self.counters;
+        [c.nodes, c.leaves, c.max_depth as u64, k.tasks, k.checkpoints, k.store_bytes]
+    }
+
+    /// After the store recovered on `live`: forgets the steal and termination state of the old
+    /// communicator, writes the loot in flight again and a fresh checkpoint, synchronises and
+    /// reads everyone's state. `Err` when checkpointing is off (a failure is then fatal).
+    pub fn rejoin(&mut self, live: &[i32], now: Duration) -> Result<Commands<P::Task>, ()> {
+        if !self.checkpointing() {
+            return Err(());
+        }
+        self.live = live.to_vec();
+        (self.asking, self.sent, self.received) = (None, 0, 0);
+        (self.wave, self.quiet_wave, self.done) = (None, None, false);
+        self.last_wave = now;
+        let mut commands = self.store_pending_loot();
+        commands.extend(self.checkpoint(now));
+        commands.push(Command::Failpoint("rejoin_before_sync"));
+        commands.push(Command::Sync);
+        commands.push(Command::ReadAll);
+        Ok(commands)
+    }
+
+    /// Applies this worker's part of the recovery plan computed from `stored` (read after
+    /// [`Worker::rejoin`]'s barrier): adopts dead workers' checkpoints, takes in-flight loot,
+    /// takes its own loot back if its thief died before checkpointing it, checkpoints, deletes
+    /// the resolved loot keys and synchronises. Returns the commands and the adopted workers.
+    pub fn on_stored(
+        &mut self,
+        stored: Stored<P::Task>,
+        now: Duration,
+    ) -> (Commands<P::Task>, Vec<i32>) {
+        let seen = self.seen(&stored);
+        let pending = self.pending.as_ref().map(|p| p.steal_id);
+        let plan = plan(self.me, &self.live, &seen, pending);
+        for &dead in &plan.adopt {
+            self.adopt(dead, stored.checkpoints[dead as usize].clone());
+        }
+        let mut commands = vec![Command::Failpoint("buddy_after_adopting")];
+        for &victim in &plan.take_loot {
+            let loot = stored.loots[victim as usize].as_ref().expect("planned loot exists");
+            self.state.pool.extend(loot.tasks.iter().copied());
+            self.state.received[victim as usize] = loot.steal_id;
+        }
+        if let Some(pending) = self.pending.take() {
+            if plan.take_back_pending {
+                self.state.pool.extend(pending.tasks);
+                self.state.received[self.me as usize] = pending.steal_id;
+            }
+        }
+        commands.extend(self.checkpoint(now));
+        commands.extend(plan.delete_loot.iter().map(|&owner| Command::DeleteLoot { owner }));
+        commands.push(Command::Sync);
+        (commands, plan.adopt)
+    }
+
+    fn seen(&self, stored: &Stored<P::Task>) -> Vec<Seen> {
+        let workers = self.state.received.len();
+        (0..workers)
+            .map(|w| {
+                let initial;
+                let c = match &stored.checkpoints[w] {
+                    Some(c) => c,
+                    None => {
+                        initial = Checkpoint::initial(self.problem, w as i32, workers);
+                        &initial
+                    }
+                };
+                Seen {
+                    last_given: c.last_given,
+                    received: c.received.clone(),
+                    adopted: c.adopted.clone(),
+                    loot: stored.loots[w].as_ref().map(|l| (l.steal_id, l.thief)),
+                }
+            })
+            .collect()
+    }
+
+    fn adopt(&mut self, dead: i32, checkpoint: Option<Checkpoint<P::Task>>) {
+        let workers = self.state.received.len();
+        let theirs = checkpoint.unwrap_or_else(|| Checkpoint::initial(self.problem, dead, workers));
+        self.state.pool.extend(theirs.pool);
+        self.state.counts.add(&theirs.counts);
+        self.state.adopted.push(dead);
+    }
+}

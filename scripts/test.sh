@@ -29,7 +29,7 @@ cargo test --release -p ftkv -p ftkv-tasks --no-default-features
 cargo clippy -p ftkv -p ftkv-tasks --no-default-features --all-targets --quiet -- -D warnings
 step "unit, scenario and real-MPI tests"
 cargo test --workspace --release
-step "simulated recoveries: 10000 seeded scenarios, kills at any step (no MPI)"
+step "simulated store recoveries and pool runs: 10000 seeded scenarios each, kills at any step (no MPI)"
 target/release/ftkv sim --runs 10000 --seed 1
 step "real-MPI tests over btl self,tcp"
 FTKV_TEST_BTL=tcp cargo test --release -p ftkv-cli --test mpi_layer --test store --test tasks

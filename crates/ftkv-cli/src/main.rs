@@ -105,11 +105,16 @@ enum Command {
         #[arg(allow_negative_numbers = true)]
         count: usize,
     },
-    /// Seeded simulations of the store's recovery protocol (no MPI, no threads): kills at any
-    /// step, every interleaving a seed picks. Prints each failing seed and a summary whose
-    /// digest hashes every run's trace (the same arguments give the same digest).
+    /// Seeded simulations (no MPI, no threads, virtual time) of the store's recovery protocol
+    /// and of the task pool (UTS and N-Queens with kills of victims, thieves, buddies and
+    /// recovering workers, stalled puts, slow workers, delayed and reordered messages). Prints
+    /// each failing seed and a summary whose digest hashes every run's trace (the same
+    /// arguments give the same digest).
     Sim {
-        /// Scenarios to run.
+        /// Which protocol to simulate.
+        #[arg(long, value_enum, default_value_t = SimModel::All)]
+        model: SimModel,
+        /// Scenarios to run per model.
         #[arg(long, default_value_t = 10_000, value_parser = args::at_least(1u64))]
         #[arg(allow_negative_numbers = true)]
         runs: u64,
@@ -473,7 +478,7 @@ fn run(command: Command) -> Result<()> {
             launch_under_mpirun(ranks)?;
             ftkv_cli::ping::rank_main(count)
         }
-        Command::Sim { runs, seed, trace } => run_sim(seed, runs, trace),
+        Command::Sim { model, runs, seed, trace } => run_sim(model, seed, runs, trace),
         Command::Chaos {
             runs,
             ranks,
@@ -558,25 +563,72 @@ fn run_chaos(campaign: &chaos::Campaign, json: Option<PathBuf>) -> Result<()> {
     Ok(())
 }
 
-fn run_sim(seed: u64, runs: u64, trace: bool) -> Result<()> {
-    if trace {
-        for seed in seed..seed.saturating_add(runs) {
-            let (report, steps) = ftkv::sim::run_traced(seed);
-            println!("seed={seed} {}", report.scenario);
-            steps.iter().for_each(|step| println!("  {step}"));
-        }
-    }
+/// The protocols `ftkv sim` runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum SimModel {
+    /// The store's global recovery (`ftkv::sim`).
+    Store,
+    /// The task pool (`ftkv_tasks::sim`).
+    Pool,
+    /// Both, `--runs` scenarios each.
+    All,
+}
+
+fn run_sim(model: SimModel, seed: u64, runs: u64, trace: bool) -> Result<()> {
     let started = std::time::Instant::now();
-    let (failing, digest) = ftkv::sim::campaign(seed, runs);
-    for report in &failing {
-        println!("seed={} {}: {}", report.seed, report.scenario, report.violations.join("; "));
+    let end = seed.saturating_add(runs);
+    let mut failing = Vec::new();
+    let mut digests = Vec::new();
+    if model != SimModel::Pool {
+        if trace {
+            for seed in seed..end {
+                let (report, steps) = ftkv::sim::run_traced(seed);
+                println!("store seed={seed} {}", report.scenario);
+                steps.iter().for_each(|step| println!("  {step}"));
+            }
+        }
+        let (store_failing, digest) = ftkv::sim::campaign(seed, runs);
+        println!("store runs={runs} violations={} digest={digest:016x}", store_failing.len());
+        failing.extend(store_failing.into_iter().map(|r| ("store", r)));
+        digests.push(digest);
     }
+    if model != SimModel::Store {
+        if trace {
+            for seed in seed..end {
+                let run = ftkv_tasks::sim::run_traced(seed);
+                println!("pool seed={seed} {}", run.report.scenario);
+                run.log.iter().for_each(|step| println!("  {step}"));
+            }
+        }
+        let pool = ftkv_tasks::sim::campaign(seed, runs);
+        let kills: Vec<String> = pool.kills.iter().map(|(at, n)| format!("{at}: {n}")).collect();
+        println!(
+            "pool runs={runs} violations={} digest={:016x} steals={} recoveries={} kills={{{}}}",
+            pool.failing.len(),
+            pool.digest,
+            pool.steals,
+            pool.rejoins,
+            kills.join(", ")
+        );
+        failing.extend(pool.failing.into_iter().map(|r| ("pool", r)));
+        digests.push(pool.digest);
+    }
+    for (model, report) in &failing {
+        println!(
+            "{model} seed={} {}: {}",
+            report.seed,
+            report.scenario,
+            report.violations.join("; ")
+        );
+    }
+    let digest = digests.iter().fold(0, |h, d| ftkv::sim::mix(h, *d));
+    let total = runs * digests.len() as u64;
     println!(
-        "runs={runs} violations={} digest={digest:016x} seconds={:.2}",
+        "runs={total} violations={} digest={digest:016x} seconds={:.2}",
         failing.len(),
         started.elapsed().as_secs_f64()
     );
-    anyhow::ensure!(failing.is_empty(), "{} of {runs} simulated recoveries failed", failing.len());
+    anyhow::ensure!(failing.is_empty(), "{} of {total} simulated runs failed", failing.len());
     Ok(())
 }
 

@@ -9,7 +9,8 @@ use anyhow::{bail, ensure, Context, Result};
 use ftkv_mpi::Mpi;
 use ftkv_tasks::nqueens::NQueens;
 use ftkv_tasks::pool::{self, Interval, PoolConfig};
-use ftkv_tasks::uts;
+use ftkv_tasks::problem::{check_exact, Reference};
+use ftkv_tasks::uts::{self, Counts};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
@@ -217,10 +218,11 @@ fn run_pool_job(exe: &Path, demo: &Demo, show: bool) -> Result<RunReport> {
         tail(&out)
     );
     let mut report = result_of(&out, demo, &watch)?;
+    let total = Counts { nodes: report.nodes, leaves: report.leaves, max_depth: 0 };
     report.matches_published = demo
         .workload
         .published()
-        .map(|(nodes, leaves)| nodes.is_none_or(|n| n == report.nodes) && leaves == report.leaves);
+        .map(|(nodes, leaves)| check_exact(&total, Reference { nodes, leaves }).is_ok());
     Ok(report)
 }
 

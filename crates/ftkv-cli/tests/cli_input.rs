@@ -312,20 +312,23 @@ fn the_bench_summary_names_exactly_its_subcommands() {
     assert_eq!(named, existing, "the bench summary: {summary:?}");
 }
 
-/// `ftkv sim` needs no MPI: it runs the seeded recovery simulations, prints the summary line,
-/// and the same arguments give the same digest.
+/// `ftkv sim` needs no MPI: it runs the seeded store and pool simulations, prints the summary
+/// line, and the same arguments give the same digest.
 #[test]
 fn sim_runs_without_mpi_and_replays_its_digest() {
-    let summary = |seed: &str| {
-        let out = output_within(ftkv(&format!("sim --runs 300 --seed {seed}")), BOUND).unwrap();
+    let summary = |args: &str, runs: u64| {
+        let out = output_within(ftkv(&format!("sim --runs 300 {args}")), BOUND).unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
         let line = stdout.lines().last().expect("a summary line").to_owned();
-        assert!(line.starts_with("runs=300 violations=0 digest="), "{line}");
+        assert!(line.starts_with(&format!("runs={runs} violations=0 digest=")), "{line}");
         line.split_whitespace().nth(2).expect("the digest").to_owned()
     };
-    assert_eq!(summary("5"), summary("5"));
-    assert_ne!(summary("5"), summary("6"));
+    assert_eq!(summary("--seed 5", 600), summary("--seed 5", 600));
+    assert_ne!(summary("--seed 5", 600), summary("--seed 6", 600));
+    let pool = summary("--seed 5 --model pool", 300);
+    assert_eq!(pool, summary("--seed 5 --model pool", 300));
+    assert_ne!(pool, summary("--seed 5 --model store", 300));
     let out = output_within(ftkv("sim --runs 0"), BOUND).unwrap();
     assert!(!out.status.success(), "0 runs is refused");
 }

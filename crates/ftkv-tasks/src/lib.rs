@@ -7,5 +7,6 @@ pub mod nqueens;
 pub mod pool;
 pub mod problem;
 pub mod protocol;
+pub mod sim;
 pub mod state;
 pub mod uts;

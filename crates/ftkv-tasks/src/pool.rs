@@ -360,7 +360,7 @@ impl<P: Problem, F: Fabric> Driver<'_, P, F> {
         self.agreed = false;
         let live = self.store.live().to_vec();
         let now = self.now();
-        let commands = self.machine.rejoin(&live, now).map_err(|()| PoolError::Unprotected)?;
+        let commands = self.machine.rejoin(&live, now).ok_or(PoolError::Unprotected)?;
         self.execute(commands)?;
         Ok(())
     }

@@ -35,3 +35,32 @@ pub fn solve_sequential<P: Problem>(problem: &P) -> Counts {
     }
     counts
 }
+
+/// What a whole computation must count: its nodes (when known) and leaves, from a published
+/// table or a sequential run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reference {
+    pub nodes: Option<u64>,
+    pub leaves: u64,
+}
+
+impl From<Counts> for Reference {
+    fn from(counts: Counts) -> Reference {
+        Reference { nodes: Some(counts.nodes), leaves: counts.leaves }
+    }
+}
+
+/// The pool's exactness oracle, for the simulator and the real-MPI runs alike: every task
+/// counted exactly once gives exactly the reference's nodes and leaves (a task lost or run
+/// twice changes the node count; N-Queens' solutions are its leaves). `Err` says what differs.
+pub fn check_exact(total: &Counts, reference: Reference) -> Result<(), String> {
+    let nodes_ok = reference.nodes.is_none_or(|n| n == total.nodes);
+    if nodes_ok && total.leaves == reference.leaves {
+        return Ok(());
+    }
+    let nodes = reference.nodes.map_or("?".to_string(), |n| n.to_string());
+    Err(format!(
+        "counted {} nodes and {} leaves, the reference {nodes} and {}",
+        total.nodes, total.leaves, reference.leaves
+    ))
+}

@@ -65,7 +65,7 @@ pub enum PoolMessage<T> {
 }
 
 /// One of a worker's two store keys.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Slot {
     Checkpoint = 0,
     Loot = 1,
@@ -377,7 +377,7 @@ impl<'p, P: Problem> Worker<'p, P> {
     }
 
     fn on_ack(&mut self, steal_id: u64) -> Commands<P::Task> {
-        if !self.pending.as_ref().is_some_and(|p| p.steal_id == steal_id) {
+        if self.pending.as_ref().is_none_or(|p| p.steal_id != steal_id) {
             return Vec::new();
         }
         self.pending = None;
@@ -457,10 +457,10 @@ impl<'p, P: Problem> Worker<'p, P> {
 
     /// After the store recovered on `live`: forgets the steal and termination state of the old
     /// communicator, writes the loot in flight again and a fresh checkpoint, synchronises and
-    /// reads everyone's state. `Err` when checkpointing is off (a failure is then fatal).
-    pub fn rejoin(&mut self, live: &[i32], now: Duration) -> Result<Commands<P::Task>, ()> {
+    /// reads everyone's state. `None` when checkpointing is off (a failure is then fatal).
+    pub fn rejoin(&mut self, live: &[i32], now: Duration) -> Option<Commands<P::Task>> {
         if !self.checkpointing() {
-            return Err(());
+            return None;
         }
         self.live = live.to_vec();
         (self.asking, self.sent, self.received) = (None, 0, 0);
@@ -471,7 +471,7 @@ impl<'p, P: Problem> Worker<'p, P> {
         commands.push(Command::Failpoint("rejoin_before_sync"));
         commands.push(Command::Sync);
         commands.push(Command::ReadAll);
-        Ok(commands)
+        Some(commands)
     }
 
     /// Applies this worker's part of the recovery plan computed from `stored` (read after

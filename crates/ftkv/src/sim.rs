@@ -76,7 +76,8 @@ pub fn campaign(first_seed: u64, runs: u64) -> (Vec<RunReport>, u64) {
     (failing, digest)
 }
 
-fn mix(h: u64, v: u64) -> u64 {
+/// Folds `v` into the trace hash `h` (the digest of [`campaign`] and of the pool's simulator).
+pub fn mix(h: u64, v: u64) -> u64 {
     (h ^ v).wrapping_mul(0x0000_0100_0000_01b3).rotate_left(17)
 }
 

@@ -537,3 +537,144 @@ impl<'p, P: Problem> Worker<'p, P> {
         self.state.adopted.push(dead);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nqueens::{Board, NQueens};
+
+    const QUEENS: NQueens = NQueens { n: 6 };
+    const SETTINGS: Settings =
+        Settings { interval: Some(Interval::Tasks(1000)), batch: 4, seed: 1 };
+
+    /// Worker `me` of 3 with `tasks` boards in its pool.
+    fn worker(me: i32, tasks: usize) -> Worker<'static, NQueens> {
+        let mut w = Worker::new(&QUEENS, SETTINGS, me, 3);
+        w.state.pool = vec![Board { row: 1, columns: 1, left: 2, right: 0 }; tasks];
+        w
+    }
+
+    /// The command kinds of a list, in order: send(message), put(slot), delete, sync, read,
+    /// failpoint(name), finish.
+    fn kinds(commands: &[Command<Board>]) -> Vec<String> {
+        commands
+            .iter()
+            .map(|c| match c {
+                Command::Send { rank, message } => {
+                    let what = format!("{message:?}");
+                    let name = what.split(['(', ' ']).next().unwrap_or_default().to_owned();
+                    format!("send {name} to {rank}")
+                }
+                Command::Put { slot, .. } => format!("put {slot:?}"),
+                Command::DeleteLoot { owner } => format!("delete loot of {owner}"),
+                Command::Sync => "sync".into(),
+                Command::ReadAll => "read".into(),
+                Command::Failpoint(name) => format!("failpoint {name}"),
+                Command::Finish => "finish".into(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn steal_protocol_table() {
+        let t = Duration::ZERO;
+        let loot =
+            || PoolMessage::Loot(Some((1, vec![Board { row: 2, columns: 3, left: 0, right: 0 }])));
+        // (case, worker, message from rank 1 (its id in the live set 0..3), expected commands)
+        let table: Vec<(&str, Worker<NQueens>, PoolMessage<Board>, Vec<&str>)> = vec![
+            ("too little work: refuse", worker(0, 1), PoolMessage::Steal, vec!["send Loot to 1"]),
+            (
+                "victim: loot key, checkpoint without it, then the loot",
+                worker(0, 4),
+                PoolMessage::Steal,
+                vec![
+                    "put Loot",
+                    "failpoint steal_victim_after_loot",
+                    "put Checkpoint",
+                    "failpoint steal_victim_before_send",
+                    "send Loot to 1",
+                ],
+            ),
+            (
+                "thief: checkpoint with the loot before the acknowledgement",
+                worker(0, 0),
+                loot(),
+                vec![
+                    "failpoint steal_thief_before_checkpoint",
+                    "put Checkpoint",
+                    "failpoint steal_thief_before_ack",
+                    "send Ack to 1",
+                ],
+            ),
+            ("a refusal changes nothing", worker(0, 0), PoolMessage::Loot(None), vec![]),
+            ("an acknowledgement nobody waits for", worker(0, 3), PoolMessage::Ack(7), vec![]),
+            ("a probe is answered", worker(2, 3), PoolMessage::Probe(4), vec!["send Status to 1"]),
+        ];
+        for (case, mut w, message, want) in table {
+            assert_eq!(kinds(&w.on_message(1, message, t)), want, "{case}");
+        }
+    }
+
+    #[test]
+    fn a_victim_with_a_loot_in_flight_refuses_and_deletes_the_key_on_its_ack() {
+        let t = Duration::ZERO;
+        let mut victim = worker(0, 6);
+        victim.on_message(1, PoolMessage::Steal, t);
+        assert_eq!(victim.state.pool.len(), 3, "the older half went");
+        assert_eq!(victim.state.last_given, 1, "the checkpoint says the loot left");
+        assert_eq!(kinds(&victim.on_message(2, PoolMessage::Steal, t)), ["send Loot to 2"]);
+        assert_eq!(kinds(&victim.on_message(1, PoolMessage::Ack(1), t)), ["delete loot of 0"]);
+        assert_eq!(victim.on_message(1, PoolMessage::Ack(1), t), vec![], "once");
+    }
+
+    /// The leader's commands of one tick at `ms`, without its own steal requests.
+    fn leader_tick(leader: &mut Worker<NQueens>, ms: u64) -> Vec<String> {
+        leader.asking = None;
+        let commands = kinds(&leader.tick(Duration::from_millis(ms)));
+        commands.into_iter().filter(|c| !c.starts_with("send Steal")).collect()
+    }
+
+    #[test]
+    fn the_leader_ends_after_two_equal_quiet_waves() {
+        let mut leader = worker(0, 0);
+        let answer = |leader: &mut Worker<NQueens>, id, busy| {
+            for rank in 1..=2 {
+                leader.on_message(rank, PoolMessage::Status([id, busy, 0, 0]), Duration::ZERO);
+            }
+        };
+        assert_eq!(leader_tick(&mut leader, 2), ["send Probe to 1", "send Probe to 2"]);
+        answer(&mut leader, 1, 0);
+        assert_eq!(leader_tick(&mut leader, 3), Vec::<String>::new(), "one quiet wave");
+        assert_eq!(leader_tick(&mut leader, 5), ["send Probe to 1", "send Probe to 2"]);
+        answer(&mut leader, 2, 0);
+        let end = ["send Done to 1", "send Done to 2", "finish"];
+        assert_eq!(leader_tick(&mut leader, 6), end, "two equal quiet waves");
+    }
+
+    #[test]
+    fn a_busy_answer_or_a_stale_wave_keeps_the_computation_going() {
+        let mut leader = worker(0, 0);
+        let mut ms = 2;
+        for wave in 1..=4u64 {
+            leader_tick(&mut leader, ms);
+            let busy = u64::from(wave % 2 == 1);
+            leader.on_message(1, PoolMessage::Status([wave, busy, 0, 0]), Duration::ZERO);
+            leader.on_message(2, PoolMessage::Status([wave + 9, 0, 0, 0]), Duration::ZERO);
+            leader.on_message(2, PoolMessage::Status([wave, 0, 0, 0]), Duration::ZERO);
+            assert!(!leader_tick(&mut leader, ms + 1).contains(&"finish".to_owned()), "{wave}");
+            ms += 3;
+        }
+    }
+
+    #[test]
+    fn rejoin_rewrites_the_loot_in_flight_before_the_fresh_checkpoint() {
+        let t = Duration::ZERO;
+        let mut victim = worker(1, 4);
+        victim.on_message(2, PoolMessage::Steal, t);
+        let commands = victim.rejoin(&[1, 2], t).expect("checkpointing");
+        let want = ["put Loot", "put Checkpoint", "failpoint rejoin_before_sync", "sync", "read"];
+        assert_eq!(kinds(&commands), want);
+        let unprotected = Settings { interval: None, ..SETTINGS };
+        assert!(Worker::new(&QUEENS, unprotected, 0, 2).rejoin(&[0], t).is_none());
+    }
+}

@@ -575,13 +575,16 @@ mod tests {
             .collect()
     }
 
+    /// (case, worker, message from rank 1, expected commands)
+    type Case = (&'static str, Worker<'static, NQueens>, PoolMessage<Board>, Vec<&'static str>);
+
     #[test]
     fn steal_protocol_table() {
         let t = Duration::ZERO;
         let loot =
             || PoolMessage::Loot(Some((1, vec![Board { row: 2, columns: 3, left: 0, right: 0 }])));
         // (case, worker, message from rank 1 (its id in the live set 0..3), expected commands)
-        let table: Vec<(&str, Worker<NQueens>, PoolMessage<Board>, Vec<&str>)> = vec![
+        let table: Vec<Case> = vec![
             ("too little work: refuse", worker(0, 1), PoolMessage::Steal, vec!["send Loot to 1"]),
             (
                 "victim: loot key, checkpoint without it, then the loot",

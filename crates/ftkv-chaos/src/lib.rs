@@ -300,17 +300,10 @@ fn watchdog_for(campaign: &Campaign) -> Duration {
 
 /// Open MPI's heartbeat detector: a cut-off host sends no error, only silence, and nothing
 /// else in Open MPI declares its ranks failed. A peer is declared failed after 2 s without a
-/// heartbeat (one every 0.5 s, sent by a thread of each rank; with 1 s the detector declared
-/// a live rank dead during a loaded start-up once in about 10 campaigns), and the verdict spreads by
-/// Open MPI's reliable broadcast among the ranks: the default, through the runtime, does not
-/// reach the other ranks while a host's daemon is cut off.
+/// heartbeat (one every 0.5 s; with 1 s the detector declared a live rank dead during a loaded
+/// start-up once in about 10 campaigns).
 fn with_failure_detector(launch: Launch) -> Launch {
-    launch
-        .mca("mpi_ft_detector", "true")
-        .mca("mpi_ft_detector_thread", "true")
-        .mca("mpi_ft_detector_period", "0.5")
-        .mca("mpi_ft_detector_timeout", "2")
-        .mca("mpi_ft_propagator_with_rbcast", "true")
+    launch.heartbeat_detector(Duration::from_millis(500), Duration::from_secs(2))
 }
 
 /// How long a link stays cut at most when the other hosts' ranks do not finish.

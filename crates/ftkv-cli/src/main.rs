@@ -64,6 +64,18 @@ enum Command {
         #[arg(long, default_value_t = DEMO_KILLS, value_parser = args::at_least(0usize))]
         #[arg(allow_negative_numbers = true)]
         kills: usize,
+        /// SIGSTOP one random worker at a random moment (10–50% of the work) for SECS seconds,
+        /// then SIGCONT it: past the suspicion bound the others declare it failed, finish
+        /// without it, and it ends itself once resumed. Turns on Open MPI's heartbeat detector.
+        #[arg(long, value_parser = args::seconds, value_name = "SECS")]
+        #[arg(allow_negative_numbers = true)]
+        stop: Option<Duration>,
+        /// The suspicion bound: a worker silent this long is declared failed (Open MPI's
+        /// heartbeat detector, turned on by this option or by --stop), and a worker that did
+        /// not run this long ends itself [default: 10].
+        #[arg(long, value_parser = args::seconds, value_name = "SECS")]
+        #[arg(allow_negative_numbers = true)]
+        suspicion: Option<Duration>,
         /// Also write the report as JSON.
         #[arg(long, value_name = "FILE")]
         json: Option<PathBuf>,
@@ -79,7 +91,14 @@ enum Command {
     BenchStoreRank { systems: String, writers: usize, sizes: String, millis: u64, copies: usize },
     /// One pool worker on the ranks of an mpirun job (used by `ftkv demo` and `ftkv bench uts`).
     #[command(hide = true)]
-    TasksRank { workload: String, interval: String, copies: usize, seed: u64 },
+    TasksRank {
+        workload: String,
+        interval: String,
+        copies: usize,
+        seed: u64,
+        suspicion_ms: u64,
+        watchdog_ms: u64,
+    },
     /// Which MPI calls report a dead peer: one-sided calls per window kind, and two-sided calls.
     #[command(long_about = PROBE_HELP)]
     Probe {
@@ -346,6 +365,8 @@ impl PoolArgs {
             copies: self.copies,
             seed: self.seed,
             timeout: self.timeout,
+            stop: None,
+            suspicion: None,
         })
     }
 }
@@ -408,16 +429,18 @@ fn main() {
 fn run(command: Command) -> Result<()> {
     let exe = || std::env::current_exe().context("locating the ftkv binary");
     match command {
-        Command::Demo { pool, kills, json } => {
-            let report = tasks::run_demo(&exe()?, &pool.demo(Some(kills))?)?;
+        Command::Demo { pool, kills, stop, suspicion, json } => {
+            let demo = tasks::Demo { stop, suspicion, ..pool.demo(Some(kills))? };
+            let report = tasks::run_demo(&exe()?, &demo)?;
             if let Some(path) = json {
                 std::fs::write(&path, serde_json::to_string_pretty(&report)? + "\n")
                     .with_context(|| format!("writing {}", path.display()))?;
             }
             Ok(())
         }
-        Command::TasksRank { workload, interval, copies, seed } => {
-            tasks::rank_main(&workload, &interval, copies, seed)
+        Command::TasksRank { workload, interval, copies, seed, suspicion_ms, watchdog_ms } => {
+            let bounds = (Duration::from_millis(suspicion_ms), Duration::from_millis(watchdog_ms));
+            tasks::rank_main(&workload, &interval, copies, seed, bounds)
         }
         Command::Bench(BenchCommand::Store {
             systems,

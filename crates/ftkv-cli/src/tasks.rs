@@ -75,7 +75,13 @@ impl Workload {
 }
 
 /// The rank side: runs the pool and prints `result ...` and `done=yes` on every survivor.
-pub fn rank_main(workload: &str, interval: &str, copies: usize, seed: u64) -> Result<()> {
+pub fn rank_main(
+    workload: &str,
+    interval: &str,
+    copies: usize,
+    seed: u64,
+    (suspicion, watchdog): (Duration, Duration),
+) -> Result<()> {
     let workload = Workload::from_arg(workload)?;
     let mpi = Mpi::init()?;
     let world = mpi.world()?;
@@ -85,6 +91,8 @@ pub fn rank_main(workload: &str, interval: &str, copies: usize, seed: u64) -> Re
         interval: parse_interval(interval)?,
         progress: Some(Duration::from_millis(100)),
         seed,
+        suspicion,
+        watchdog,
         ..PoolConfig::default()
     };
     let outcome = match &workload {
@@ -143,6 +151,36 @@ pub struct Demo {
     pub copies: usize,
     pub seed: u64,
     pub timeout: Duration,
+    /// SIGSTOP one worker for this long (then SIGCONT).
+    pub stop: Option<Duration>,
+    /// The suspicion bound, when given; Open MPI's heartbeat detector runs when this or `stop`
+    /// is given.
+    pub suspicion: Option<Duration>,
+}
+
+/// The suspicion bound when none is given (the store's default).
+const DEFAULT_SUSPICION: Duration = Duration::from_secs(10);
+
+impl Demo {
+    fn suspicion(&self) -> Duration {
+        self.suspicion.unwrap_or(DEFAULT_SUSPICION)
+    }
+
+    /// Whether the job runs Open MPI's heartbeat detector.
+    fn detects_silence(&self) -> bool {
+        self.stop.is_some() || self.suspicion.is_some()
+    }
+
+    /// The store's data-path watchdog: 2 s, or, with the heartbeat detector, 2 s more than the
+    /// suspicion bound (a put to a silent holder waits until the detector declares it).
+    fn watchdog(&self) -> Duration {
+        let margin = Duration::from_secs(2);
+        if self.detects_silence() {
+            self.suspicion() + margin
+        } else {
+            margin
+        }
+    }
 }
 
 /// What one run of the pool reported.
@@ -166,18 +204,38 @@ pub struct RunReport {
     /// ranks failed.
     pub self_ended: Vec<usize>,
     pub matches_published: Option<bool>,
+    /// The rank this driver SIGSTOPped (`--stop`), when and when it was SIGCONTed (ms since
+    /// the job started).
+    pub stopped: Option<usize>,
+    pub stop_ms: Option<f64>,
+    pub resume_ms: Option<f64>,
+    /// When the first survivor reported the result (ms since the job started).
+    pub result_ms: Option<f64>,
 }
 
 /// Runs the demo: the pool under mpirun, kills at random moments, progress on stderr, a
 /// verdict at the end (an error if the result is wrong).
 pub fn run_demo(exe: &Path, demo: &Demo) -> Result<RunReport> {
     let ranks = Opt::new("--ranks", demo.ranks);
-    args::check_kills(Opt::new("--kills", demo.kills), ranks)?;
+    let failures = demo.kills + usize::from(demo.stop.is_some());
+    args::check_kills(Opt::new("--kills (with --stop)", failures), ranks)?;
+    ensure!(
+        demo.suspicion().as_millis() > 10,
+        "--suspicion must be longer than 10 ms (the detector polls every millisecond)"
+    );
     args::check_copies(Opt::new("--copies", demo.copies), ranks)?;
     ensure!(
-        demo.kills == 0 || parse_interval(&demo.interval)?.is_some(),
-        "kills need checkpointing (--interval other than off)"
+        failures == 0 || parse_interval(&demo.interval)?.is_some(),
+        "kills and stops need checkpointing (--interval other than off)"
     );
+    if let Some(stop) = demo.stop {
+        eprintln!(
+            "[demo] one worker SIGSTOPped for {:.1} s; suspicion bound {:.1} s (Open MPI's \
+             heartbeat detector)",
+            stop.as_secs_f64(),
+            demo.suspicion().as_secs_f64()
+        );
+    }
     eprintln!(
         "[demo] {} on {} ranks, {} kills, checkpoint every {}, {} copies, seed {}",
         demo.workload.describe(),
@@ -203,8 +261,15 @@ fn run_pool_job(exe: &Path, demo: &Demo, show: bool) -> Result<RunReport> {
         demo.interval.clone(),
         demo.copies.to_string(),
         demo.seed.to_string(),
+        demo.suspicion().as_millis().to_string(),
+        demo.watchdog().as_millis().to_string(),
     ];
-    let launch = Launch::new(exe, demo.ranks).args(args).timeout(demo.timeout).transport_from_env();
+    let mut launch =
+        Launch::new(exe, demo.ranks).args(args).timeout(demo.timeout).transport_from_env();
+    if demo.detects_silence() {
+        let timeout = demo.suspicion();
+        launch = launch.heartbeat_detector((timeout / 4).min(Duration::from_secs(1)), timeout);
+    }
     let (out, watch) = crate::launch::with_start_retries("[demo]", || {
         let (out, watch) = watch_pool_job(&launch, demo, show)?;
         let again = out.never_started().then(|| "mpirun could not start the job".to_owned());
@@ -232,13 +297,15 @@ fn watch_pool_job(launch: &Launch, demo: &Demo, show: bool) -> Result<(JobOutput
     let mut rng = SmallRng::seed_from_u64(demo.seed);
     let expected = demo.workload.published().and_then(|(nodes, leaves)| nodes.or(Some(leaves)));
     let mut watch = Watch::new(plan_kills(&mut rng, demo.kills), expected);
+    watch.stop = demo.stop.map(|length| Stop::planned(&mut rng, length));
     while job.is_running() || watch.pending_output {
         let line = job.next_line(Duration::from_millis(5));
         watch.pending_output = line.is_some();
         if let Some((Some(rank), text)) = &line {
-            watch.observe(*rank, text);
+            watch.observe(*rank, text, job.elapsed());
         }
         watch.maybe_kill(&job, &mut rng)?;
+        watch.maybe_stop_or_resume(&job, &mut rng)?;
         if show {
             watch.show_progress(job.elapsed());
         }
@@ -253,8 +320,26 @@ fn plan_kills(rng: &mut SmallRng, kills: usize) -> Vec<f64> {
     at
 }
 
+/// A planned SIGSTOP of one worker: at a fraction of the work, for a while.
+struct Stop {
+    at: f64,
+    length: Duration,
+    /// The stopped rank and when (job time) it was stopped.
+    done: Option<(usize, Duration)>,
+    resumed: Option<Duration>,
+}
+
+impl Stop {
+    fn planned(rng: &mut SmallRng, length: Duration) -> Stop {
+        Stop { at: rng.gen_range(0.1..0.5), length, done: None, resumed: None }
+    }
+}
+
 /// The driver's view of the job: pids, progress, planned and done kills, recoveries.
 struct Watch {
+    stop: Option<Stop>,
+    /// When the first survivor printed its result (job time).
+    result_at: Option<Duration>,
     pids: HashMap<usize, u32>,
     tasks: HashMap<usize, u64>,
     plan: Vec<f64>,
@@ -270,6 +355,8 @@ struct Watch {
 impl Watch {
     fn new(plan: Vec<f64>, expected: Option<u64>) -> Watch {
         Watch {
+            stop: None,
+            result_at: None,
             pids: HashMap::new(),
             tasks: HashMap::new(),
             plan,
@@ -283,8 +370,23 @@ impl Watch {
         }
     }
 
-    fn observe(&mut self, rank: usize, text: &str) {
+    fn stopped_rank(&self) -> Option<usize> {
+        self.stop.as_ref().and_then(|s| s.done).map(|(rank, _)| rank)
+    }
+
+    fn observe(&mut self, rank: usize, text: &str, elapsed: Duration) {
         let value = |key: &str| field(text, key);
+        if text.starts_with("result ") && self.result_at.is_none() {
+            self.result_at = Some(elapsed);
+            let still_stopped = self.stop.as_ref().is_some_and(|s| s.done.is_some() && s.resumed.is_none());
+            if still_stopped {
+                let stopped = self.stopped_rank().expect("a stopped rank");
+                eprintln!(
+                    "[demo] {:>6.2} s: the survivors' result, rank {stopped} still stopped: {text}",
+                    elapsed.as_secs_f64()
+                );
+            }
+        }
         if let Some(pid) = text.strip_prefix("pid=").and_then(|p| p.trim().parse().ok()) {
             self.pids.insert(rank, pid);
         } else if text.starts_with("progress") {
@@ -328,6 +430,36 @@ impl Watch {
         Ok(())
     }
 
+    /// SIGSTOPs the planned worker once the work reached its moment, and SIGCONTs it after its
+    /// stop's length.
+    fn maybe_stop_or_resume(
+        &mut self,
+        job: &crate::launch::RunningJob,
+        rng: &mut SmallRng,
+    ) -> Result<()> {
+        let progress = self.progress(job.elapsed());
+        let Some(stop) = self.stop.as_mut() else { return Ok(()) };
+        match (stop.done, stop.resumed) {
+            (None, _) if progress >= stop.at && self.pids.len() >= 2 => {
+                let mut candidates: Vec<usize> =
+                    self.pids.keys().copied().filter(|r| !self.killed.contains(r)).collect();
+                candidates.sort_unstable();
+                let rank = candidates[rng.gen_range(0..candidates.len())];
+                signal(self.pids[&rank], "-STOP")?;
+                stop.done = Some((rank, job.elapsed()));
+                self.tasks.remove(&rank);
+                eprintln!("[demo] {:>6.2} s: SIGSTOP rank {rank}", job.elapsed().as_secs_f64());
+            }
+            (Some((rank, at)), None) if job.elapsed() >= at + stop.length => {
+                signal(self.pids[&rank], "-CONT")?;
+                stop.resumed = Some(job.elapsed());
+                eprintln!("[demo] {:>6.2} s: SIGCONT rank {rank}", job.elapsed().as_secs_f64());
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
     fn show_progress(&mut self, elapsed: Duration) {
         if self.last_shown.elapsed() < Duration::from_millis(250) {
             return;
@@ -367,7 +499,8 @@ fn result_line(out: &JobOutput, rank: usize) -> Option<&String> {
 /// that neither this driver killed nor the survivors agreed had failed.
 fn result_of(out: &JobOutput, demo: &Demo, watch: &Watch) -> Result<RunReport> {
     let failed = out.agreed_failed(demo.ranks, "result ");
-    let dead = |r: &usize| watch.killed.contains(r) || failed.contains(r);
+    let stopped = watch.stopped_rank();
+    let dead = |r: &usize| watch.killed.contains(r) || failed.contains(r) || stopped == Some(*r);
     let survivors: Vec<usize> = (0..demo.ranks).filter(|r| !dead(r)).collect();
     let mut results = Vec::new();
     for &rank in &survivors {
@@ -377,6 +510,12 @@ fn result_of(out: &JobOutput, demo: &Demo, watch: &Watch) -> Result<RunReport> {
         results.push(line.clone());
     }
     ensure!(!results.is_empty(), "no rank reported a result:\n{}{}", rank_errors(out), tail(out));
+    if let Some(rank) = stopped.filter(|r| failed.contains(r)) {
+        ensure!(
+            result_line(out, rank).is_none(),
+            "rank {rank}, declared failed while stopped, reported a result: it rejoined"
+        );
+    }
     let without_time = |l: &String| l.split(" ms=").next().unwrap_or_default().to_string();
     let agreed = results.windows(2).all(|w| without_time(&w[0]) == without_time(&w[1]));
     ensure!(agreed, "survivors disagree: {results:?}");
@@ -411,6 +550,10 @@ fn result_of(out: &JobOutput, demo: &Demo, watch: &Watch) -> Result<RunReport> {
         recoveries,
         self_ended: out.self_ended(demo.ranks),
         matches_published: None,
+        stopped: watch.stopped_rank(),
+        stop_ms: watch.stop.as_ref().and_then(|s| s.done).map(|(_, at)| ms(at)),
+        resume_ms: watch.stop.as_ref().and_then(|s| s.resumed).map(ms),
+        result_ms: watch.result_at.map(ms),
     })
 }
 
@@ -439,6 +582,13 @@ fn print_verdict(demo: &Demo, r: &RunReport) {
         r.self_ended,
         r.recoveries
     );
+    if let (Some(rank), Some(stop), Some(resume)) = (r.stopped, r.stop_ms, r.resume_ms) {
+        let result = r.result_ms.map_or("no result".to_owned(), |t| format!("result at {:.0} ms", t));
+        println!(
+            "stopped rank {rank} at {stop:.0} ms, resumed at {resume:.0} ms; the survivors' {result}; failed as agreed: {}",
+            r.failed.contains(&rank)
+        );
+    }
     println!(
         "checkpoint traffic: {} checkpoints, {:.2} MiB written by the survivors ({} copies each); {} tasks run (recomputed work included); pool time {:.0} ms",
         r.checkpoints,
@@ -497,5 +647,20 @@ pub fn run_bench(exe: &Path, demo: &Demo, repeat: usize, json: &Path) -> Result<
     std::fs::write(json, serde_json::to_string_pretty(&result)? + "\n")
         .with_context(|| format!("writing {}", json.display()))?;
     eprintln!("[bench uts] wrote {}", json.display());
+    Ok(())
+}
+
+fn ms(at: Duration) -> f64 {
+    at.as_secs_f64() * 1e3
+}
+
+/// Sends `signal` (`-STOP`, `-CONT`) to a process of this driver's job.
+fn signal(pid: u32, signal: &str) -> Result<()> {
+    let status = std::process::Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .stderr(std::process::Stdio::null())
+        .status()
+        .context("running kill")?;
+    ensure!(status.success(), "kill {signal} {pid} failed");
     Ok(())
 }

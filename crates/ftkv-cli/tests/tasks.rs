@@ -10,7 +10,7 @@ const FTKV: &str = env!("CARGO_BIN_EXE_ftkv");
 
 /// Runs `workload` on `ranks` workers with `failpoints` armed and returns the job's output.
 fn pool_job(workload: &str, ranks: usize, copies: usize, failpoints: &str) -> JobOutput {
-    let args = ["tasks-rank", workload, "20ms", &copies.to_string(), "7"];
+    let args = ["tasks-rank", workload, "20ms", &copies.to_string(), "7", "10000", "2000"];
     let launch = Launch::new(FTKV, ranks)
         .args(args)
         .env("FTKV_FAILPOINT", failpoints)
@@ -62,7 +62,8 @@ fn failure_free_runs_are_exact() {
 
 #[test]
 fn checkpoints_by_task_count_recover_exactly() {
-    let args = ["tasks-rank", "uts:-t 0 -b 200 -q 0.124875 -m 8 -r 42", "5000tasks", "2", "3"];
+    let args =
+        ["tasks-rank", "uts:-t 0 -b 200 -q 0.124875 -m 8 -r 42", "5000tasks", "2", "3", "10000", "2000"];
     let launch = Launch::new(FTKV, 4)
         .args(args)
         .env("FTKV_FAILPOINT", "steal_thief_before_ack@2#1")

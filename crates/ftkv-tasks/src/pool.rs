@@ -52,6 +52,13 @@ pub struct PoolConfig {
     /// How often each worker prints a `progress` line (`None`: never).
     pub progress: Option<Duration>,
     pub seed: u64,
+    /// The store's suspicion bound ([`ftkv::Config::suspicion`]).
+    pub suspicion: Duration,
+    /// The store's data-path watchdog ([`ftkv::Config::watchdog`]). With a heartbeat detector
+    /// that declares silent ranks failed it must outlast the suspicion bound: a put to a
+    /// stopped or cut-off holder on another host waits until the detector declares it, and a
+    /// shorter watchdog would end the healthy writer instead.
+    pub watchdog: Duration,
 }
 
 impl Default for PoolConfig {
@@ -62,6 +69,8 @@ impl Default for PoolConfig {
             batch: 64,
             progress: None,
             seed: 1,
+            suspicion: Duration::from_secs(10),
+            watchdog: Duration::from_secs(2),
         }
     }
 }
@@ -152,6 +161,8 @@ pub fn run<P: Problem, F: Fabric>(world: &F, problem: &P, config: &PoolConfig) -
     let mut store_config = ftkv::Config::new(["checkpoint", "loot"], config.copies);
     store_config.initial_capacity = 16 << 10;
     store_config.max_value = 8 << 20;
+    store_config.suspicion = config.suspicion;
+    store_config.watchdog = config.watchdog;
     let store = Store::create(world, store_config)?;
     let comm = store.communicator()?;
     let settings = Settings { interval: config.interval, batch: config.batch, seed: config.seed };

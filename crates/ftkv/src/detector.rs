@@ -91,6 +91,8 @@ pub(crate) struct Watch<F> {
     pub health: Arc<Health>,
     pub poll_interval: Duration,
     pub watchdog: Duration,
+    /// [`crate::Config::suspicion`].
+    pub suspicion: Duration,
     pub answer_pings: bool,
 }
 
@@ -122,7 +124,10 @@ impl Drop for Detector {
 
 fn run<F: Fabric>(watch: Watch<F>, stop: &AtomicBool) {
     let mut stuck = StuckCall::default();
+    let mut last_round = Instant::now();
     while !stop.load(Ordering::Acquire) {
+        end_if_suspended(&watch, last_round.elapsed());
+        last_round = Instant::now();
         poll_once(&watch);
         stuck.check(&watch);
         if watch.answer_pings {
@@ -130,6 +135,22 @@ fn run<F: Fabric>(watch: Watch<F>, stop: &AtomicBool) {
         } else {
             std::thread::sleep(watch.poll_interval);
         }
+    }
+}
+
+/// Ends this process when the detector thread did not run for longer than the suspicion
+/// bound: the process was stopped (SIGSTOP), or its host froze, long enough for the others to
+/// declare it failed and go on without it. Checked before anything else after such a gap, so
+/// the call the watchdog may see stuck is not blamed on its target.
+fn end_if_suspended<F: Fabric>(watch: &Watch<F>, gap: Duration) {
+    if gap > watch.suspicion {
+        watch.comm.fail_stop(&format!(
+            "this process did not run for {:.1} s, longer than the suspicion bound {:?}: the \
+             other ranks may have declared it failed and gone on without it, so it must not \
+             rejoin",
+            gap.as_secs_f64(),
+            watch.suspicion
+        ));
     }
 }
 

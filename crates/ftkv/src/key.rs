@@ -56,11 +56,20 @@ pub struct Config {
     /// Open MPI's `MPIX_Comm_shrink` can stay stuck on one member while the others go on
     /// without it.
     pub recovery_watchdog: std::time::Duration,
+    /// The suspicion bound: how long a rank may be unresponsive (stopped, starved, cut off)
+    /// before the others may declare it failed and go on without it. The declaring is done by
+    /// Open MPI's heartbeat detector, whose timeout the launcher sets to this bound
+    /// (`mpi_ft_detector_timeout`); the store's part is the other side: a process whose
+    /// detector thread finds that it itself did not run for longer than the bound (it was
+    /// SIGSTOPped, or its host froze) ends itself as a fail-stop failure with a message saying
+    /// so, instead of rejoining a computation that has gone on without it.
+    pub suspicion: std::time::Duration,
 }
 
 impl Config {
     /// A configuration with the given kinds and copies, 64 KiB initial and 64 MiB maximum
-    /// value size, bitmap detection, 2 s watchdog, 1 ms polling and a 10 s recovery watchdog.
+    /// value size, bitmap detection, 2 s watchdog, 1 ms polling, a 10 s recovery watchdog and a
+    /// 10 s suspicion bound.
     pub fn new<S: Into<String>>(kinds: impl IntoIterator<Item = S>, copies: usize) -> Config {
         Config {
             kinds: kinds.into_iter().map(Into::into).collect(),
@@ -71,6 +80,7 @@ impl Config {
             watchdog: std::time::Duration::from_secs(2),
             poll_interval: std::time::Duration::from_millis(1),
             recovery_watchdog: std::time::Duration::from_secs(10),
+            suspicion: std::time::Duration::from_secs(10),
         }
     }
 
@@ -95,8 +105,15 @@ impl Config {
         if self.watchdog.is_zero()
             || self.poll_interval.is_zero()
             || self.recovery_watchdog.is_zero()
+            || self.suspicion.is_zero()
         {
-            return invalid("watchdogs and poll interval must be positive".into());
+            return invalid("watchdogs, poll interval and suspicion bound must be positive".into());
+        }
+        if self.suspicion <= self.poll_interval * 10 {
+            return invalid(format!(
+                "the suspicion bound {:?} must exceed ten poll intervals ({:?})",
+                self.suspicion, self.poll_interval
+            ));
         }
         Ok(())
     }
@@ -104,7 +121,7 @@ impl Config {
     /// A canonical byte encoding, compared across ranks at creation.
     pub(crate) fn fingerprint(&self) -> u64 {
         let text = format!(
-            "{:?}|{}|{}|{}|{:?}|{:?}|{:?}|{:?}",
+            "{:?}|{}|{}|{}|{:?}|{:?}|{:?}|{:?}|{:?}",
             self.kinds,
             self.copies,
             self.initial_capacity,
@@ -112,7 +129,8 @@ impl Config {
             self.detection,
             self.watchdog,
             self.poll_interval,
-            self.recovery_watchdog
+            self.recovery_watchdog,
+            self.suspicion
         );
         crate::slot::xxh3_64(text.as_bytes())
     }

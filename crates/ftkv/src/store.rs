@@ -412,6 +412,7 @@ impl<F: Fabric> Store<F> {
             health: self.health.clone(),
             poll_interval: self.config.poll_interval,
             watchdog: self.config.watchdog,
+            suspicion: self.config.suspicion,
             answer_pings: self.config.detection == Detection::Ping,
         }));
         Ok(())

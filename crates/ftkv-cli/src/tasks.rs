@@ -378,7 +378,8 @@ impl Watch {
         let value = |key: &str| field(text, key);
         if text.starts_with("result ") && self.result_at.is_none() {
             self.result_at = Some(elapsed);
-            let still_stopped = self.stop.as_ref().is_some_and(|s| s.done.is_some() && s.resumed.is_none());
+            let still_stopped =
+                self.stop.as_ref().is_some_and(|s| s.done.is_some() && s.resumed.is_none());
             if still_stopped {
                 let stopped = self.stopped_rank().expect("a stopped rank");
                 eprintln!(
@@ -583,7 +584,8 @@ fn print_verdict(demo: &Demo, r: &RunReport) {
         r.recoveries
     );
     if let (Some(rank), Some(stop), Some(resume)) = (r.stopped, r.stop_ms, r.resume_ms) {
-        let result = r.result_ms.map_or("no result".to_owned(), |t| format!("result at {:.0} ms", t));
+        let result =
+            r.result_ms.map_or("no result".to_owned(), |t| format!("result at {:.0} ms", t));
         println!(
             "stopped rank {rank} at {stop:.0} ms, resumed at {resume:.0} ms; the survivors' {result}; failed as agreed: {}",
             r.failed.contains(&rank)

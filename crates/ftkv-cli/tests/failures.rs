@@ -216,3 +216,32 @@ fn an_interrupted_driver_ends_its_job_and_leaves_no_shared_memory() {
         assert_eq!(new_segments(&before), Vec::<String>::new(), "{signal}: segments left");
     }
 }
+
+/// A worker SIGSTOPped for 8 s with a 3 s suspicion bound: Open MPI's heartbeat detector
+/// declares it failed, the survivors recover and print the exact result while it is still
+/// stopped; resumed, it ends itself (its detector thread saw the gap) and never rejoins.
+#[test]
+fn a_worker_stopped_past_the_suspicion_bound_is_left_behind_and_ends_once_resumed() {
+    let _slot = job_slot();
+    let args = ["-n", "4", "--kills", "0", "--copies", "2", "--tree", "T1"];
+    let stop = ["--stop", "8", "--suspicion", "3", "--timeout", "60"];
+    let (report, stdout, stderr) =
+        common::demo_report(&[&args[..], &stop[..]].concat(), Duration::from_secs(90));
+    common::assert_left_behind_while_stopped(&report, &stdout, &stderr);
+}
+
+/// A worker SIGSTOPped for 1 s, well under the 4 s suspicion bound, is only slow: nobody is
+/// declared failed, it rejoins nothing because it never left, and the result is exact.
+#[test]
+fn a_worker_stopped_under_the_suspicion_bound_is_only_slow() {
+    let _slot = job_slot();
+    let args = ["-n", "4", "--kills", "0", "--copies", "2", "--tree", "T1"];
+    let stop = ["--stop", "1", "--suspicion", "4", "--timeout", "60"];
+    let (report, stdout, stderr) =
+        common::demo_report(&[&args[..], &stop[..]].concat(), Duration::from_secs(90));
+    let all = format!("{stdout}\n{stderr}");
+    assert_eq!(report["matches_published"], true, "{all}");
+    assert!(report["stopped"].is_u64(), "a rank was stopped: {all}");
+    assert_eq!(report["failed"], serde_json::json!([]), "{all}");
+    assert_eq!(report["self_ended"], serde_json::json!([]), "{all}");
+}

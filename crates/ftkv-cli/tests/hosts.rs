@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 use ftkv_cli::cluster::namespaces_with_prefix;
 use ftkv_cli::launch::{job_slot, processes_under, shm_segments};
 
+mod common;
+
 const FTKV: &str = env!("CARGO_BIN_EXE_ftkv");
 
 fn start(args: &[&str]) -> Child {
@@ -128,4 +130,18 @@ fn all_ranks_of_one_host_killed_at_once_lose_nothing() {
     assert_eq!(ended, Vec::<usize>::new(), "{stdout}\n{stderr}");
     assert!(stderr.contains("failed without a kill of this driver's"), "{stderr}");
     assert_no_leftovers(pid, &ranks, &shm_before);
+}
+
+/// A worker on one of 3 hosts SIGSTOPped for 10 s with a 3 s suspicion bound: the puts of the
+/// other hosts' writers to it wait (TCP) until the heartbeat detector declares it, the
+/// survivors recover and print the exact result while it is stopped, and once resumed it ends
+/// itself.
+#[test]
+fn a_worker_stopped_past_the_suspicion_bound_across_hosts_is_left_behind() {
+    let _slot = job_slot();
+    let args = ["--nodes", "3", "-n", "6", "--kills", "0", "--copies", "2", "--tree", "T1"];
+    let stop = ["--stop", "10", "--suspicion", "3", "--timeout", "90"];
+    let (report, stdout, stderr) =
+        common::demo_report(&[&args[..], &stop[..]].concat(), Duration::from_secs(150));
+    common::assert_left_behind_while_stopped(&report, &stdout, &stderr);
 }

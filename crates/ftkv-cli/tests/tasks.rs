@@ -62,8 +62,15 @@ fn failure_free_runs_are_exact() {
 
 #[test]
 fn checkpoints_by_task_count_recover_exactly() {
-    let args =
-        ["tasks-rank", "uts:-t 0 -b 200 -q 0.124875 -m 8 -r 42", "5000tasks", "2", "3", "10000", "2000"];
+    let args = [
+        "tasks-rank",
+        "uts:-t 0 -b 200 -q 0.124875 -m 8 -r 42",
+        "5000tasks",
+        "2",
+        "3",
+        "10000",
+        "2000",
+    ];
     let launch = Launch::new(FTKV, 4)
         .args(args)
         .env("FTKV_FAILPOINT", "steal_thief_before_ack@2#1")

@@ -70,7 +70,11 @@ impl Launch {
     /// by Open MPI's reliable broadcast among the ranks (the default, through the runtime, does
     /// not reach them while a host's daemon is cut off). The only thing in Open MPI that
     /// declares a rank failed that is alive but silent (stopped, cut off).
-    pub fn heartbeat_detector(self, period: std::time::Duration, timeout: std::time::Duration) -> Launch {
+    pub fn heartbeat_detector(
+        self,
+        period: std::time::Duration,
+        timeout: std::time::Duration,
+    ) -> Launch {
         self.mca("mpi_ft_detector", "true")
             .mca("mpi_ft_detector_thread", "true")
             .mca("mpi_ft_detector_period", &period.as_secs_f64().to_string())

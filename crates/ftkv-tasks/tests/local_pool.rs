@@ -20,6 +20,7 @@ fn config(ranks: usize, seed: u64) -> PoolConfig {
         batch: 16,
         progress: None,
         seed,
+        ..PoolConfig::default()
     }
 }
 

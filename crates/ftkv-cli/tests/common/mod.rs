@@ -1,5 +1,7 @@
 //! Helpers shared by the real-MPI tests: jobs of the `ftkv-mpitest` rank program with a hard
-//! timeout, on the transport `FTKV_TEST_BTL` selects.
+//! timeout, on the transport `FTKV_TEST_BTL` selects, and `ftkv demo` runs with their report.
+//! Each test file uses some of them.
+#![allow(dead_code)]
 
 use std::time::Duration;
 
@@ -17,4 +19,36 @@ pub fn run(launch: Launch) -> JobOutput {
     let out = launch.run().expect("mpirun starts");
     assert!(!out.timed_out, "job hung:\n{}", out.transcript());
     out
+}
+
+/// Runs `ftkv demo` with `args` and `--json` within `bound`; its JSON report, stdout and
+/// stderr. Panics (the test fails) when the demo fails or does not end in time.
+pub fn demo_report(args: &[&str], bound: Duration) -> (serde_json::Value, String, String) {
+    let json =
+        std::env::temp_dir().join(format!("ftkv-demo-{}-{}.json", std::process::id(), args.len()));
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_ftkv"));
+    cmd.arg("demo").args(args).arg("--json").arg(&json);
+    let out = ftkv_cli::launch::output_within(cmd, bound).expect("the demo ends within its bound");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "the demo failed:\n{stdout}\n{stderr}");
+    let text = std::fs::read_to_string(&json).expect("the demo's JSON report");
+    let _ = std::fs::remove_file(&json);
+    (serde_json::from_str(&text).expect("a JSON report"), stdout, stderr)
+}
+
+/// The checks of a demo whose one worker was SIGSTOPped past the suspicion bound: exact
+/// result, the stopped rank (and only it) failed as the survivors agreed, their result came
+/// before it was resumed, and once resumed it ended itself saying why.
+pub fn assert_left_behind_while_stopped(report: &serde_json::Value, stdout: &str, stderr: &str) {
+    let all = format!("{stdout}\n{stderr}");
+    assert_eq!(report["matches_published"], true, "{all}");
+    let stopped = report["stopped"].as_u64().expect("a stopped rank");
+    assert_eq!(report["failed"], serde_json::json!([stopped]), "{all}");
+    let result = report["result_ms"].as_f64().expect("a result time");
+    let resumed = report["resume_ms"].as_f64().expect("a resume time");
+    assert!(result < resumed, "result at {result} ms, resumed at {resumed} ms\n{all}");
+    assert!(stderr.contains("still stopped: result nodes="), "the result shown early:\n{all}");
+    assert_eq!(report["self_ended"], serde_json::json!([stopped]), "{all}");
+    assert!(stderr.contains("did not run for"), "the stopped rank says why it ends:\n{all}");
 }

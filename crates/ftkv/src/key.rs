@@ -141,3 +141,33 @@ impl Config {
         index.map(|i| i as u16).ok_or_else(|| Error::UnknownKind(name.to_owned()))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn configurations_are_checked_before_any_collective() {
+        let base = || Config::new(["checkpoint"], 2);
+        let with = |change: fn(&mut Config)| {
+            let mut config = base();
+            change(&mut config);
+            config
+        };
+        let table: Vec<(&str, Config, usize, bool)> = vec![
+            ("the defaults on 3 ranks", base(), 3, true),
+            ("copies as many as the ranks", base(), 2, false),
+            ("no kinds", with(|c| c.kinds.clear()), 3, false),
+            ("initial above the maximum", with(|c| c.initial_capacity = c.max_value + 1), 3, false),
+            ("no watchdog", with(|c| c.watchdog = Duration::ZERO), 3, false),
+            ("no suspicion bound", with(|c| c.suspicion = Duration::ZERO), 3, false),
+            ("a bound of ten polls", with(|c| c.suspicion = c.poll_interval * 10), 3, false),
+            ("a bound of eleven polls", with(|c| c.suspicion = c.poll_interval * 11), 3, true),
+        ];
+        for (case, config, ranks, valid) in table {
+            assert_eq!(config.validate(ranks).is_ok(), valid, "{case}");
+        }
+        assert_ne!(base().fingerprint(), with(|c| c.suspicion *= 2).fingerprint());
+    }
+}

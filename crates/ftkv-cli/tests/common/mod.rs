@@ -39,7 +39,8 @@ pub fn demo_report(args: &[&str], bound: Duration) -> (serde_json::Value, String
 
 /// The checks of a demo whose one worker was SIGSTOPped past the suspicion bound: exact
 /// result, the stopped rank (and only it) failed as the survivors agreed, their result came
-/// before it was resumed, and once resumed it ended itself saying why.
+/// before it was resumed, and once resumed it ended itself saying why: the store's own gap
+/// check or Open MPI's detector, whichever of the two threads runs first after SIGCONT.
 pub fn assert_left_behind_while_stopped(report: &serde_json::Value, stdout: &str, stderr: &str) {
     let all = format!("{stdout}\n{stderr}");
     assert_eq!(report["matches_published"], true, "{all}");
@@ -50,5 +51,7 @@ pub fn assert_left_behind_while_stopped(report: &serde_json::Value, stdout: &str
     assert!(result < resumed, "result at {result} ms, resumed at {resumed} ms\n{all}");
     assert!(stderr.contains("still stopped: result nodes="), "the result shown early:\n{all}");
     assert_eq!(report["self_ended"], serde_json::json!([stopped]), "{all}");
-    assert!(stderr.contains("did not run for"), "the stopped rank says why it ends:\n{all}");
+    let own = stderr.contains("did not run for");
+    let open_mpis = stderr.contains("I have been reported dead by someone else");
+    assert!(own || open_mpis, "the stopped rank says why it ends:\n{all}");
 }

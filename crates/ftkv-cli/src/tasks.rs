@@ -533,7 +533,7 @@ fn result_of(out: &JobOutput, demo: &Demo, watch: &Watch) -> Result<RunReport> {
         eprintln!("[demo] ranks {outside:?} failed without a kill of this driver's; the survivors recovered");
     }
     for rank in out.self_ended(demo.ranks) {
-        for line in out.own_stderr(rank).map(str::trim).filter(|l| l.starts_with("ftkv:")) {
+        for line in out.own_stderr(rank).map(str::trim).filter(|l| says_why_it_ended(l)).take(4) {
             eprintln!("[demo] rank {rank} ended itself: {line}");
         }
     }
@@ -665,4 +665,13 @@ fn signal(pid: u32, signal: &str) -> Result<()> {
         .context("running kill")?;
     ensure!(status.success(), "kill {signal} {pid} failed");
     Ok(())
+}
+
+/// Whether a line of a rank that ended itself says why: ftkv's own messages, Open MPI's
+/// verdict on a rank its detector declared dead, and Open MPI's report of a fatal signal.
+fn says_why_it_ended(line: &str) -> bool {
+    line.starts_with("ftkv:")
+        || line.contains("I have been reported dead")
+        || line.contains("*** Process received signal")
+        || line.contains("] Signal: ")
 }

@@ -49,6 +49,10 @@ pub struct Config {
     pub max_value: usize,
     pub detection: Detection,
     /// A data-path MPI call that has not returned after this long ends the process (fail-stop).
+    /// On a store whose ranks span hosts the bound is at least [`CROSS_HOST_WATCHDOG`]
+    /// ([`Config::effective_watchdog`]). With a heartbeat detector that declares silent ranks
+    /// failed, set it above the detector's timeout: a put to a silent holder on another host
+    /// waits until the holder is declared, and a shorter watchdog ends the healthy writer.
     pub watchdog: std::time::Duration,
     /// How often the detector thread polls MPI for failures.
     pub poll_interval: std::time::Duration,
@@ -66,7 +70,23 @@ pub struct Config {
     pub suspicion: std::time::Duration,
 }
 
+/// The shortest watchdog on a store whose ranks span hosts: a dead holder there is reported by
+/// its TCP connection, not by a stall, and on a loaded machine a healthy cross-host put of a
+/// large value took longer than 2 s (a failure-free CI run lost two writers to the 2 s default).
+pub const CROSS_HOST_WATCHDOG: std::time::Duration = std::time::Duration::from_secs(8);
+
 impl Config {
+    /// The watchdog bound for ranks on `hosts` (one host id per live worker): the configured
+    /// one, raised to [`CROSS_HOST_WATCHDOG`] when the ranks span more than one host.
+    pub fn effective_watchdog(&self, hosts: &[u32]) -> std::time::Duration {
+        let spans_hosts = hosts.iter().any(|h| Some(h) != hosts.first());
+        if spans_hosts {
+            self.watchdog.max(CROSS_HOST_WATCHDOG)
+        } else {
+            self.watchdog
+        }
+    }
+
     /// A configuration with the given kinds and copies, 64 KiB initial and 64 MiB maximum
     /// value size, bitmap detection, 2 s watchdog, 1 ms polling, a 10 s recovery watchdog and a
     /// 10 s suspicion bound.
@@ -169,5 +189,14 @@ mod tests {
             assert_eq!(config.validate(ranks).is_ok(), valid, "{case}");
         }
         assert_ne!(base().fingerprint(), with(|c| c.suspicion *= 2).fingerprint());
+    }
+
+    #[test]
+    fn across_hosts_the_watchdog_is_at_least_the_cross_host_floor() {
+        let config = Config::new(["checkpoint"], 2);
+        assert_eq!(config.effective_watchdog(&[0, 0, 0]), config.watchdog);
+        assert_eq!(config.effective_watchdog(&[0, 1, 0]), CROSS_HOST_WATCHDOG);
+        let long = Config { watchdog: CROSS_HOST_WATCHDOG * 2, ..config };
+        assert_eq!(long.effective_watchdog(&[0, 1]), CROSS_HOST_WATCHDOG * 2);
     }
 }

@@ -406,12 +406,14 @@ impl<F: Fabric> Store<F> {
     fn start_detector(&mut self) -> Result<()> {
         let comm = Arc::new(self.comm.dup()?);
         self.watch_comm = Some(comm.clone());
+        let live_hosts: Vec<u32> =
+            self.layout.live.iter().map(|&w| self.hosts[w as usize]).collect();
         self.detector = Some(Detector::start(Watch {
             comm,
             live: self.layout.live.clone(),
             health: self.health.clone(),
             poll_interval: self.config.poll_interval,
-            watchdog: self.config.watchdog,
+            watchdog: self.config.effective_watchdog(&live_hosts),
             suspicion: self.config.suspicion,
             answer_pings: self.config.detection == Detection::Ping,
         }));

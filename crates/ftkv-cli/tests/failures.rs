@@ -227,7 +227,7 @@ fn a_worker_stopped_past_the_suspicion_bound_is_left_behind_and_ends_once_resume
     let stop = ["--stop", "8", "--suspicion", "3", "--timeout", "60"];
     let (report, stdout, stderr) =
         common::demo_report(&[&args[..], &stop[..]].concat(), Duration::from_secs(90));
-    common::assert_left_behind_while_stopped(&report, &stdout, &stderr);
+    common::assert_left_behind_while_stopped(&report, &stdout, &stderr, true);
 }
 
 /// A worker SIGSTOPped for 1 s, well under the 4 s suspicion bound, is only slow: nobody is

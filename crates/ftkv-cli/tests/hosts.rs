@@ -132,16 +132,17 @@ fn all_ranks_of_one_host_killed_at_once_lose_nothing() {
     assert_no_leftovers(pid, &ranks, &shm_before);
 }
 
-/// A worker on one of 3 hosts SIGSTOPped for 10 s with a 3 s suspicion bound: the puts of the
+/// A worker on one of 3 hosts SIGSTOPped for 12 s with a 5 s suspicion bound: the puts of the
 /// other hosts' writers to it wait (TCP) until the heartbeat detector declares it, the
 /// survivors recover and print the exact result while it is stopped, and once resumed it ends
-/// itself.
+/// itself. 3 copies: once in CI the detector also declared a live rank dead (3 s bound), which
+/// with 2 copies lost a key of which both holders were declared.
 #[test]
 fn a_worker_stopped_past_the_suspicion_bound_across_hosts_is_left_behind() {
     let _slot = job_slot();
-    let args = ["--nodes", "3", "-n", "6", "--kills", "0", "--copies", "2", "--tree", "T1"];
-    let stop = ["--stop", "10", "--suspicion", "3", "--timeout", "90"];
+    let args = ["--nodes", "3", "-n", "6", "--kills", "0", "--copies", "3", "--tree", "T1"];
+    let stop = ["--stop", "12", "--suspicion", "5", "--timeout", "90"];
     let (report, stdout, stderr) =
         common::demo_report(&[&args[..], &stop[..]].concat(), Duration::from_secs(150));
-    common::assert_left_behind_while_stopped(&report, &stdout, &stderr);
+    common::assert_left_behind_while_stopped(&report, &stdout, &stderr, false);
 }

@@ -38,19 +38,32 @@ pub fn demo_report(args: &[&str], bound: Duration) -> (serde_json::Value, String
 }
 
 /// The checks of a demo whose one worker was SIGSTOPped past the suspicion bound: exact
-/// result, the stopped rank (and only it) failed as the survivors agreed, their result came
-/// before it was resumed, and once resumed it ended itself saying why: the store's own gap
-/// check or Open MPI's detector, whichever of the two threads runs first after SIGCONT.
-pub fn assert_left_behind_while_stopped(report: &serde_json::Value, stdout: &str, stderr: &str) {
+/// result, the stopped rank failed as the survivors agreed, their result came before it was
+/// resumed, and once resumed it ended itself saying why: the store's own gap check or Open
+/// MPI's detector, whichever of the two threads runs first after SIGCONT. `only` also requires
+/// that nobody else failed; without it, a live rank that Open MPI's detector declared dead by
+/// mistake (seen across simulated hosts on 2 loaded cores) is accepted if it too ended itself
+/// and the result stayed exact.
+pub fn assert_left_behind_while_stopped(
+    report: &serde_json::Value,
+    stdout: &str,
+    stderr: &str,
+    only: bool,
+) {
     let all = format!("{stdout}\n{stderr}");
     assert_eq!(report["matches_published"], true, "{all}");
     let stopped = report["stopped"].as_u64().expect("a stopped rank");
-    assert_eq!(report["failed"], serde_json::json!([stopped]), "{all}");
+    let failed = report["failed"].as_array().expect("the failed ranks").clone();
+    let ended = report["self_ended"].as_array().expect("the ranks that ended themselves").clone();
+    assert!(failed.contains(&serde_json::json!(stopped)), "{all}");
+    assert_eq!(failed, ended, "every failed rank ended itself, no other did: {all}");
+    if only {
+        assert_eq!(failed, vec![serde_json::json!(stopped)], "{all}");
+    }
     let result = report["result_ms"].as_f64().expect("a result time");
     let resumed = report["resume_ms"].as_f64().expect("a resume time");
     assert!(result < resumed, "result at {result} ms, resumed at {resumed} ms\n{all}");
     assert!(stderr.contains("still stopped: result nodes="), "the result shown early:\n{all}");
-    assert_eq!(report["self_ended"], serde_json::json!([stopped]), "{all}");
     let own = stderr.contains("did not run for");
     let open_mpis = stderr.contains("I have been reported dead by someone else");
     assert!(own || open_mpis, "the stopped rank says why it ends:\n{all}");

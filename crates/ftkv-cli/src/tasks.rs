@@ -657,14 +657,9 @@ fn ms(at: Duration) -> f64 {
     at.as_secs_f64() * 1e3
 }
 
-/// Sends `signal` (`-STOP`, `-CONT`) to a process of this driver's job.
+/// Sends `signal` (`-STOP`, `-CONT`) to a rank of this driver's job, which must still run.
 fn signal(pid: u32, signal: &str) -> Result<()> {
-    let status = std::process::Command::new("kill")
-        .args([signal, &pid.to_string()])
-        .stderr(std::process::Stdio::null())
-        .status()
-        .context("running kill")?;
-    ensure!(status.success(), "kill {signal} {pid} failed");
+    ensure!(crate::launch::signal_pid(pid, signal)?, "process {pid} exited before kill {signal}");
     Ok(())
 }
 

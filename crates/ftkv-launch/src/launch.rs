@@ -451,17 +451,23 @@ pub fn kill_random_rank(
 
 /// SIGKILLs one process. `Ok(false)`: it had already exited.
 pub fn kill_pid(pid: u32) -> Result<bool> {
+    signal_pid(pid, "-KILL")
+}
+
+/// Sends `signal` (`-KILL`, `-STOP`, `-CONT`, as `kill` spells it) to one process.
+/// `Ok(false)`: it had already exited.
+pub fn signal_pid(pid: u32, signal: &str) -> Result<bool> {
     let alive = || std::path::Path::new(&format!("/proc/{pid}")).exists();
     if !alive() {
         return Ok(false);
     }
     let status =
-        Command::new("kill").args(["-KILL", &pid.to_string()]).stderr(Stdio::null()).status()?;
+        Command::new("kill").args([signal, &pid.to_string()]).stderr(Stdio::null()).status()?;
     if !status.success() {
         if !alive() {
             return Ok(false);
         }
-        bail!("kill -KILL {pid} failed: {status}");
+        bail!("kill {signal} {pid} failed: {status}");
     }
     Ok(true)
 }

@@ -637,12 +637,7 @@ fn run_sim(model: SimModel, seed: u64, runs: u64, trace: bool) -> Result<()> {
         digests.push(pool.digest);
     }
     for (model, report) in &failing {
-        println!(
-            "{model} seed={} {}: {}",
-            report.seed,
-            report.scenario,
-            report.violations.join("; ")
-        );
+        println!("{model} {report}");
     }
     let digest = digests.iter().fold(0, |h, d| ftkv::sim::mix(h, *d));
     let total = runs * digests.len() as u64;

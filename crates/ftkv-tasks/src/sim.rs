@@ -919,12 +919,8 @@ mod tests {
     #[test]
     fn seeded_pool_runs_stay_exact() {
         let failing = campaign(1, 300).failing;
-        let shown: Vec<String> = failing
-            .iter()
-            .take(5)
-            .map(|r| format!("seed {}: {}: {:?}", r.seed, r.scenario, r.violations))
-            .collect();
-        assert!(failing.is_empty(), "{} failing seeds, e.g.\n{}", failing.len(), shown.join("\n"));
+        let shown = ftkv::sim::first_failing(&failing);
+        assert!(failing.is_empty(), "{} failing seeds, e.g.\n{shown}", failing.len());
     }
 
     #[test]

@@ -43,6 +43,18 @@ pub struct RunReport {
     pub steps: usize,
 }
 
+impl std::fmt::Display for RunReport {
+    /// `seed=S scenario: violation; violation` (the line `ftkv sim` prints for a failing seed).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "seed={} {}: {}", self.seed, self.scenario, self.violations.join("; "))
+    }
+}
+
+/// The first five failing runs, a line each, for an assertion message.
+pub fn first_failing(failing: &[RunReport]) -> String {
+    failing.iter().take(5).map(|r| format!("{r}\n")).collect()
+}
+
 /// Runs the scenario of `seed`.
 pub fn run(seed: u64) -> RunReport {
     let mut sim = Sim::new(seed);
@@ -695,12 +707,8 @@ mod tests {
     #[test]
     fn two_thousand_seeded_recoveries_keep_every_invariant() {
         let (failing, _) = campaign(1, 2000);
-        let shown: Vec<String> = failing
-            .iter()
-            .take(5)
-            .map(|r| format!("seed {}: {}: {:?}", r.seed, r.scenario, r.violations))
-            .collect();
-        assert!(failing.is_empty(), "{} failing seeds, e.g.\n{}", failing.len(), shown.join("\n"));
+        let shown = first_failing(&failing);
+        assert!(failing.is_empty(), "{} failing seeds, e.g.\n{shown}", failing.len());
     }
 
     #[test]

@@ -217,16 +217,21 @@ fn an_interrupted_driver_ends_its_job_and_leaves_no_shared_memory() {
     }
 }
 
+/// T1 on 4 ranks with one worker SIGSTOPped for `stop` seconds under a `suspicion` second
+/// bound, within 90 s: the demo's report, stdout and stderr.
+fn demo_with_a_stop(stop: &str, suspicion: &str) -> (serde_json::Value, String, String) {
+    let args = ["-n", "4", "--kills", "0", "--copies", "2", "--tree", "T1", "--timeout", "60"];
+    let stopped = ["--stop", stop, "--suspicion", suspicion];
+    common::demo_report(&[&args[..], &stopped[..]].concat(), Duration::from_secs(90))
+}
+
 /// A worker SIGSTOPped for 8 s with a 3 s suspicion bound: Open MPI's heartbeat detector
 /// declares it failed, the survivors recover and print the exact result while it is still
 /// stopped; resumed, it ends itself (its detector thread saw the gap) and never rejoins.
 #[test]
 fn a_worker_stopped_past_the_suspicion_bound_is_left_behind_and_ends_once_resumed() {
     let _slot = job_slot();
-    let args = ["-n", "4", "--kills", "0", "--copies", "2", "--tree", "T1"];
-    let stop = ["--stop", "8", "--suspicion", "3", "--timeout", "60"];
-    let (report, stdout, stderr) =
-        common::demo_report(&[&args[..], &stop[..]].concat(), Duration::from_secs(90));
+    let (report, stdout, stderr) = demo_with_a_stop("8", "3");
     common::assert_left_behind_while_stopped(&report, &stdout, &stderr, true);
 }
 
@@ -235,10 +240,7 @@ fn a_worker_stopped_past_the_suspicion_bound_is_left_behind_and_ends_once_resume
 #[test]
 fn a_worker_stopped_under_the_suspicion_bound_is_only_slow() {
     let _slot = job_slot();
-    let args = ["-n", "4", "--kills", "0", "--copies", "2", "--tree", "T1"];
-    let stop = ["--stop", "1", "--suspicion", "4", "--timeout", "60"];
-    let (report, stdout, stderr) =
-        common::demo_report(&[&args[..], &stop[..]].concat(), Duration::from_secs(90));
+    let (report, stdout, stderr) = demo_with_a_stop("1", "4");
     let all = format!("{stdout}\n{stderr}");
     assert_eq!(report["matches_published"], true, "{all}");
     assert!(report["stopped"].is_u64(), "a rank was stopped: {all}");

@@ -602,11 +602,12 @@ impl<'p, P: Problem> Sim<'p, P> {
         w.queue.extend(commands);
     }
 
-    /// A put that a failure interrupted: its value may reach some holders.
-    fn interrupt_put(&mut self, i: usize, slot: Slot, bytes: Vec<u8>) {
+    /// A write of worker `i` (`None`: a delete) that a failure interrupted: it may have reached
+    /// some holders, and then the next recovery may make it current.
+    fn maybe_in_flight(&mut self, i: usize, slot: Slot, value: Option<Vec<u8>>) {
         if self.rng.gen_bool(0.5) {
             let id = self.workers[i].id;
-            self.store.entry((id, slot)).or_default().in_flight = Some(Some(bytes));
+            self.store.entry((id, slot)).or_default().in_flight = Some(value);
         }
     }
 
@@ -618,9 +619,7 @@ impl<'p, P: Problem> Sim<'p, P> {
             Some(Command::DeleteLoot { owner }) if *owner == id => (Slot::Loot, None),
             _ => return,
         };
-        if self.rng.gen_bool(0.5) {
-            self.store.entry((id, slot)).or_default().in_flight = Some(value);
-        }
+        self.maybe_in_flight(i, slot, value);
     }
 
     fn start_recovery(&mut self, i: usize) {
@@ -685,7 +684,7 @@ impl<'p, P: Problem> Sim<'p, P> {
         if let Some(h) = holder {
             self.trace(h, 0xdead_0005);
             self.die(h, "holder of another's put");
-            self.interrupt_put(i, slot, bytes);
+            self.maybe_in_flight(i, slot, Some(bytes));
             self.workers[i].notice = Some(self.now);
             if self.workers[i].kill.is_none() && self.rng.gen_bool(0.4) {
                 self.workers[i].kill = Some(Kill::InRecovery(self.rng.gen_range(1..10)));
@@ -694,22 +693,20 @@ impl<'p, P: Problem> Sim<'p, P> {
         }
         let w = &mut self.workers[i];
         w.puts += 1;
-        let (id, puts) = (w.id, w.puts);
-        let cell = self.store.entry((id, slot)).or_default();
-        if w.kill == Some(Kill::DuringPut(puts)) {
-            if self.rng.gen_bool(0.5) {
-                cell.in_flight = Some(Some(bytes));
-            }
+        let (id, puts, kill, stalls_at) = (w.id, w.puts, w.kill, w.stalls_at_put);
+        // The key's cell exists from its first put on, landed or not.
+        self.store.entry((id, slot)).or_default();
+        if kill == Some(Kill::DuringPut(puts)) {
+            self.maybe_in_flight(i, slot, Some(bytes));
             self.trace(i, 0xdead_0004);
             return self.die(i, "during a put");
         }
-        if w.stalls_at_put == Some(puts) {
-            if self.rng.gen_bool(0.5) {
-                cell.in_flight = Some(Some(bytes));
-            }
-            w.phase = Phase::Stalled(self.now + WATCHDOG_US);
+        if stalls_at == Some(puts) {
+            self.maybe_in_flight(i, slot, Some(bytes));
+            self.workers[i].phase = Phase::Stalled(self.now + WATCHDOG_US);
             return;
         }
+        let cell = self.store.entry((id, slot)).or_default();
         cell.value = Some(bytes);
         cell.in_flight = None;
     }

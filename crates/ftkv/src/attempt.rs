@@ -35,6 +35,8 @@ pub struct Inputs {
     pub hosts: Vec<u32>,
     pub kinds: usize,
     pub copies: usize,
+    /// Reserve holders per copy in the layouts a recovery builds ([`crate::Config::spares`]).
+    pub spares: usize,
     pub geometry: SlotGeometry,
     /// The layout of the last completed recovery (or of the creation).
     pub previous: Layout,
@@ -205,7 +207,8 @@ impl Machine {
             return self.fail(Failed::Partitioned { live, previous: previous.clone() });
         }
         let i = &self.inputs;
-        let layout = Layout::compute(&live, &i.hosts, i.kinds, i.copies, i.geometry, i.me);
+        let layout =
+            Layout::with_spares(&live, &i.hosts, i.kinds, i.copies, i.spares, i.geometry, i.me);
         self.layout = Some(layout.clone());
         (self.opened, self.rebuilt) = (false, None);
         self.phase = Phase::Opening;
@@ -265,11 +268,13 @@ impl Machine {
     }
 
     /// A dead owner's key without a surviving copy may never have been written; it counts as
-    /// lost when every holder it had died.
+    /// lost when every worker that reserved a slot for it died (every slot, not only the
+    /// current holders: survivors may have moved copies down their chains at different times,
+    /// and the verdict must be the same on all of them).
     fn all_holders_died(&self, key: Key) -> bool {
         let live = &self.layout.as_ref().expect("a layout after the shrink").live;
-        let route = self.inputs.previous.route(key).unwrap_or(&[]);
-        !live.contains(&key.owner) && route.iter().all(|c| !live.contains(&c.worker))
+        let mut slots = self.inputs.previous.slots(key);
+        !live.contains(&key.owner) && slots.all(|c| !live.contains(&c.worker))
     }
 
     fn on_copied(&mut self, copied: Result<bool, Fault>) -> Command {
@@ -351,8 +356,16 @@ mod tests {
         let geometry = SlotGeometry::new(64);
         let all = [0, 1, 2, 3];
         let previous = Layout::compute(&all, &hosts, 1, 2, geometry, 2);
-        let inputs =
-            Inputs { me: 2, hosts, kinds: 1, copies: 2, geometry, previous, acked: vec![4] };
+        let inputs = Inputs {
+            me: 2,
+            hosts,
+            kinds: 1,
+            copies: 2,
+            spares: 0,
+            geometry,
+            previous,
+            acked: vec![4],
+        };
         Machine::new(inputs)
     }
 

@@ -24,17 +24,36 @@ use crate::fabric::Fabric;
 #[derive(Debug)]
 pub(crate) struct Health {
     failed: Vec<AtomicU64>,
+    /// Bumped whenever a worker is newly marked failed: the put path compares it with the
+    /// generation its routes were computed for (one relaxed load per call).
+    generation: AtomicU64,
+    /// Whether a newly failed worker raises the alarm (global recovery) or only bumps the
+    /// generation (localized recovery decides in the store's own call path).
+    alarm_on_failure: bool,
     alarm: AtomicBool,
     in_call: AtomicU64,
 }
 
 impl Health {
-    pub fn new(workers: usize) -> Health {
+    pub fn new(workers: usize, alarm_on_failure: bool) -> Health {
         Health {
             failed: (0..workers.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
+            generation: AtomicU64::new(0),
+            alarm_on_failure,
             alarm: AtomicBool::new(false),
             in_call: AtomicU64::new(0),
         }
+    }
+
+    /// How many times a worker was newly marked failed.
+    #[inline]
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// Every worker of `0..workers` marked failed.
+    pub fn failed_workers(&self, workers: usize) -> Vec<i32> {
+        (0..workers as i32).filter(|&w| self.is_failed(w)).collect()
     }
 
     /// Whether worker `id` is known to have failed.
@@ -45,8 +64,14 @@ impl Health {
     }
 
     pub fn mark_failed(&self, id: i32) {
-        self.failed[id as usize / 64].fetch_or(1 << (id % 64), Ordering::AcqRel);
-        self.alarm.store(true, Ordering::Release);
+        let bit = 1 << (id % 64);
+        let before = self.failed[id as usize / 64].fetch_or(bit, Ordering::AcqRel);
+        if before & bit == 0 {
+            self.generation.fetch_add(1, Ordering::AcqRel);
+        }
+        if self.alarm_on_failure {
+            self.alarm.store(true, Ordering::Release);
+        }
     }
 
     /// Whether a failure or a revocation happened since the last recovery.
@@ -87,6 +112,9 @@ pub(crate) struct Detector {
 /// What the detector thread needs.
 pub(crate) struct Watch<F> {
     pub comm: Arc<F>,
+    /// The store's own communicator: a member that sends the store to global recovery revokes
+    /// it, and the others learn of it here.
+    pub store_comm: Arc<F>,
     pub live: Vec<i32>,
     pub health: Arc<Health>,
     pub poll_interval: Duration,
@@ -166,7 +194,8 @@ fn poll_once<F: Fabric>(watch: &Watch<F>) {
         Ok(ranks) => ranks.iter().for_each(|&r| watch.health.mark_failed(watch.live[r as usize])),
         Err(e) => crate::events::warn(format!("detector: {e}")),
     }
-    if watch.comm.is_revoked().unwrap_or(true) {
+    let revoked = |comm: &F| comm.is_revoked().unwrap_or(true);
+    if revoked(&watch.comm) || revoked(&watch.store_comm) {
         watch.health.raise_alarm();
     }
 }

@@ -34,6 +34,24 @@ pub enum Detection {
     Ping,
 }
 
+/// How the survivors repair the store after a failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recovery {
+    /// Every survivor stops in [`Store::recover`](crate::Store::recover): revoke, shrink, new
+    /// windows, every key's newest version copied to its new holders.
+    Global,
+    /// No revoke, no new windows: a copy that lived on a failed worker moves to the next
+    /// reserve holder of its chain ([`crate::layout`]), and the key's owner, at its next store
+    /// call, copies the newest surviving version there; ranks whose keys lost no copy only
+    /// recompute their routes. The store falls back to [`Recovery::Global`] (an
+    /// [`Error::RecoveryNeeded`] on every survivor) when a copy has no live reserve left, a key
+    /// lost a copy and its owner, or the survivors hold no quorum across hosts. Collective
+    /// calls on the store's communicator ([`Store::sync`](crate::Store::sync),
+    /// [`Store::communicator`](crate::Store::communicator)) fail while a failed member is not
+    /// yet shrunk away.
+    Localized,
+}
+
 /// The collective configuration of a [`Store`](crate::Store); every rank must pass the same.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
@@ -68,6 +86,12 @@ pub struct Config {
     /// SIGSTOPped, or its host froze) ends itself as a fail-stop failure with a message saying
     /// so, instead of rejoining a computation that has gone on without it.
     pub suspicion: std::time::Duration,
+    /// How failures are repaired.
+    pub recovery: Recovery,
+    /// Reserve holders per copy: each reserves a slot (address space) for the copy, so
+    /// [`Recovery::Localized`] can move the copy there when its holder fails. A window reserves
+    /// `1 + spares` times the slots it would without.
+    pub spares: usize,
 }
 
 /// The shortest watchdog on a store whose ranks span hosts: a dead holder there is reported by
@@ -88,8 +112,8 @@ impl Config {
     }
 
     /// A configuration with the given kinds and copies, 64 KiB initial and 64 MiB maximum
-    /// value size, bitmap detection, 2 s watchdog, 1 ms polling, a 10 s recovery watchdog and a
-    /// 10 s suspicion bound.
+    /// value size, bitmap detection, 2 s watchdog, 1 ms polling, a 10 s recovery watchdog, a
+    /// 10 s suspicion bound and global recovery (no reserve holders).
     pub fn new<S: Into<String>>(kinds: impl IntoIterator<Item = S>, copies: usize) -> Config {
         Config {
             kinds: kinds.into_iter().map(Into::into).collect(),
@@ -101,7 +125,14 @@ impl Config {
             poll_interval: std::time::Duration::from_millis(1),
             recovery_watchdog: std::time::Duration::from_secs(10),
             suspicion: std::time::Duration::from_secs(10),
+            recovery: Recovery::Global,
+            spares: 0,
         }
+    }
+
+    /// This configuration with [`Recovery::Localized`] and one reserve holder per copy.
+    pub fn localized(self) -> Config {
+        Config { recovery: Recovery::Localized, spares: self.spares.max(1), ..self }
     }
 
     /// Checks the configuration on its own and against the number of ranks.
@@ -135,13 +166,16 @@ impl Config {
                 self.suspicion, self.poll_interval
             ));
         }
+        if self.recovery == Recovery::Localized && self.spares == 0 {
+            return invalid("localized recovery needs at least one reserve holder (spares)".into());
+        }
         Ok(())
     }
 
     /// A canonical byte encoding, compared across ranks at creation.
     pub(crate) fn fingerprint(&self) -> u64 {
         let text = format!(
-            "{:?}|{}|{}|{}|{:?}|{:?}|{:?}|{:?}|{:?}",
+            "{:?}|{}|{}|{}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{}",
             self.kinds,
             self.copies,
             self.initial_capacity,
@@ -150,7 +184,9 @@ impl Config {
             self.watchdog,
             self.poll_interval,
             self.recovery_watchdog,
-            self.suspicion
+            self.suspicion,
+            self.recovery,
+            self.spares
         );
         crate::slot::xxh3_64(text.as_bytes())
     }
@@ -184,11 +220,14 @@ mod tests {
             ("no suspicion bound", with(|c| c.suspicion = Duration::ZERO), 3, false),
             ("a bound of ten polls", with(|c| c.suspicion = c.poll_interval * 10), 3, false),
             ("a bound of eleven polls", with(|c| c.suspicion = c.poll_interval * 11), 3, true),
+            ("localized recovery", base().localized(), 3, true),
+            ("localized without reserves", with(|c| c.recovery = Recovery::Localized), 3, false),
         ];
         for (case, config, ranks, valid) in table {
             assert_eq!(config.validate(ranks).is_ok(), valid, "{case}");
         }
         assert_ne!(base().fingerprint(), with(|c| c.suspicion *= 2).fingerprint());
+        assert_ne!(base().fingerprint(), base().localized().fingerprint());
     }
 
     #[test]

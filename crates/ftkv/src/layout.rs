@@ -1,5 +1,16 @@
-//! Where every copy of every key lives in one recovery epoch: holder ranks and window offsets,
-//! derived from [`placement::holders`](crate::placement::holders).
+//! Where every copy of every key lives: holder ranks and window offsets, derived from
+//! [`placement::holders`](crate::placement::holders).
+//!
+//! Each key has a *chain* of candidate holders: its `copies` holders from
+//! [`placement::holders`](crate::placement::holders) first, then up to `copies × spares` reserve
+//! holders (further ranks of the key's host-spread candidate order, never the owner). Every
+//! candidate reserves a slot for the key in its window, so copies can move without new windows:
+//! after failures, the key's copies live on the first `copies` live candidates of its chain.
+//! That set depends only on the set of failed workers, never on the order in which they were
+//! noticed, so ranks that know the same failures agree on every route without talking; and a
+//! live holder stays a holder as the failed set grows (fewer live candidates can only precede
+//! it), so only copies that lived on failed workers move. Reserved slots cost address space,
+//! not memory: pages become resident only when a copy is written there.
 
 use crate::key::Key;
 use crate::placement::holders;
@@ -19,19 +30,27 @@ pub struct Copy {
 /// The routes of all keys for a live set.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Layout {
-    /// Stable ids of the live workers; index = rank in the current communicator.
+    /// Stable ids of the live workers when the windows were built; index = rank in the current
+    /// communicator.
     pub live: Vec<i32>,
     workers: usize,
     kinds: usize,
+    copies: usize,
+    /// Per key: the candidate holders in order, each with its reserved slot.
+    chains: Vec<Vec<Copy>>,
+    /// Per key: the current holders (the first `copies` candidates not in `relocated`).
     routes: Vec<Vec<Copy>>,
-    /// Slots this rank hosts, with their offsets in its window.
+    /// Workers of `live` that failed and whose copies moved to reserve holders, sorted.
+    pub relocated: Vec<i32>,
+    /// Slots this rank hosts (every chain position it holds), with their offsets in its window.
     pub local: Vec<(Key, i64)>,
     pub window_len: usize,
 }
 
 impl Layout {
-    /// The layout for `live` workers, as seen by rank `me` (a stable id). `hosts[w]` is the host
-    /// of worker `w`, for every worker ever (dead ones included): their number is `hosts.len()`.
+    /// The layout for `live` workers without reserve holders, as seen by rank `me` (a stable
+    /// id). `hosts[w]` is the host of worker `w`, for every worker ever (dead ones included):
+    /// their number is `hosts.len()`.
     pub fn compute(
         live: &[i32],
         hosts: &[u32],
@@ -40,35 +59,91 @@ impl Layout {
         geometry: SlotGeometry,
         me: i32,
     ) -> Layout {
+        Layout::with_spares(live, hosts, kinds, copies, 0, geometry, me)
+    }
+
+    /// The layout for `live` workers with up to `spares` reserve holders per copy.
+    pub fn with_spares(
+        live: &[i32],
+        hosts: &[u32],
+        kinds: usize,
+        copies: usize,
+        spares: usize,
+        geometry: SlotGeometry,
+        me: i32,
+    ) -> Layout {
         let workers = hosts.len();
         let mut used = vec![0usize; live.len()];
-        let mut routes = Vec::with_capacity(workers * kinds);
+        let mut chains = Vec::with_capacity(workers * kinds);
         let mut local = Vec::new();
         for owner in 0..workers as i32 {
             for kind in 0..kinds as u16 {
-                let mut route = Vec::with_capacity(copies);
-                for worker in holders(owner, kind, live, hosts, copies) {
-                    let rank = live.iter().position(|&w| w == worker).expect("holder is live");
+                let key = Key::new(owner, kind);
+                let candidates = chain_workers(owner, kind, live, hosts, copies, spares);
+                let chain = candidates.into_iter().map(|worker| {
+                    let rank = live.iter().position(|&w| w == worker).expect("live holder");
                     let disp = (used[rank] * geometry.slot_len()) as i64;
                     used[rank] += 1;
                     if worker == me {
-                        local.push((Key::new(owner, kind), disp));
+                        local.push((key, disp));
                     }
-                    route.push(Copy { rank: rank as i32, worker, disp });
-                }
-                routes.push(route);
+                    Copy { rank: rank as i32, worker, disp }
+                });
+                chains.push(chain.collect());
             }
         }
         let mine = live.iter().position(|&w| w == me).map_or(0, |r| used[r]);
         let window_len = mine.max(1) * geometry.slot_len();
-        Layout { live: live.to_vec(), workers, kinds, routes, local, window_len }
+        let mut layout = Layout {
+            live: live.to_vec(),
+            workers,
+            kinds,
+            copies,
+            routes: Vec::new(),
+            chains,
+            relocated: Vec::new(),
+            local,
+            window_len,
+        };
+        layout.routes = layout.routes_without(&[]).expect("every chain has a live head");
+        layout
     }
 
-    /// The copies of `key`, or `None` for a key outside the store.
+    /// The same windows with the copies of `failed` workers (those of `live`; others are
+    /// ignored) moved down their chains, or `None` when a chain has fewer than `copies` live
+    /// candidates left (the copy count can then only be restored by rebuilding the windows).
+    pub fn relocate(&self, failed: &[i32]) -> Option<Layout> {
+        let mut relocated: Vec<i32> =
+            failed.iter().copied().filter(|w| self.live.contains(w)).collect();
+        relocated.sort_unstable();
+        relocated.dedup();
+        let routes = self.routes_without(&relocated)?;
+        Some(Layout { routes, relocated, ..self.clone() })
+    }
+
+    fn routes_without(&self, failed: &[i32]) -> Option<Vec<Vec<Copy>>> {
+        let route = |chain: &Vec<Copy>| {
+            let live = chain.iter().filter(|c| !failed.contains(&c.worker)).copied();
+            let route: Vec<Copy> = live.take(self.copies).collect();
+            (route.len() == self.copies.min(chain.len())).then_some(route)
+        };
+        self.chains.iter().map(route).collect()
+    }
+
+    /// The current copies of `key`, or `None` for a key outside the store.
     pub fn route(&self, key: Key) -> Option<&[Copy]> {
+        self.index(key).and_then(|i| self.routes.get(i)).map(Vec::as_slice)
+    }
+
+    /// Every slot reserved for `key`, on every candidate of its chain.
+    pub fn slots(&self, key: Key) -> impl Iterator<Item = &Copy> + '_ {
+        self.index(key).into_iter().flat_map(move |i| self.chains[i].iter())
+    }
+
+    fn index(&self, key: Key) -> Option<usize> {
         let owner = usize::try_from(key.owner).ok().filter(|&o| o < self.workers)?;
         let kind = Some(key.kind as usize).filter(|&k| k < self.kinds)?;
-        self.routes.get(owner * self.kinds + kind).map(Vec::as_slice)
+        Some(owner * self.kinds + kind)
     }
 
     /// Every key of the store.
@@ -76,6 +151,26 @@ impl Layout {
         (0..self.workers as i32)
             .flat_map(move |o| (0..self.kinds as u16).map(move |k| Key::new(o, k)))
     }
+}
+
+/// The candidate holders of `(owner, kind)`: its holders from [`holders`], then up to
+/// `copies × spares` reserves in the order of the key's longer host-spread candidate list
+/// (the holders taken out), so reserves spread over hosts as the holders do.
+fn chain_workers(
+    owner: i32,
+    kind: u16,
+    live: &[i32],
+    hosts: &[u32],
+    copies: usize,
+    spares: usize,
+) -> Vec<i32> {
+    let mut chain = holders(owner, kind, live, hosts, copies);
+    if spares > 0 {
+        let wider = holders(owner, kind, live, hosts, copies * (spares + 1));
+        let reserves: Vec<i32> = wider.into_iter().filter(|w| !chain.contains(w)).collect();
+        chain.extend(reserves.into_iter().take(copies * spares));
+    }
+    chain
 }
 
 #[cfg(test)]
@@ -112,5 +207,47 @@ mod tests {
         let workers: Vec<i32> = route.iter().map(|c| c.worker).collect();
         assert_eq!(workers, vec![2, 3]);
         assert_eq!(route.iter().map(|c| c.rank).collect::<Vec<_>>(), vec![1, 2]);
+    }
+
+    #[test]
+    fn reserves_take_over_only_failed_copies_whatever_the_order_of_failures() {
+        let g = SlotGeometry::new(64);
+        let live: Vec<i32> = (0..6).collect();
+        for hosts in [vec![0; 6], vec![0, 0, 1, 1, 2, 2]] {
+            let layouts: Vec<Layout> =
+                live.iter().map(|&me| Layout::with_spares(&live, &hosts, 2, 2, 1, g, me)).collect();
+            let base = &layouts[0];
+            for key in base.keys() {
+                let slots: Vec<i32> = base.slots(key).map(|c| c.worker).collect();
+                assert_eq!(slots.len(), 4, "2 holders and 2 reserves for {key} on {hosts:?}");
+                assert!(!slots.contains(&key.owner), "{key}: a slot on its owner");
+                let mut distinct = slots.clone();
+                distinct.sort_unstable();
+                distinct.dedup();
+                assert_eq!(distinct.len(), slots.len(), "{key}: one slot per worker");
+            }
+            for a in 0..6 {
+                for b in 0..6 {
+                    let one = base.relocate(&[a]).expect("one failure has reserves");
+                    let Some(both) = base.relocate(&[a, b]) else { continue };
+                    let stepwise = one.relocate(&[b, a]).expect("the same set");
+                    for key in base.keys() {
+                        assert_eq!(stepwise.route(key), both.route(key), "{key} after {a},{b}");
+                        let before = base.route(key).unwrap();
+                        let after = both.route(key).unwrap();
+                        assert!(after.iter().all(|c| c.worker != a && c.worker != b));
+                        for kept in before.iter().filter(|c| c.worker != a && c.worker != b) {
+                            assert!(after.contains(kept), "{key}: live holder {kept:?} moved");
+                        }
+                        for copy in after {
+                            let hosted = &layouts[copy.worker as usize].local;
+                            assert!(hosted.contains(&(key, copy.disp)), "{key} at {copy:?}");
+                        }
+                    }
+                }
+            }
+            let exhausted: Vec<i32> = (1..6).collect();
+            assert!(base.relocate(&exhausted).is_none(), "no candidate left for worker 0's keys");
+        }
     }
 }

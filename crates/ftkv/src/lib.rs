@@ -51,5 +51,5 @@ pub mod slot;
 mod store;
 
 pub use error::{Error, Result};
-pub use key::{Config, Detection, Key};
-pub use store::{DefaultFabric, RecoveryReport, Store};
+pub use key::{Config, Detection, Key, Recovery};
+pub use store::{DefaultFabric, RecoveryReport, RepairReport, Store};

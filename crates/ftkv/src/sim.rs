@@ -269,6 +269,7 @@ impl Sim {
                 hosts: self.hosts.clone(),
                 kinds: KINDS,
                 copies: self.copies,
+                spares: 0,
                 geometry: SlotGeometry::new(64),
                 previous: self.previous.clone(),
                 acked,

@@ -8,7 +8,7 @@ use crate::attempt::{self, Command, Event, Fault};
 use crate::detector::{Deadline, Detector, Health, Step, StepMarker, Watch};
 use crate::error::{Error, Result};
 use crate::fabric::{Fabric, FabricError, FabricWindow, RmaOps};
-use crate::key::{Config, Detection, Key};
+use crate::key::{Config, Detection, Key, Recovery};
 use crate::layout::{Copy, Layout};
 use crate::recovery;
 use crate::slot::{newest, Committed, Header, SlotGeometry, State, HEADER_LEN};
@@ -33,6 +33,23 @@ pub struct RecoveryReport {
     pub attempts: usize,
     pub duration: Duration,
 }
+
+/// What one localized repair did on this worker (see [`Recovery::Localized`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RepairReport {
+    /// Every worker known failed when the routes were brought up to date (stable ids).
+    pub failed: Vec<i32>,
+    /// This worker's own keys whose copies moved to reserve holders, and the bytes it copied
+    /// there (the newest surviving version of each).
+    pub keys_moved: usize,
+    pub bytes_moved: u64,
+    /// From noticing the new failure in a store call to every moved copy written.
+    pub duration: Duration,
+}
+
+/// Attempts of one localized write or read before a failure that keeps interrupting it sends
+/// the store to global recovery.
+const LOCALIZED_ATTEMPTS: usize = 8;
 
 /// A window of an earlier epoch, kept until a recovery commits.
 struct Retained<W> {
@@ -73,6 +90,10 @@ pub struct Store<F: Fabric = DefaultFabric> {
     recovered_failed: Vec<i32>,
     /// A failure noticed while the last recovery committed: the alarm stays raised after it.
     pending_alarm: bool,
+    /// The detector's failure generation the current routes follow ([`Recovery::Localized`]).
+    followed: u64,
+    /// Localized repairs not yet taken by [`Store::take_repairs`].
+    repairs: Vec<RepairReport>,
 }
 
 impl<F: Fabric> Store<F> {
@@ -96,7 +117,8 @@ impl<F: Fabric> Store<F> {
         // A rank that cannot tell its host still joins the allgather, and then says no.
         let hosts = gather_hosts(comm, host.as_ref().copied().unwrap_or(0))?;
         let valid = host.map_err(Error::from).and_then(|_| config.validate(workers)).map(|()| {
-            Layout::compute(&live, &hosts, config.kinds.len(), config.copies, geometry, me)
+            let (kinds, copies, spares) = (config.kinds.len(), config.copies, config.spares);
+            Layout::with_spares(&live, &hosts, kinds, copies, spares, geometry, me)
         });
         let valid = valid.and_then(|layout| {
             check_window_memory(comm, layout.window_len, workers).map(|()| layout)
@@ -106,6 +128,7 @@ impl<F: Fabric> Store<F> {
         let origin = comm.dup()?;
         let store_comm = Arc::new(comm.dup()?);
         let window = open_window(store_comm.as_ref(), &layout, geometry)?;
+        let health = Arc::new(Health::new(workers, config.recovery == Recovery::Global));
         let mut store = Store::<F> {
             versions: vec![0; config.kinds.len()],
             acked: vec![0; config.kinds.len()],
@@ -120,12 +143,14 @@ impl<F: Fabric> Store<F> {
             layout,
             epoch: 0,
             handed: HashMap::new(),
-            health: Arc::new(Health::new(workers)),
+            health,
             detector: None,
             watch_comm: None,
             lost: Vec::new(),
             recovered_failed: Vec::new(),
             pending_alarm: false,
+            followed: 0,
+            repairs: Vec::new(),
         };
         store.start_detector()?;
         Ok(store)
@@ -149,7 +174,19 @@ impl<F: Fabric> Store<F> {
         self.workers
     }
 
-    /// The live workers' ids.
+    /// Every worker this rank knows failed (stable ids): those the last recovery left out and
+    /// those its detector noticed since.
+    pub fn failed(&self) -> Vec<i32> {
+        let gone = (0..self.workers as i32).filter(|w| !self.layout.live.contains(w));
+        let mut failed: Vec<i32> = gone.chain(self.health.failed_workers(self.workers)).collect();
+        failed.sort_unstable();
+        failed.dedup();
+        failed
+    }
+
+    /// The workers of the store's current windows (stable ids): the live ones of the last
+    /// recovery; with [`Recovery::Localized`], workers that failed since stay in it until a
+    /// global recovery (see [`Store::failed`]).
     pub fn live(&self) -> &[i32] {
         &self.layout.live
     }
@@ -292,9 +329,14 @@ impl<F: Fabric> Store<F> {
         live.iter().copied().filter(|&w| self.health.is_failed(w)).collect()
     }
 
+    /// [`Error::RecoveryNeeded`] when a holder of `route` is known failed; with global
+    /// recovery it also raises the alarm (with localized recovery the caller follows the
+    /// failure and tries again).
     fn ensure_alive(&self, route: &[Copy]) -> Result<()> {
         if route.iter().any(|c| self.health.is_failed(c.worker)) {
-            self.health.raise_alarm();
+            if self.config.recovery == Recovery::Global {
+                self.health.raise_alarm();
+            }
             return Err(Error::RecoveryNeeded { failed: self.newly_failed() });
         }
         Ok(())
@@ -315,9 +357,36 @@ impl<F: Fabric> Store<F> {
         Ok(())
     }
 
+    /// Writes one version to every current holder. With localized recovery, a holder failing
+    /// during the write moves its copy down its chain and the write goes again to the new
+    /// routes (the same version, so a copy that already has it is only rewritten); returns once
+    /// the routes follow every failure known here.
+    fn write_copies(&mut self, key: Key, header: Header, data: &[u8]) -> Result<()> {
+        if self.config.recovery == Recovery::Global {
+            return self.write_once(key, header, data);
+        }
+        self.localized(|store| store.write_once(key, header, data))
+    }
+
+    /// Runs `op` on routes that follow every failure the detector published, again after a
+    /// failure that interrupted it, and follows the failures noticed meanwhile before returning.
+    fn localized<T>(&mut self, mut op: impl FnMut(&mut Self) -> Result<T>) -> Result<T> {
+        let mut last = None;
+        for _ in 0..LOCALIZED_ATTEMPTS {
+            let done = self.follow_failures().and_then(|()| op(self));
+            let done = done.and_then(|value| self.follow_failures().map(|()| value));
+            match done {
+                Err(e) if e.needs_recovery() && !self.health.alarmed() => last = Some(e),
+                done => return done,
+            }
+        }
+        let last = last.map(|e| e.to_string()).unwrap_or_default();
+        Err(self.escalate(&format!("failures kept interrupting a store call (last: {last})")))
+    }
+
     /// The fast path: header and data to the version's half on every holder, one flush per
     /// holder, failure knowledge checked before and after.
-    fn write_copies(&mut self, key: Key, header: Header, data: &[u8]) -> Result<()> {
+    fn write_once(&mut self, key: Key, header: Header, data: &[u8]) -> Result<()> {
         self.ensure_healthy()?;
         let route = self.route(key)?;
         self.ensure_alive(route)?;
@@ -344,6 +413,144 @@ impl<F: Fabric> Store<F> {
         self.ensure_alive(route)
     }
 
+    /// Localized recovery: brings the routes up to the failures the detector published and
+    /// copies the newest surviving version of every own key that lost a copy to the copy's new
+    /// holder. A no-op (one atomic load) while nothing new failed. Sends the store to global
+    /// recovery ([`Store::escalate`]) when the failures cannot be repaired locally.
+    fn follow_failures(&mut self) -> Result<()> {
+        let generation = self.health.generation();
+        if generation == self.followed {
+            return Ok(());
+        }
+        let started = Instant::now();
+        let failed = self.health.failed_workers(self.workers);
+        let next = self.relocated_layout(&failed)?;
+        let (keys_moved, bytes_moved) = self.repair_own_keys(&next)?;
+        let moved = next.relocated != self.layout.relocated;
+        self.layout = next;
+        self.followed = generation;
+        if moved {
+            let duration = started.elapsed();
+            self.repairs.push(RepairReport { failed, keys_moved, bytes_moved, duration });
+        }
+        Ok(())
+    }
+
+    /// The current windows' layout with the copies of `failed` workers moved down their
+    /// chains, if the failures can be repaired without rebuilding the windows.
+    fn relocated_layout(&self, failed: &[i32]) -> Result<Layout> {
+        let live: Vec<i32> =
+            self.layout.live.iter().copied().filter(|w| !failed.contains(w)).collect();
+        if !recovery::keeps_quorum(&self.layout.live, &live, &self.hosts) {
+            return Err(self.escalate("the survivors hold no quorum across hosts"));
+        }
+        let Some(next) = self.layout.relocate(failed) else {
+            return Err(self.escalate("a copy has no live reserve holder left"));
+        };
+        let orphaned = self
+            .layout
+            .keys()
+            .find(|&key| failed.contains(&key.owner) && next.route(key) != self.layout.route(key));
+        if let Some(key) = orphaned {
+            return Err(self.escalate(&format!("key {key} lost a copy and its owner")));
+        }
+        Ok(next)
+    }
+
+    /// Copies the newest surviving version of each own key whose route changes in `next` to
+    /// its new holders; returns the keys and bytes moved. A key with an acknowledged write and
+    /// no surviving copy sends the store to global recovery, which reports it lost.
+    fn repair_own_keys(&self, next: &Layout) -> Result<(usize, u64)> {
+        let (mut keys, mut bytes) = (0, 0);
+        for kind in 0..self.config.kinds.len() as u16 {
+            let key = Key::new(self.me, kind);
+            let old = self.route(key)?;
+            let new = next.route(key).ok_or(Error::UnknownOwner(key.owner))?;
+            let targets: Vec<Copy> = new.iter().filter(|c| !old.contains(c)).copied().collect();
+            if targets.is_empty() {
+                continue;
+            }
+            let Some(newest) = self.newest_surviving(old)? else {
+                if self.acked[kind as usize] > 0 {
+                    return Err(self.escalate(&format!("no copy of the own key {key} survived")));
+                }
+                continue;
+            };
+            self.copy_to(&targets, &newest)?;
+            keys += 1;
+            bytes += newest.data.len() as u64 * targets.len() as u64;
+        }
+        Ok((keys, bytes))
+    }
+
+    /// The newest complete version on the live copies of `route`.
+    fn newest_surviving(&self, route: &[Copy]) -> Result<Option<Committed>> {
+        let window = self.window.as_ref().ok_or(Error::Closed)?;
+        let mut newest: Option<Committed> = None;
+        for copy in route.iter().filter(|c| !self.health.is_failed(c.worker)) {
+            self.health.enter_call();
+            let found = read_copy(window, copy, self.geometry);
+            self.health.leave_call();
+            let found = found.map_err(|e| self.failure(e))?;
+            if found.as_ref().map(|c| c.header.version) > newest.as_ref().map(|c| c.header.version)
+            {
+                newest = found;
+            }
+        }
+        Ok(newest)
+    }
+
+    /// Writes a committed version (data, then header, into its half) to `targets`.
+    fn copy_to(&self, targets: &[Copy], committed: &Committed) -> Result<()> {
+        let window = self.window.as_ref().ok_or(Error::Closed)?;
+        let header = committed.header.encode();
+        let half = self.geometry.half_offset(committed.header.version) as i64;
+        self.health.enter_call();
+        let written = window.scope(|s| {
+            for copy in targets {
+                s.put(copy.rank, copy.disp + half + HEADER_LEN as i64, &committed.data)?;
+                s.put(copy.rank, copy.disp + half, &header)?;
+            }
+            Ok(())
+        });
+        self.health.leave_call();
+        written.map_err(|e| self.failure(e))?;
+        self.ensure_alive(targets)
+    }
+
+    /// Gives up on localized recovery: raises the alarm and revokes the store's communicator,
+    /// so every survivor's next store call returns [`Error::RecoveryNeeded`] and
+    /// [`Store::recover`] rebuilds the store globally.
+    fn escalate(&self, why: &str) -> Error {
+        crate::events::warn(format!(
+            "worker {}: failures of {:?} need global recovery: {why}",
+            self.me,
+            self.health.failed_workers(self.workers)
+        ));
+        self.health.raise_alarm();
+        if let Err(e) = self.comm.revoke() {
+            crate::events::warn(format!("revoking the store for global recovery: {e}"));
+        }
+        Error::RecoveryNeeded { failed: self.newly_failed() }
+    }
+
+    /// The localized repairs done since the last call, oldest first ([`Recovery::Localized`]):
+    /// one per change of the failed set that this worker followed.
+    pub fn take_repairs(&mut self) -> Vec<RepairReport> {
+        std::mem::take(&mut self.repairs)
+    }
+
+    /// Brings the routes up to every failure noticed so far and repairs this worker's own
+    /// keys' copies ([`Recovery::Localized`]); every put, delete and get does the same first.
+    /// For a worker that makes no store call for a while after a failure. A no-op with global
+    /// recovery or when nothing new failed.
+    pub fn follow(&mut self) -> Result<()> {
+        if self.config.recovery == Recovery::Global {
+            return self.ensure_healthy();
+        }
+        self.localized(|_| Ok(()))
+    }
+
     fn ping_all(&self, route: &[Copy]) -> Result<()> {
         let comm = self.watch_comm.as_ref().ok_or(Error::Closed)?;
         for copy in route {
@@ -357,21 +564,32 @@ impl<F: Fabric> Store<F> {
     }
 
     /// Classifies an MPI error of a store call. Besides ULFM's own failure classes, Open MPI's
-    /// collectives can return `MPI_ERR_OTHER` on members that meet a failure indirectly; any
-    /// error while the communicator is revoked or has failed members counts as a failure.
+    /// collectives can return `MPI_ERR_OTHER` on members that meet a failure indirectly; with
+    /// global recovery any error while the communicator is revoked or has failed members counts
+    /// as a failure.
     fn failure(&self, e: FabricError) -> Error {
-        let caused_by_failure = e.is_failure()
-            || matches!(e, FabricError::Timeout { .. })
-            || self.comm.is_revoked().unwrap_or(true)
-            || self.comm.failed_ranks().map_or(true, |f| !f.is_empty());
+        let direct = e.is_failure() || matches!(e, FabricError::Timeout { .. });
+        // With localized recovery the communicator keeps its failed members: their presence
+        // says nothing about this error.
+        let caused_by_failure = direct
+            || (self.config.recovery == Recovery::Global
+                && (self.comm.is_revoked().unwrap_or(true)
+                    || self.comm.failed_ranks().map_or(true, |f| !f.is_empty())));
         if caused_by_failure {
-            self.health.raise_alarm();
+            if let FabricError::ProcFailed { peer: Some(rank), .. } = e {
+                if let Some(&worker) = self.layout.live.get(rank as usize) {
+                    self.health.mark_failed(worker);
+                }
+            }
+            if self.config.recovery == Recovery::Global {
+                self.health.raise_alarm();
+            }
             return Error::RecoveryNeeded { failed: self.newly_failed() };
         }
         Error::Fabric(e)
     }
 
-    fn read_newest(&self, key: Key) -> Result<Option<Committed>> {
+    fn read_newest(&mut self, key: Key) -> Result<Option<Committed>> {
         let copies = self.read_live_copies(key)?;
         let newest = copies.into_iter().filter_map(|(_, found)| found);
         Ok(newest.max_by_key(|c| c.header.version))
@@ -379,7 +597,7 @@ impl<F: Fabric> Store<F> {
 
     /// Each live holder's newest complete version of `key`, read with watchdog-bounded gets.
     /// [`Error::KeyLost`] for a key the last recovery reported lost that nobody wrote since.
-    fn read_live_copies(&self, key: Key) -> Result<Vec<(i32, Option<Committed>)>> {
+    fn read_live_copies(&mut self, key: Key) -> Result<Vec<(i32, Option<Committed>)>> {
         let copies = self.read_holders(key)?;
         let rewritten = copies.iter().any(|(_, found)| found.is_some());
         if !rewritten && self.lost.contains(&key) {
@@ -388,7 +606,14 @@ impl<F: Fabric> Store<F> {
         Ok(copies)
     }
 
-    fn read_holders(&self, key: Key) -> Result<Vec<(i32, Option<Committed>)>> {
+    fn read_holders(&mut self, key: Key) -> Result<Vec<(i32, Option<Committed>)>> {
+        if self.config.recovery == Recovery::Global {
+            return self.read_holders_once(key);
+        }
+        self.localized(|store| store.read_holders_once(key))
+    }
+
+    fn read_holders_once(&self, key: Key) -> Result<Vec<(i32, Option<Committed>)>> {
         self.ensure_healthy()?;
         let route = self.route(key)?;
         let window = self.window.as_ref().ok_or(Error::Closed)?;
@@ -410,6 +635,7 @@ impl<F: Fabric> Store<F> {
             self.layout.live.iter().map(|&w| self.hosts[w as usize]).collect();
         self.detector = Some(Detector::start(Watch {
             comm,
+            store_comm: self.comm.clone(),
             live: self.layout.live.clone(),
             health: self.health.clone(),
             poll_interval: self.config.poll_interval,
@@ -466,6 +692,7 @@ impl<F: Fabric> Store<F> {
             hosts: self.hosts.clone(),
             kinds: self.config.kinds.len(),
             copies: self.config.copies,
+            spares: self.config.spares,
             geometry: self.geometry,
             previous: retained.layout.clone(),
             acked: self.acked.clone(),
@@ -678,6 +905,8 @@ impl<F: Fabric> Store<F> {
         self.recovered_failed.extend(&failed);
         self.lost = recovered.lost.clone();
         self.handed.clear();
+        // The new routes are fresh: the next call follows every failure known by then.
+        self.followed = u64::MAX;
         self.health.clear_alarm();
         if std::mem::take(&mut self.pending_alarm) {
             self.health.raise_alarm();

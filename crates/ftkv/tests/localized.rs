@@ -1,0 +1,329 @@
+//! Localized recovery on the in-process fabric: after kills during puts the survivors keep
+//! writing without a collective recovery, only the owners whose keys lost a copy move data, and
+//! every key is back at its full copy count. Every scenario runs under a hard timeout; the
+//! randomized ones print their seed, and `FTKV_SEED=<n>` replays one.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Duration;
+
+use ftkv::fabric::local::{LocalCluster, LocalFabric};
+use ftkv::history::{allowed, observe, planned_write, value, Observed, Op};
+use ftkv::layout::Layout;
+use ftkv::slot::SlotGeometry;
+use ftkv::{Config, Key, RepairReport, Store};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+/// Runs `body` on a thread and fails the test if it does not end within `secs`.
+fn within<T: Send + 'static>(
+    secs: u64,
+    what: String,
+    body: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body));
+        let _ = tx.send(outcome);
+    });
+    match rx.recv_timeout(Duration::from_secs(secs)) {
+        Ok(Ok(value)) => value,
+        Ok(Err(panic)) => std::panic::resume_unwind(panic),
+        Err(_) => panic!("{what}: no end within {secs} s (hang)"),
+    }
+}
+
+fn config(copies: usize) -> Config {
+    let mut config = Config::new(["checkpoint", "loot"], copies).localized();
+    config.initial_capacity = 1024;
+    config.max_value = 16 << 10;
+    config
+}
+
+type History = Mutex<HashMap<(i32, u16), Vec<Op>>>;
+type Finals = HashMap<(i32, u16), Observed>;
+
+/// What a survivor saw: reads while the store still ran on its first windows, the repairs it
+/// made, whether it had to recover globally while writing, what its own keys' copies held, and
+/// reads after the final global recovery.
+struct Seen {
+    before_global: Finals,
+    repairs: Vec<RepairReport>,
+    /// Why it had to recover globally while writing or reading, if it had to.
+    went_global: Option<String>,
+    own_copies: Vec<(usize, bool)>,
+    after_global: Finals,
+}
+
+fn acknowledge(history: &History, key: (i32, u16), seq: u32) {
+    let mut history = history.lock().unwrap();
+    let op = history.get_mut(&key).and_then(|ops| ops.iter_mut().rev().find(|o| o.seq == seq));
+    op.expect("tried before acknowledged").acked = true;
+}
+
+fn read_all(store: &mut Store<LocalFabric>) -> ftkv::Result<Finals> {
+    let mut finals = Finals::new();
+    for owner in 0..store.workers() as i32 {
+        for kind in 0..2u16 {
+            let read = store.get(Key::new(owner, kind))?;
+            finals.insert((owner, kind), observe(owner, read.as_deref()));
+        }
+    }
+    Ok(finals)
+}
+
+/// The survivors' meeting points outside the store: nobody reads before every survivor has
+/// written, and nobody can send the store to global recovery (in its reads) while another
+/// survivor could still join a global recovery started during the writes.
+struct Meeting {
+    survivors: usize,
+    written: AtomicUsize,
+    settled: AtomicUsize,
+    read: AtomicUsize,
+}
+
+impl Meeting {
+    /// Waits for every survivor to finish writing, joining any global recovery meanwhile.
+    fn after_writes(&self, store: &mut Store<LocalFabric>, went_global: &mut Option<String>) {
+        self.written.fetch_add(1, Ordering::AcqRel);
+        while self.written.load(Ordering::Acquire) < self.survivors {
+            if store.needs_recovery() {
+                *went_global = Some("alarm after the writes".into());
+                store.recover().expect("global recovery");
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        self.wait_for_all(&self.settled);
+    }
+
+    /// Waits until every survivor has passed `point` (no store call meanwhile).
+    fn wait_for_all(&self, point: &AtomicUsize) {
+        point.fetch_add(1, Ordering::AcqRel);
+        while point.load(Ordering::Acquire) < self.survivors {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+}
+
+/// Writes `ops` planned writes; a failure that needs global recovery is recovered at once.
+/// Then waits for every survivor, reads every key, checks its own keys' copies and finally
+/// recovers globally (the collective way to drop the dead from the communicator).
+fn localized_worker(
+    fabric: LocalFabric,
+    copies: usize,
+    ops: u32,
+    seed: u64,
+    history: &History,
+    meeting: &Meeting,
+    victims: &[i32],
+) -> Seen {
+    let mut store = Store::create(&fabric, config(copies)).expect("create");
+    let me = store.worker();
+    let mut rng = SmallRng::seed_from_u64(seed ^ ((me as u64) << 32));
+    let mut went_global = None;
+    let mut last: HashMap<u16, Option<Vec<u8>>> = HashMap::new();
+    for seq in 1..=ops {
+        let (kind, delete) = planned_write(seq);
+        history.lock().unwrap().entry((me, kind)).or_default().push(Op {
+            seq,
+            delete,
+            acked: false,
+        });
+        let key = Key::new(me, kind);
+        let bytes = (!delete).then(|| value(me, seq, rng.gen_range(16..12_000)));
+        let result = match &bytes {
+            Some(bytes) => store.put(key, bytes),
+            None => store.delete(key),
+        };
+        match result {
+            Ok(()) => {
+                acknowledge(history, (me, kind), seq);
+                last.insert(kind, bytes);
+            }
+            Err(e) if e.needs_recovery() => {
+                went_global = Some(format!("write {seq}: {e}"));
+                last.remove(&kind);
+                store.recover().expect("global recovery");
+            }
+            Err(e) => panic!("worker {me}: {e}"),
+        }
+        if seq == 1 {
+            // Every own checkpoint exists before the first victim dies (they die later).
+            store.sync().expect("the sync after the first writes");
+        }
+    }
+    meeting.after_writes(&mut store, &mut went_global);
+    while !victims.iter().all(|v| store.failed().contains(v)) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let localized = store.follow().and_then(|()| {
+        let own_copies = own_copies(&mut store, &last)?;
+        Ok((own_copies, read_all(&mut store)?))
+    });
+    let (own_copies, before_global) = match localized {
+        Ok(seen) => seen,
+        Err(e) if e.needs_recovery() => {
+            went_global = Some(format!("reads: {e}"));
+            (Vec::new(), Finals::new())
+        }
+        Err(e) => panic!("worker {me}: {e}"),
+    };
+    let repairs = store.take_repairs();
+    // A global recovery revokes the store: nobody starts it while others still read.
+    meeting.wait_for_all(&meeting.read);
+    store.recover().expect("the final global recovery");
+    let after_global = read_all(&mut store).expect("reads after the global recovery");
+    store.sync().expect("final sync");
+    Seen { before_global, repairs, went_global, own_copies, after_global }
+}
+
+/// For each own key with a known last acknowledged write: how many live copies it has and
+/// whether every one holds that write.
+fn own_copies(
+    store: &mut Store<LocalFabric>,
+    last: &HashMap<u16, Option<Vec<u8>>>,
+) -> ftkv::Result<Vec<(usize, bool)>> {
+    let me = store.worker();
+    let mut found = Vec::new();
+    for (&kind, expected) in last {
+        let copies = store.read_copies(Key::new(me, kind))?;
+        let all_hold = copies.iter().all(|(_, v)| v == expected);
+        found.push((copies.len(), all_hold));
+    }
+    Ok(found)
+}
+
+/// `ranks` ranks, `copies` copies, `victims` killed at their `nth` pass through a put's
+/// failpoint.
+struct Scenario {
+    what: String,
+    ranks: usize,
+    copies: usize,
+    victims: Vec<(i32, &'static str, usize)>,
+}
+
+impl Scenario {
+    fn random(seed: u64) -> Scenario {
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let ranks = rng.gen_range(4..=8usize);
+        let copies = rng.gen_range(2..=3usize);
+        let kills = rng.gen_range(1..copies);
+        let mut victims: Vec<(i32, &'static str, usize)> = Vec::new();
+        while victims.len() < kills {
+            let v = rng.gen_range(0..ranks as i32);
+            if victims.iter().all(|&(w, _, _)| w != v) {
+                let point = ["put_before_header", "put_between_copies"][rng.gen_range(0..2)];
+                victims.push((v, point, rng.gen_range(copies + 1..60)));
+            }
+        }
+        let what = format!("seed {seed}: {ranks} ranks, {copies} copies, kills {victims:?}");
+        Scenario { what, ranks, copies, victims }
+    }
+
+    fn run(&self, seed: u64) -> Vec<Option<Seen>> {
+        println!("{}", self.what);
+        ftkv::events::set_sink(|event| eprintln!("{event}"));
+        let cluster = LocalCluster::new(self.ranks);
+        for &(victim, point, nth) in &self.victims {
+            cluster.arm(victim, point, nth);
+        }
+        let history = Arc::new(History::default());
+        let meeting = Arc::new(Meeting {
+            survivors: self.ranks - self.victims.len(),
+            written: AtomicUsize::new(0),
+            settled: AtomicUsize::new(0),
+            read: AtomicUsize::new(0),
+        });
+        let copies = self.copies;
+        let shared = history.clone();
+        let victims: Vec<i32> = self.victims.iter().map(|v| v.0).collect();
+        let seen = within(60, self.what.clone(), move || {
+            cluster.run(|fabric| {
+                localized_worker(fabric, copies, 80, seed, &shared, &meeting, &victims)
+            })
+        });
+        self.check_histories(&seen, &history.lock().unwrap());
+        seen
+    }
+
+    fn check_histories(&self, seen: &[Option<Seen>], history: &HashMap<(i32, u16), Vec<Op>>) {
+        let what = &self.what;
+        for &(victim, _, _) in &self.victims {
+            assert!(seen[victim as usize].is_none(), "{what}: victim {victim} was not killed");
+        }
+        for (reader, seen) in seen.iter().enumerate() {
+            let Some(seen) = seen else { continue };
+            for finals in [&seen.before_global, &seen.after_global] {
+                for (&(owner, kind), &read) in finals {
+                    let ops = history.get(&(owner, kind)).map_or(&[][..], Vec::as_slice);
+                    assert!(
+                        allowed(ops, read),
+                        "{what}: rank {reader} reads {read:?} for ({owner}, {kind}), {ops:?}"
+                    );
+                }
+            }
+            // Copies never live on the owner: as many as the other survivors allow.
+            let full = self.copies.min(self.ranks - self.victims.len() - 1);
+            for &(count, all_hold) in &seen.own_copies {
+                assert!(all_hold, "{what}: a copy of rank {reader}'s key is stale");
+                assert_eq!(count, full, "{what}: rank {reader}'s key lacks a copy");
+            }
+        }
+    }
+}
+
+#[test]
+fn random_kills_are_repaired_locally_and_lose_no_acknowledged_write() {
+    let seeds: Vec<u64> = match std::env::var("FTKV_SEED") {
+        Ok(seed) => vec![seed.parse().expect("FTKV_SEED is a number")],
+        Err(_) => (1..=60).collect(),
+    };
+    for seed in seeds {
+        let scenario = Scenario::random(seed);
+        let seen = scenario.run(seed);
+        // One kill is repaired locally whenever a key has a reserve holder to move to.
+        if scenario.victims.len() == 1 && scenario.ranks - 1 > scenario.copies {
+            let global: Vec<_> =
+                seen.iter().flatten().filter_map(|s| s.went_global.clone()).collect();
+            assert!(global.is_empty(), "{}: one kill went global: {global:?}", scenario.what);
+        }
+    }
+}
+
+/// One kill: exactly the owners whose keys had a copy on the victim move data (one copy per
+/// such key), nobody else does, and the survivors never recover globally while writing.
+#[test]
+fn only_owners_of_lost_copies_move_data() {
+    let (ranks, copies, victim) = (6, 2, 4);
+    let scenario = Scenario {
+        what: format!("{ranks} ranks, {copies} copies, worker {victim} killed mid-put"),
+        ranks,
+        copies,
+        victims: vec![(victim, "put_between_copies", 21)],
+    };
+    let seen = scenario.run(7);
+    let all: Vec<i32> = (0..ranks as i32).collect();
+    let geometry = SlotGeometry::new(16 << 10);
+    let layout = Layout::with_spares(&all, &vec![0; ranks], 2, copies, 1, geometry, 0);
+    for (worker, seen) in seen.iter().enumerate() {
+        let Some(seen) = seen else { continue };
+        assert_eq!(seen.went_global, None, "worker {worker} recovered globally");
+        let lost_copy = |kind: u16| {
+            let route = layout.route(Key::new(worker as i32, kind)).unwrap();
+            route.iter().any(|c| c.worker == victim)
+        };
+        let lost = (0..2u16).filter(|&kind| lost_copy(kind)).count();
+        // A key not yet written when the victim died has nothing to move (the loot is first
+        // written at the tenth write); the checkpoint is written before the victim can die.
+        let moved: usize = seen.repairs.iter().map(|r| r.keys_moved).sum();
+        let lower = lost_copy(0) as usize;
+        assert!(
+            (lower..=lost).contains(&moved),
+            "worker {worker}: {moved} keys moved, {lost} had a copy on {victim}"
+        );
+        let bytes: u64 = seen.repairs.iter().map(|r| r.bytes_moved).sum();
+        assert!(bytes > 0 || !lost_copy(0), "worker {worker}: its checkpoint's copy moved");
+        assert!(seen.repairs.iter().all(|r| r.failed == vec![victim]), "{:?}", seen.repairs);
+    }
+}

@@ -14,7 +14,7 @@
 //! other failures per process), so it alone decides.
 
 use crate::key::Key;
-use crate::layout::Layout;
+use crate::layout::{Layout, Shape};
 use crate::recovery::{self, Record, OWNER_MARK};
 use crate::slot::SlotGeometry;
 
@@ -207,8 +207,8 @@ impl Machine {
             return self.fail(Failed::Partitioned { live, previous: previous.clone() });
         }
         let i = &self.inputs;
-        let layout =
-            Layout::with_spares(&live, &i.hosts, i.kinds, i.copies, i.spares, i.geometry, i.me);
+        let shape = Shape { kinds: i.kinds, copies: i.copies, spares: i.spares };
+        let layout = Layout::with_spares(&live, &i.hosts, shape, i.geometry, i.me);
         self.layout = Some(layout.clone());
         (self.opened, self.rebuilt) = (false, None);
         self.phase = Phase::Opening;

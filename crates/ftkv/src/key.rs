@@ -130,6 +130,11 @@ impl Config {
         }
     }
 
+    /// The layout's shape: kinds, copies and reserve holders.
+    pub fn shape(&self) -> crate::layout::Shape {
+        crate::layout::Shape { kinds: self.kinds.len(), copies: self.copies, spares: self.spares }
+    }
+
     /// This configuration with [`Recovery::Localized`] and one reserve holder per copy.
     pub fn localized(self) -> Config {
         Config { recovery: Recovery::Localized, spares: self.spares.max(1), ..self }

@@ -27,6 +27,15 @@ pub struct Copy {
     pub disp: i64,
 }
 
+/// How many keys each worker owns and how many slots each key reserves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shape {
+    pub kinds: usize,
+    pub copies: usize,
+    /// Reserve holders per copy ([`crate::Config::spares`]).
+    pub spares: usize,
+}
+
 /// The routes of all keys for a live set.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Layout {
@@ -59,19 +68,18 @@ impl Layout {
         geometry: SlotGeometry,
         me: i32,
     ) -> Layout {
-        Layout::with_spares(live, hosts, kinds, copies, 0, geometry, me)
+        Layout::with_spares(live, hosts, Shape { kinds, copies, spares: 0 }, geometry, me)
     }
 
-    /// The layout for `live` workers with up to `spares` reserve holders per copy.
+    /// The layout for `live` workers with up to `shape.spares` reserve holders per copy.
     pub fn with_spares(
         live: &[i32],
         hosts: &[u32],
-        kinds: usize,
-        copies: usize,
-        spares: usize,
+        shape: Shape,
         geometry: SlotGeometry,
         me: i32,
     ) -> Layout {
+        let Shape { kinds, copies, spares } = shape;
         let workers = hosts.len();
         let mut used = vec![0usize; live.len()];
         let mut chains = Vec::with_capacity(workers * kinds);
@@ -214,8 +222,18 @@ mod tests {
         let g = SlotGeometry::new(64);
         let live: Vec<i32> = (0..6).collect();
         for hosts in [vec![0; 6], vec![0, 0, 1, 1, 2, 2]] {
-            let layouts: Vec<Layout> =
-                live.iter().map(|&me| Layout::with_spares(&live, &hosts, 2, 2, 1, g, me)).collect();
+            let layouts: Vec<Layout> = live
+                .iter()
+                .map(|&me| {
+                    Layout::with_spares(
+                        &live,
+                        &hosts,
+                        Shape { kinds: 2, copies: 2, spares: 1 },
+                        g,
+                        me,
+                    )
+                })
+                .collect();
             let base = &layouts[0];
             for key in base.keys() {
                 let slots: Vec<i32> = base.slots(key).map(|c| c.worker).collect();

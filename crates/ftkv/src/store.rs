@@ -116,10 +116,10 @@ impl<F: Fabric> Store<F> {
         let host = comm.host_id();
         // A rank that cannot tell its host still joins the allgather, and then says no.
         let hosts = gather_hosts(comm, host.as_ref().copied().unwrap_or(0))?;
-        let valid = host.map_err(Error::from).and_then(|_| config.validate(workers)).map(|()| {
-            let (kinds, copies, spares) = (config.kinds.len(), config.copies, config.spares);
-            Layout::with_spares(&live, &hosts, kinds, copies, spares, geometry, me)
-        });
+        let valid = host
+            .map_err(Error::from)
+            .and_then(|_| config.validate(workers))
+            .map(|()| Layout::with_spares(&live, &hosts, config.shape(), geometry, me));
         let valid = valid.and_then(|layout| {
             check_window_memory(comm, layout.window_len, workers).map(|()| layout)
         });

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use ftkv::fabric::local::{LocalCluster, LocalFabric};
 use ftkv::history::{allowed, observe, planned_write, value, Observed, Op};
-use ftkv::layout::Layout;
+use ftkv::layout::{Layout, Shape};
 use ftkv::slot::SlotGeometry;
 use ftkv::{Config, Key, RepairReport, Store};
 use rand::rngs::SmallRng;
@@ -305,7 +305,8 @@ fn only_owners_of_lost_copies_move_data() {
     let seen = scenario.run(7);
     let all: Vec<i32> = (0..ranks as i32).collect();
     let geometry = SlotGeometry::new(16 << 10);
-    let layout = Layout::with_spares(&all, &vec![0; ranks], 2, copies, 1, geometry, 0);
+    let shape = Shape { kinds: 2, copies, spares: 1 };
+    let layout = Layout::with_spares(&all, &vec![0; ranks], shape, geometry, 0);
     for (worker, seen) in seen.iter().enumerate() {
         let Some(seen) = seen else { continue };
         assert_eq!(seen.went_global, None, "worker {worker} recovered globally");

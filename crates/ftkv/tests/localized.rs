@@ -77,6 +77,7 @@ fn read_all(store: &mut Store<LocalFabric>) -> ftkv::Result<Finals> {
 /// written, and nobody can send the store to global recovery (in its reads) while another
 /// survivor could still join a global recovery started during the writes.
 struct Meeting {
+    victims: Vec<i32>,
     survivors: usize,
     written: AtomicUsize,
     settled: AtomicUsize,
@@ -116,7 +117,6 @@ fn localized_worker(
     seed: u64,
     history: &History,
     meeting: &Meeting,
-    victims: &[i32],
 ) -> Seen {
     let mut store = Store::create(&fabric, config(copies)).expect("create");
     let me = store.worker();
@@ -154,7 +154,7 @@ fn localized_worker(
         }
     }
     meeting.after_writes(&mut store, &mut went_global);
-    while !victims.iter().all(|v| store.failed().contains(v)) {
+    while !meeting.victims.iter().all(|v| store.failed().contains(v)) {
         std::thread::sleep(Duration::from_millis(1));
     }
     let localized = store.follow().and_then(|()| {
@@ -230,6 +230,7 @@ impl Scenario {
         }
         let history = Arc::new(History::default());
         let meeting = Arc::new(Meeting {
+            victims: self.victims.iter().map(|v| v.0).collect(),
             survivors: self.ranks - self.victims.len(),
             written: AtomicUsize::new(0),
             settled: AtomicUsize::new(0),
@@ -237,11 +238,8 @@ impl Scenario {
         });
         let copies = self.copies;
         let shared = history.clone();
-        let victims: Vec<i32> = self.victims.iter().map(|v| v.0).collect();
         let seen = within(60, self.what.clone(), move || {
-            cluster.run(|fabric| {
-                localized_worker(fabric, copies, 80, seed, &shared, &meeting, &victims)
-            })
+            cluster.run(|fabric| localized_worker(fabric, copies, 80, seed, &shared, &meeting))
         });
         self.check_histories(&seen, &history.lock().unwrap());
         seen

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use ftkv_cli::launch::{field, JobOutput, Launch};
+use ftkv_cli::launch::{field, kill_pid, JobOutput, Launch};
 
 mod common;
 
@@ -224,4 +224,50 @@ fn a_stuck_put_is_ended_by_the_watchdog_and_the_others_recover() {
     assert!(out.stderr.contains("has not returned for"), "watchdog message:\n{}", out.transcript());
     assert_recovered(&out, 4, &[2], "2");
     assert_survivors_read(&out, 4, &[2], |owner| if owner == 2 { vec![2] } else { vec![5] });
+}
+
+/// Starts `store-localized` on `ranks` ranks, SIGKILLs `victims` from outside by PID once all
+/// write, and returns the job's output.
+fn localized_with_outside_kills(ranks: usize, victims: &[usize]) -> JobOutput {
+    let launch = job("store-localized", ranks).env("STORE_SECONDS", "3");
+    let mut running = launch.spawn().expect("mpirun starts");
+    let mut pids = std::collections::HashMap::new();
+    while pids.len() < ranks {
+        let Some((Some(rank), line)) = running.next_line(Duration::from_secs(60)) else {
+            panic!("the ranks did not get ready:\n{}", running.finish().unwrap().transcript());
+        };
+        if let Some(pid) = line.strip_prefix("ready pid=").and_then(|p| p.trim().parse().ok()) {
+            pids.insert(rank, pid);
+        }
+    }
+    std::thread::sleep(Duration::from_millis(800));
+    for victim in victims {
+        assert!(kill_pid(pids[victim]).expect("kill"), "rank {victim} ended before its kill");
+    }
+    while running.next_line(Duration::from_millis(50)).is_some() || running.is_running() {}
+    let out = running.finish().expect("the job's output");
+    assert!(!out.timed_out, "job hung:\n{}", out.transcript());
+    out
+}
+
+/// Localized recovery on real MPI: a rank SIGKILLed from outside while every rank overwrites
+/// its checkpoint. No survivor recovers globally while writing, every survivor's checkpoint is
+/// back at its full copy count holding its last acknowledged write, some survivor moved the
+/// copies the victim held, and the final global recovery agrees on the victim.
+#[test]
+fn a_rank_killed_from_outside_is_repaired_locally_while_the_others_write() {
+    let (ranks, victim) = (6, 4);
+    let out = localized_with_outside_kills(ranks, &[victim]);
+    let mut moved = 0;
+    for rank in (0..ranks).filter(|&r| r != victim) {
+        let line = out.rank_lines(rank).iter().find(|l| l.starts_with("localized "));
+        let line = line.unwrap_or_else(|| panic!("rank {rank} reported:\n{}", out.transcript()));
+        assert_eq!(field(line, "global"), Some("none"), "rank {rank}: {line}");
+        assert_eq!(field(line, "copies"), Some("2/2"), "rank {rank}: {line}");
+        assert_eq!(field(line, "current"), Some("true"), "rank {rank}: {line}");
+        moved += field(line, "moved_keys").and_then(|v| v.parse::<usize>().ok()).unwrap();
+    }
+    assert!(moved >= 1, "nobody moved the victim's copies:\n{}", out.transcript());
+    assert_recovered(&out, ranks, &[victim], &victim.to_string());
+    assert_survivors_read(&out, ranks, &[victim], |_| (1..100_000).collect());
 }

@@ -41,6 +41,7 @@ pub fn run(case: &str, world: &Comm) -> Result<()> {
         "store-rounds" => rounds(world),
         "store-bad-input" => bad_input(world),
         "store-mismatch" => mismatch(world),
+        "store-localized" => localized(world),
         other => bail!("unknown store case {other:?}"),
     }
 }
@@ -174,4 +175,76 @@ fn mismatch(world: &Comm) -> Result<()> {
         }
         Err(e) => bail!("unexpected error {e}"),
     }
+}
+
+/// Localized recovery under outside kills: every worker overwrites its checkpoint for
+/// `STORE_SECONDS` (default 3) after printing `ready pid=<pid>`; the test SIGKILLs some of them.
+/// The survivors then meet in an agreement (which survives dead members, unlike a barrier),
+/// bring their routes up to date and check their own checkpoint's copies:
+/// `localized global=<none|why> copies=<n> current=<bool> moved_keys=<n> moved_bytes=<n>`.
+/// Finally they recover globally and print every key as `store-rounds` does.
+fn localized(world: &Comm) -> Result<()> {
+    let coordination = world.dup()?;
+    let config = config(world.size() as usize).localized();
+    let copies = config.copies;
+    let mut store = Store::create(world, config)?;
+    let me = store.worker();
+    let checkpoint = Key::new(me, 0);
+    store.put(checkpoint, &value(me, 1, 1024))?;
+    store.sync()?;
+    println!("ready pid={}", std::process::id());
+    let (last, global) = write_for(&mut store, env_usize("STORE_SECONDS", 3))?;
+    meet(&coordination)?;
+    while store.failed().len() < coordination.failed_ranks()?.len() {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    store.follow()?;
+    let held = store.read_copies(checkpoint)?;
+    let current = held.iter().all(|(_, v)| v.as_deref() == Some(&value(me, last, 1024)[..]));
+    let repairs = store.take_repairs();
+    println!(
+        "localized global={} copies={}/{copies} current={current} moved_keys={} moved_bytes={} \
+         repair_ms={:.3}",
+        global.as_deref().unwrap_or("none"),
+        held.len(),
+        repairs.iter().map(|r| r.keys_moved).sum::<usize>(),
+        repairs.iter().map(|r| r.bytes_moved).sum::<u64>(),
+        repairs.iter().map(|r| r.duration.as_secs_f64() * 1e3).sum::<f64>(),
+    );
+    meet(&coordination)?;
+    chaos::recover(&mut store)?;
+    chaos::finish(&mut store)?;
+    report_all(&mut store, world.size())?;
+    println!("done=yes");
+    Ok(())
+}
+
+/// Overwrites the own checkpoint for `secs` seconds; returns the last acknowledged write and
+/// why the store had to recover globally, if it had to.
+fn write_for(store: &mut Store, secs: usize) -> Result<(u32, Option<String>)> {
+    let me = store.worker();
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(secs as u64);
+    let (mut last, mut global) = (1, None);
+    let mut seq = 1;
+    while std::time::Instant::now() < until {
+        seq += 1;
+        match store.put(Key::new(me, 0), &value(me, seq, 1024)) {
+            Ok(()) => last = seq,
+            Err(e) if e.needs_recovery() => {
+                global = Some(e.to_string().replace(' ', "_"));
+                chaos::recover(store)?;
+            }
+            Err(e) => return Err(e.into()),
+        }
+        failpoint::hit("localized_write");
+        std::thread::sleep(std::time::Duration::from_micros(200));
+    }
+    Ok((last, global))
+}
+
+/// A meeting point of the live members that a dead member does not break: an agreement.
+fn meet(coordination: &Comm) -> Result<()> {
+    coordination.failed_ranks()?;
+    coordination.agree(1)?;
+    Ok(())
 }

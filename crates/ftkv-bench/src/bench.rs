@@ -568,6 +568,121 @@ pub fn recovery_rank_main(bytes: usize) -> Result<()> {
     Ok(())
 }
 
+/// How long after its detection a rank's puts count as "during the recovery" in `ftkv bench
+/// recovery`'s localized rows (a localized repair of 1 MiB per rank ends well inside it).
+pub const RECOVERY_WINDOW_US: u64 = 50_000;
+
+/// The rank side of `ftkv bench recovery --localized` rows: like [`recovery_rank_main`], but
+/// with [`ftkv::Recovery::Localized`]: the survivors never stop putting. Each prints when it
+/// noticed the failure (`detect_us`), when its own keys' copies were back (`repaired_us`), what
+/// it moved, and its 1 KiB put latency and rate before its detection and in the
+/// [`RECOVERY_WINDOW_US`] after it. Then they meet in an agreement and recover globally, so the
+/// job ends like any other.
+pub fn localized_recovery_rank_main(bytes: usize) -> Result<()> {
+    let mpi = Mpi::init()?;
+    let world = mpi.world()?.dup()?;
+    let coordination = world.dup()?;
+    let mut config = Config::new(["checkpoint", "small"], 2).localized();
+    config.max_value = bytes.max(1024);
+    config.initial_capacity = bytes.max(1024);
+    let mut store = Store::create(&world, config)?;
+    let me = store.worker();
+    store.put(Key::new(me, 0), &vec![me as u8; bytes])?;
+    store.sync()?;
+    println!("ready pid={}", std::process::id());
+    let run = put_through_a_failure(&mut store)?;
+    let copies = store.read_copies(Key::new(me, 0))?;
+    let restored =
+        copies.len() == 2 && copies.iter().all(|(_, v)| v.as_ref().map(Vec::len) == Some(bytes));
+    println!("recovery mode=localized {} restored={restored}", run.fields());
+    coordination.failed_ranks()?;
+    coordination.agree(1)?;
+    store.recover()?;
+    store.sync()?;
+    drop(store);
+    drop(world);
+    drop(coordination);
+    mpi.finalize_bounded(Duration::from_secs(3))?;
+    Ok(())
+}
+
+/// One rank's puts around a failure it repairs locally.
+struct LocalizedRun {
+    detect_us: u64,
+    repaired_us: u64,
+    keys_moved: usize,
+    bytes_moved: u64,
+    before: crate::stats::Histogram,
+    before_secs: f64,
+    during: crate::stats::Histogram,
+}
+
+impl LocalizedRun {
+    fn fields(&self) -> String {
+        let rate = |h: &crate::stats::Histogram, secs: f64| h.count() as f64 / secs.max(1e-9);
+        format!(
+            "detect_us={} repaired_us={} moved_keys={} moved_bytes={} before_p50_us={:.2} \
+             before_p99_us={:.2} during_p99_us={:.2} before_rate={:.0} during_rate={:.0}",
+            self.detect_us,
+            self.repaired_us,
+            self.keys_moved,
+            self.bytes_moved,
+            self.before.quantile_us(0.5),
+            self.before.quantile_us(0.99),
+            self.during.quantile_us(0.99),
+            rate(&self.before, self.before_secs),
+            rate(&self.during, RECOVERY_WINDOW_US as f64 / 1e6),
+        )
+    }
+}
+
+/// Puts 1 KiB to the second key until [`RECOVERY_WINDOW_US`] after this rank noticed a
+/// failure; every put must succeed (a localized repair never stops a writer).
+fn put_through_a_failure(store: &mut Store) -> Result<LocalizedRun> {
+    let me = store.worker();
+    let small = vec![1u8; 1024];
+    let started = (Instant::now(), unix_us());
+    let mut samples: Vec<(u64, Duration)> = Vec::with_capacity(1 << 18);
+    let (mut detect_us, mut repaired_us) = (None, None);
+    let (mut keys_moved, mut bytes_moved) = (0, 0);
+    loop {
+        let (unix, t) = (unix_us(), Instant::now());
+        store.put(Key::new(me, 1), &small)?;
+        samples.push((unix, t.elapsed()));
+        if detect_us.is_none() && !store.failed().is_empty() {
+            detect_us = Some(unix);
+        }
+        for repair in store.take_repairs() {
+            repaired_us = Some(unix_us());
+            keys_moved += repair.keys_moved;
+            bytes_moved += repair.bytes_moved;
+        }
+        if detect_us.is_some_and(|d| unix_us() > d + RECOVERY_WINDOW_US) {
+            break;
+        }
+        anyhow::ensure!(started.0.elapsed() < Duration::from_secs(30), "no failure within 30 s");
+        std::thread::sleep(Duration::from_micros(20));
+    }
+    let detect_us = detect_us.expect("the loop ends after a detection");
+    let mut run = LocalizedRun {
+        detect_us,
+        repaired_us: repaired_us.unwrap_or(detect_us),
+        keys_moved,
+        bytes_moved,
+        before: Default::default(),
+        before_secs: detect_us.saturating_sub(started.1) as f64 / 1e6,
+        during: Default::default(),
+    };
+    for (at, latency) in samples {
+        if at < detect_us {
+            run.before.record(latency);
+        } else {
+            run.during.record(latency);
+        }
+    }
+    Ok(run)
+}
+
 /// The rank side of `ftkv bench growth`: 1 KiB put latency on this job's ranks (every rank
 /// prints its own), then the machine's shared memory (where windows live) before the store,
 /// after creating it and after every rank stored `stored` bytes (rank 0 prints those).

@@ -14,6 +14,9 @@ use ftkv_launch::launch::{field, kill_pid, JobOutput, Launch};
 /// One recovery measurement.
 #[derive(Debug, Clone, Serialize)]
 pub struct RecoveryRow {
+    /// `global` (every survivor stops in `Store::recover`) or `localized` (only the owners of
+    /// copies that lived on the victim move data; nobody stops putting).
+    pub mode: &'static str,
     pub ranks: usize,
     pub bytes_per_rank: usize,
     /// SIGKILL to the first survivor's put seeing the failure.
@@ -27,13 +30,27 @@ pub struct RecoveryRow {
     pub put_p50_after_us: f64,
     pub keys_recovered: u64,
     pub restored: bool,
+    /// Localized rows: bytes the owners copied to reserve holders (every survivor's sum).
+    pub bytes_moved: Option<u64>,
+    /// Localized rows, over the survivors that moved nothing: the largest ratio of put p99 in
+    /// the 50 ms after their detection to their p99 before it, and the smallest ratio of their
+    /// put rates in those two spans.
+    pub uninvolved_p99_ratio: Option<f64>,
+    pub uninvolved_rate_ratio: Option<f64>,
 }
 
 /// Kills the last rank of a job of `ranks` ranks once all stored `bytes` each.
-pub fn measure_recovery(exe: &Path, ranks: usize, bytes: usize) -> Result<RecoveryRow> {
-    let launch = Launch::new(exe, ranks)
-        .args(["bench-recovery-rank".to_string(), bytes.to_string()])
-        .timeout(Duration::from_secs(120));
+pub fn measure_recovery(
+    exe: &Path,
+    ranks: usize,
+    bytes: usize,
+    localized: bool,
+) -> Result<RecoveryRow> {
+    let mut args = vec!["bench-recovery-rank".to_string(), bytes.to_string()];
+    if localized {
+        args.push("--localized".into());
+    }
+    let launch = Launch::new(exe, ranks).args(args).timeout(Duration::from_secs(120));
     let mut job = launch.spawn()?;
     let mut pids = std::collections::HashMap::new();
     while pids.len() < ranks {
@@ -53,7 +70,66 @@ pub fn measure_recovery(exe: &Path, ranks: usize, bytes: usize) -> Result<Recove
     while job.next_line(Duration::from_millis(20)).is_some() || job.is_running() {}
     let out = job.finish()?;
     ensure!(!out.timed_out, "the recovery benchmark hung:\n{}", out.transcript());
-    recovery_row(&out, ranks, bytes, victim, killed_us)
+    if localized {
+        localized_row(&out, ranks, bytes, victim, killed_us)
+    } else {
+        recovery_row(&out, ranks, bytes, victim, killed_us)
+    }
+}
+
+/// The `recovery mode=localized` line of every survivor (all but `victim`).
+fn survivor_lines(
+    out: &JobOutput,
+    ranks: usize,
+    victim: usize,
+    prefix: &str,
+) -> Result<Vec<String>> {
+    let line = |r: usize| out.rank_lines(r).iter().find(|l| l.starts_with(prefix)).cloned();
+    let lines: Vec<Option<String>> = (0..ranks).filter(|&r| r != victim).map(line).collect();
+    ensure!(
+        lines.iter().all(Option::is_some),
+        "not every survivor (all but rank {victim}) reported:\n{}",
+        out.transcript()
+    );
+    Ok(lines.into_iter().flatten().collect())
+}
+
+fn number(line: &str, key: &str) -> f64 {
+    field(line, key).and_then(|v| v.parse().ok()).unwrap_or(f64::NAN)
+}
+
+fn localized_row(
+    out: &JobOutput,
+    ranks: usize,
+    bytes: usize,
+    victim: usize,
+    killed_us: u64,
+) -> Result<RecoveryRow> {
+    let lines = survivor_lines(out, ranks, victim, "recovery mode=localized")?;
+    let all = |key: &str| lines.iter().map(|l| number(l, key)).collect::<Vec<f64>>();
+    let detect = all("detect_us").into_iter().fold(f64::MAX, f64::min);
+    let involved: Vec<&String> = lines.iter().filter(|l| number(l, "moved_keys") > 0.0).collect();
+    let uninvolved: Vec<&String> =
+        lines.iter().filter(|l| number(l, "moved_keys") == 0.0).collect();
+    let repaired = involved.iter().map(|l| number(l, "repaired_us")).fold(detect, f64::max);
+    let ratio = |l: &&String, a: &str, b: &str| number(l, a) / number(l, b);
+    let p99 = uninvolved.iter().map(|l| ratio(l, "during_p99_us", "before_p99_us"));
+    let rate = uninvolved.iter().map(|l| ratio(l, "during_rate", "before_rate"));
+    Ok(RecoveryRow {
+        mode: "localized",
+        ranks,
+        bytes_per_rank: bytes,
+        detect_ms: (detect - killed_us as f64) / 1e3,
+        restore_ms: (repaired - detect) / 1e3,
+        blocked_ms: 0.0,
+        put_p50_before_us: median(all("before_p50_us")),
+        put_p50_after_us: median(all("before_p50_us")),
+        keys_recovered: all("moved_keys").iter().sum::<f64>() as u64,
+        restored: lines.iter().all(|l| field(l, "restored") == Some("true")),
+        bytes_moved: Some(all("moved_bytes").iter().sum::<f64>() as u64),
+        uninvolved_p99_ratio: Some(p99.fold(0.0, f64::max)),
+        uninvolved_rate_ratio: Some(rate.fold(f64::MAX, f64::min)),
+    })
 }
 
 fn recovery_row(
@@ -80,6 +156,7 @@ fn recovery_row(
     let max = |v: Vec<f64>| v.into_iter().fold(0.0, f64::max);
     let detect = min(values("detect_us"));
     Ok(RecoveryRow {
+        mode: "global",
         ranks,
         bytes_per_rank: bytes,
         detect_ms: (detect - killed_us as f64) / 1e3,
@@ -89,6 +166,9 @@ fn recovery_row(
         put_p50_after_us: median(values("after_p50_us")),
         keys_recovered: max(values("keys")) as u64,
         restored: lines.iter().all(|l| field(l, "restored") == Some("true")),
+        bytes_moved: None,
+        uninvolved_p99_ratio: None,
+        uninvolved_rate_ratio: None,
     })
 }
 
@@ -159,21 +239,27 @@ pub fn run_recovery(
     let mut rows = Vec::new();
     for &n in ranks {
         for &bytes in sizes {
-            let row = measure_recovery(exe, n, bytes)?;
-            eprintln!(
-                "[bench recovery] {n} ranks, {}: detect {:.1} ms, restore {:.1} ms",
-                size_name(bytes),
-                row.detect_ms,
-                row.restore_ms
-            );
-            rows.push(row);
+            for localized in [false, true] {
+                let row = measure_recovery(exe, n, bytes, localized)?;
+                eprintln!(
+                    "[bench recovery] {n} ranks, {}, {}: detect {:.1} ms, restore {:.1} ms",
+                    size_name(bytes),
+                    row.mode,
+                    row.detect_ms,
+                    row.restore_ms
+                );
+                rows.push(row);
+            }
         }
     }
-    println!("| ranks | data per rank | kill → detection ms | detection → copies restored ms | interrupted put blocked ms | put p50 before µs | put p50 after µs | restored |");
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("| mode | ranks | data per rank | kill → detection ms | detection → copies restored ms | interrupted put blocked ms | put p50 before µs | put p50 after µs | MiB moved | uninvolved p99 during / before | uninvolved rate during / before | restored |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let or_dash =
+        |v: Option<f64>, scale: f64| v.map_or("-".into(), |v| format!("{:.2}", v * scale));
     for r in &rows {
         println!(
-            "| {} | {} | {:.1} | {:.1} | {:.1} | {:.2} | {:.2} | {} |",
+            "| {} | {} | {} | {:.1} | {:.1} | {:.1} | {:.2} | {:.2} | {} | {} | {} | {} |",
+            r.mode,
             r.ranks,
             size_name(r.bytes_per_rank),
             r.detect_ms,
@@ -181,6 +267,9 @@ pub fn run_recovery(
             r.blocked_ms,
             r.put_p50_before_us,
             r.put_p50_after_us,
+            or_dash(r.bytes_moved.map(|b| b as f64), 1.0 / (1u64 << 20) as f64),
+            or_dash(r.uninvolved_p99_ratio, 1.0),
+            or_dash(r.uninvolved_rate_ratio, 1.0),
             if r.restored { "yes" } else { "NO" }
         );
     }

@@ -82,7 +82,11 @@ enum Command {
     },
     /// The rank side of `ftkv bench recovery`.
     #[command(hide = true)]
-    BenchRecoveryRank { bytes: usize },
+    BenchRecoveryRank {
+        bytes: usize,
+        #[arg(long)]
+        localized: bool,
+    },
     /// The rank side of `ftkv bench growth`.
     #[command(hide = true)]
     BenchGrowthRank { copies: usize, stored: usize, millis: u64 },
@@ -483,7 +487,12 @@ fn run(command: Command) -> Result<()> {
             check_jobs("--ranks", &ranks, 2, "bench growth")?;
             ftkv_cli::bench_recovery::run_growth(&exe()?, &ranks, stored, millis, &out).map(drop)
         }
-        Command::BenchRecoveryRank { bytes } => ftkv_cli::bench::recovery_rank_main(bytes),
+        Command::BenchRecoveryRank { bytes, localized: false } => {
+            ftkv_cli::bench::recovery_rank_main(bytes)
+        }
+        Command::BenchRecoveryRank { bytes, localized: true } => {
+            ftkv_cli::bench::localized_recovery_rank_main(bytes)
+        }
         Command::BenchGrowthRank { copies, stored, millis } => {
             ftkv_cli::bench::growth_rank_main(copies, stored, millis)
         }

@@ -26,7 +26,9 @@
 //!   path, and a watchdog turns a one-sided call that never returns into a fail-stop exit.
 //!   [`Detection::Ping`] adds the reference paper's per-put ping.
 //! - **Recovery** ([`Store::recover`]) is global: revoke, shrink, new windows, newest surviving
-//!   version of every key copied to its new holders. Up to `copies − 1` failures between two
+//!   version of every key copied to its new holders. With [`Recovery::Localized`] a failure that
+//!   every key survives is repaired without it: copies move to reserve holders ([`layout`]) and
+//!   only the owners of lost copies copy data, while the other ranks keep writing. Up to `copies − 1` failures between two
 //!   recoveries lose no acknowledged write. A recovery attempt stuck inside Open MPI (shrink can
 //!   stay blocked on one member while the others go on) ends that member after
 //!   [`Config::recovery_watchdog`], a fail-stop like any other.

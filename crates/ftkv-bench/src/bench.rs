@@ -518,14 +518,8 @@ pub fn unix_us() -> u64 {
 pub fn recovery_rank_main(bytes: usize) -> Result<()> {
     let mpi = Mpi::init()?;
     let world = mpi.world()?.dup()?;
-    let mut config = Config::new(["checkpoint", "small"], 2);
-    config.max_value = bytes.max(1024);
-    config.initial_capacity = bytes.max(1024);
-    let mut store = Store::create(&world, config)?;
+    let mut store = checkpointed_store(&world, bytes, Config::new(["checkpoint", "small"], 2))?;
     let me = store.worker();
-    store.put(Key::new(me, 0), &vec![me as u8; bytes])?;
-    store.sync()?;
-    println!("ready pid={}", std::process::id());
     let small = vec![1u8; 1024];
     let mut before = crate::stats::Histogram::default();
     let started = Instant::now();
@@ -568,6 +562,19 @@ pub fn recovery_rank_main(bytes: usize) -> Result<()> {
     Ok(())
 }
 
+/// The store of `ftkv bench recovery`'s ranks: `config` sized for `bytes`, every worker's
+/// checkpoint holding `bytes`, synced; prints `ready pid=<pid>` for the driver's kill.
+fn checkpointed_store(world: &Comm, bytes: usize, mut config: Config) -> Result<Store> {
+    config.max_value = bytes.max(1024);
+    config.initial_capacity = bytes.max(1024);
+    let mut store = Store::create(world, config)?;
+    let me = store.worker();
+    store.put(Key::new(me, 0), &vec![me as u8; bytes])?;
+    store.sync()?;
+    println!("ready pid={}", std::process::id());
+    Ok(store)
+}
+
 /// How long after its detection a rank's puts count as "during the recovery" in `ftkv bench
 /// recovery`'s localized rows (a localized repair of 1 MiB per rank ends well inside it).
 pub const RECOVERY_WINDOW_US: u64 = 50_000;
@@ -582,14 +589,9 @@ pub fn localized_recovery_rank_main(bytes: usize) -> Result<()> {
     let mpi = Mpi::init()?;
     let world = mpi.world()?.dup()?;
     let coordination = world.dup()?;
-    let mut config = Config::new(["checkpoint", "small"], 2).localized();
-    config.max_value = bytes.max(1024);
-    config.initial_capacity = bytes.max(1024);
-    let mut store = Store::create(&world, config)?;
+    let config = Config::new(["checkpoint", "small"], 2).localized();
+    let mut store = checkpointed_store(&world, bytes, config)?;
     let me = store.worker();
-    store.put(Key::new(me, 0), &vec![me as u8; bytes])?;
-    store.sync()?;
-    println!("ready pid={}", std::process::id());
     let run = put_through_a_failure(&mut store)?;
     let copies = store.read_copies(Key::new(me, 0))?;
     let restored =
@@ -622,13 +624,15 @@ impl LocalizedRun {
         let rate = |h: &crate::stats::Histogram, secs: f64| h.count() as f64 / secs.max(1e-9);
         format!(
             "detect_us={} repaired_us={} moved_keys={} moved_bytes={} before_p50_us={:.2} \
-             before_p99_us={:.2} during_p99_us={:.2} before_rate={:.0} during_rate={:.0}",
+             before_p99_us={:.2} during_p50_us={:.2} during_p99_us={:.2} before_rate={:.0} \
+             during_rate={:.0}",
             self.detect_us,
             self.repaired_us,
             self.keys_moved,
             self.bytes_moved,
             self.before.quantile_us(0.5),
             self.before.quantile_us(0.99),
+            self.during.quantile_us(0.5),
             self.during.quantile_us(0.99),
             rate(&self.before, self.before_secs),
             rate(&self.during, RECOVERY_WINDOW_US as f64 / 1e6),

@@ -27,6 +27,8 @@ pub struct RecoveryRow {
     /// recovery no put completes while the store recovers.
     pub blocked_ms: f64,
     pub put_p50_before_us: f64,
+    /// After the recovery; in localized rows, in the 50 ms after each survivor's detection
+    /// (nobody stops putting).
     pub put_p50_after_us: f64,
     pub keys_recovered: u64,
     pub restored: bool,
@@ -77,25 +79,46 @@ pub fn measure_recovery(
     }
 }
 
-/// The `recovery mode=localized` line of every survivor (all but `victim`).
+/// The report line (starting with `prefix`) of every survivor: every rank but `victim` and the
+/// ranks the survivors agreed failed.
 fn survivor_lines(
     out: &JobOutput,
     ranks: usize,
     victim: usize,
     prefix: &str,
 ) -> Result<Vec<String>> {
+    let failed = out.agreed_failed(ranks, prefix);
     let line = |r: usize| out.rank_lines(r).iter().find(|l| l.starts_with(prefix)).cloned();
-    let lines: Vec<Option<String>> = (0..ranks).filter(|&r| r != victim).map(line).collect();
+    let survivors = (0..ranks).filter(|r| *r != victim && !failed.contains(r));
+    let lines: Vec<Option<String>> = survivors.map(line).collect();
     ensure!(
-        lines.iter().all(Option::is_some),
-        "not every survivor (all but rank {victim}) reported:\n{}",
+        !lines.is_empty() && lines.iter().all(Option::is_some),
+        "not every survivor (all but rank {victim} and the failed {failed:?}) reported:\n{}",
         out.transcript()
     );
     Ok(lines.into_iter().flatten().collect())
 }
 
+/// The number `key=<n>` on `line` (NaN when absent).
 fn number(line: &str, key: &str) -> f64 {
     field(line, key).and_then(|v| v.parse().ok()).unwrap_or(f64::NAN)
+}
+
+/// `key`'s number on each of `lines`.
+fn numbers(lines: &[String], key: &str) -> Vec<f64> {
+    lines.iter().map(|l| number(l, key)).collect()
+}
+
+fn min(v: Vec<f64>) -> f64 {
+    v.into_iter().fold(f64::MAX, f64::min)
+}
+
+fn max(v: Vec<f64>) -> f64 {
+    v.into_iter().fold(0.0, f64::max)
+}
+
+fn all_restored(lines: &[String]) -> bool {
+    lines.iter().all(|l| field(l, "restored") == Some("true"))
 }
 
 fn localized_row(
@@ -106,15 +129,13 @@ fn localized_row(
     killed_us: u64,
 ) -> Result<RecoveryRow> {
     let lines = survivor_lines(out, ranks, victim, "recovery mode=localized")?;
-    let all = |key: &str| lines.iter().map(|l| number(l, key)).collect::<Vec<f64>>();
-    let detect = all("detect_us").into_iter().fold(f64::MAX, f64::min);
-    let involved: Vec<&String> = lines.iter().filter(|l| number(l, "moved_keys") > 0.0).collect();
-    let uninvolved: Vec<&String> =
-        lines.iter().filter(|l| number(l, "moved_keys") == 0.0).collect();
-    let repaired = involved.iter().map(|l| number(l, "repaired_us")).fold(detect, f64::max);
-    let ratio = |l: &&String, a: &str, b: &str| number(l, a) / number(l, b);
-    let p99 = uninvolved.iter().map(|l| ratio(l, "during_p99_us", "before_p99_us"));
-    let rate = uninvolved.iter().map(|l| ratio(l, "during_rate", "before_rate"));
+    let detect = min(numbers(&lines, "detect_us"));
+    let (involved, uninvolved): (Vec<String>, Vec<String>) =
+        lines.iter().cloned().partition(|l| number(l, "moved_keys") > 0.0);
+    let repaired = numbers(&involved, "repaired_us").into_iter().fold(detect, f64::max);
+    let ratios = |a: &str, b: &str| -> Vec<f64> {
+        uninvolved.iter().map(|l| number(l, a) / number(l, b)).collect()
+    };
     Ok(RecoveryRow {
         mode: "localized",
         ranks,
@@ -122,13 +143,13 @@ fn localized_row(
         detect_ms: (detect - killed_us as f64) / 1e3,
         restore_ms: (repaired - detect) / 1e3,
         blocked_ms: 0.0,
-        put_p50_before_us: median(all("before_p50_us")),
-        put_p50_after_us: median(all("before_p50_us")),
-        keys_recovered: all("moved_keys").iter().sum::<f64>() as u64,
-        restored: lines.iter().all(|l| field(l, "restored") == Some("true")),
-        bytes_moved: Some(all("moved_bytes").iter().sum::<f64>() as u64),
-        uninvolved_p99_ratio: Some(p99.fold(0.0, f64::max)),
-        uninvolved_rate_ratio: Some(rate.fold(f64::MAX, f64::min)),
+        put_p50_before_us: median(numbers(&lines, "before_p50_us")),
+        put_p50_after_us: median(numbers(&lines, "during_p50_us")),
+        keys_recovered: numbers(&lines, "moved_keys").iter().sum::<f64>() as u64,
+        restored: all_restored(&lines),
+        bytes_moved: Some(numbers(&lines, "moved_bytes").iter().sum::<f64>() as u64),
+        uninvolved_p99_ratio: Some(max(ratios("during_p99_us", "before_p99_us"))),
+        uninvolved_rate_ratio: Some(min(ratios("during_rate", "before_rate"))),
     })
 }
 
@@ -139,33 +160,19 @@ fn recovery_row(
     victim: usize,
     killed_us: u64,
 ) -> Result<RecoveryRow> {
-    let line = |r: usize| out.rank_lines(r).iter().find(|l| l.starts_with("recovery "));
-    let failed = out.agreed_failed(ranks, "recovery ");
-    let survivors = (0..ranks).filter(|r| *r != victim && !failed.contains(r));
-    let lines: Vec<Option<&String>> = survivors.map(line).collect();
-    ensure!(
-        !lines.is_empty() && lines.iter().all(Option::is_some),
-        "not every survivor (all but rank {victim} and the failed {failed:?}) reported:\n{}",
-        out.transcript()
-    );
-    let lines: Vec<&String> = lines.into_iter().flatten().collect();
-    let values = |key: &str| -> Vec<f64> {
-        lines.iter().filter_map(|l| field(l, key)?.parse().ok()).collect()
-    };
-    let min = |v: Vec<f64>| v.into_iter().fold(f64::MAX, f64::min);
-    let max = |v: Vec<f64>| v.into_iter().fold(0.0, f64::max);
-    let detect = min(values("detect_us"));
+    let lines = survivor_lines(out, ranks, victim, "recovery ")?;
+    let detect = min(numbers(&lines, "detect_us"));
     Ok(RecoveryRow {
         mode: "global",
         ranks,
         bytes_per_rank: bytes,
         detect_ms: (detect - killed_us as f64) / 1e3,
-        restore_ms: (max(values("recovered_us")) - detect) / 1e3,
-        blocked_ms: max(values("blocked_ms")),
-        put_p50_before_us: median(values("before_p50_us")),
-        put_p50_after_us: median(values("after_p50_us")),
-        keys_recovered: max(values("keys")) as u64,
-        restored: lines.iter().all(|l| field(l, "restored") == Some("true")),
+        restore_ms: (max(numbers(&lines, "recovered_us")) - detect) / 1e3,
+        blocked_ms: max(numbers(&lines, "blocked_ms")),
+        put_p50_before_us: median(numbers(&lines, "before_p50_us")),
+        put_p50_after_us: median(numbers(&lines, "after_p50_us")),
+        keys_recovered: max(numbers(&lines, "keys")) as u64,
+        restored: all_restored(&lines),
         bytes_moved: None,
         uninvolved_p99_ratio: None,
         uninvolved_rate_ratio: None,

@@ -485,34 +485,29 @@ impl<F: Fabric> Store<F> {
 
     /// The newest complete version on the live copies of `route`.
     fn newest_surviving(&self, route: &[Copy]) -> Result<Option<Committed>> {
+        let copies = self.read_live(route)?.into_iter().filter_map(|(_, found)| found);
+        Ok(copies.max_by_key(|c| c.header.version))
+    }
+
+    /// Each copy of `route` not known failed: its holder and newest complete version, read
+    /// with watchdog-bounded gets.
+    fn read_live(&self, route: &[Copy]) -> Result<Vec<(i32, Option<Committed>)>> {
         let window = self.window.as_ref().ok_or(Error::Closed)?;
-        let mut newest: Option<Committed> = None;
+        let mut copies = Vec::with_capacity(route.len());
         for copy in route.iter().filter(|c| !self.health.is_failed(c.worker)) {
             self.health.enter_call();
             let found = read_copy(window, copy, self.geometry);
             self.health.leave_call();
-            let found = found.map_err(|e| self.failure(e))?;
-            if found.as_ref().map(|c| c.header.version) > newest.as_ref().map(|c| c.header.version)
-            {
-                newest = found;
-            }
+            copies.push((copy.worker, found.map_err(|e| self.failure(e))?));
         }
-        Ok(newest)
+        Ok(copies)
     }
 
     /// Writes a committed version (data, then header, into its half) to `targets`.
     fn copy_to(&self, targets: &[Copy], committed: &Committed) -> Result<()> {
         let window = self.window.as_ref().ok_or(Error::Closed)?;
-        let header = committed.header.encode();
-        let half = self.geometry.half_offset(committed.header.version) as i64;
         self.health.enter_call();
-        let written = window.scope(|s| {
-            for copy in targets {
-                s.put(copy.rank, copy.disp + half + HEADER_LEN as i64, &committed.data)?;
-                s.put(copy.rank, copy.disp + half, &header)?;
-            }
-            Ok(())
-        });
+        let written = put_committed(window, targets, committed, self.geometry);
         self.health.leave_call();
         written.map_err(|e| self.failure(e))?;
         self.ensure_alive(targets)
@@ -616,14 +611,7 @@ impl<F: Fabric> Store<F> {
     fn read_holders_once(&self, key: Key) -> Result<Vec<(i32, Option<Committed>)>> {
         self.ensure_healthy()?;
         let route = self.route(key)?;
-        let window = self.window.as_ref().ok_or(Error::Closed)?;
-        let mut copies = Vec::with_capacity(route.len());
-        for copy in route.iter().filter(|c| !self.health.is_failed(c.worker)) {
-            self.health.enter_call();
-            let found = read_copy(window, copy, self.geometry);
-            self.health.leave_call();
-            copies.push((copy.worker, found.map_err(|e| self.failure(e))?));
-        }
+        let copies = self.read_live(route)?;
         self.ensure_alive(route)?;
         Ok(copies)
     }
@@ -1093,19 +1081,29 @@ fn copy_out<W: FabricWindow>(
     geometry: SlotGeometry,
 ) -> Result<()> {
     for key in sends {
-        let committed = &local[key];
-        let header = committed.header.encode();
-        let half = geometry.half_offset(committed.header.version) as i64;
         let route = layout.route(*key).expect("planned keys are routed");
-        window.scope(|s| {
-            for copy in route {
-                s.put(copy.rank, copy.disp + half + HEADER_LEN as i64, &committed.data)?;
-                s.put(copy.rank, copy.disp + half, &header)?;
-            }
-            Ok(())
-        })?;
+        put_committed(window, route, &local[key], geometry)?;
     }
     Ok(())
+}
+
+/// Writes a committed version (data and header into the version's half) to every copy of
+/// `targets`, completed by one scope.
+fn put_committed<W: FabricWindow>(
+    window: &W,
+    targets: &[Copy],
+    committed: &Committed,
+    geometry: SlotGeometry,
+) -> std::result::Result<(), FabricError> {
+    let header = committed.header.encode();
+    let half = geometry.half_offset(committed.header.version) as i64;
+    window.scope(|s| {
+        for copy in targets {
+            s.put(copy.rank, copy.disp + half + HEADER_LEN as i64, &committed.data)?;
+            s.put(copy.rank, copy.disp + half, &header)?;
+        }
+        Ok(())
+    })
 }
 
 /// Stops the detector thread before the fields go: it polls MPI on a communicator derived from

@@ -2,34 +2,17 @@
 //! scenario runs under a hard timeout; the randomized ones print their seed, and
 //! `FTKV_SEED=<n>` replays one.
 
-use std::collections::HashMap;
-use std::sync::mpsc;
-use std::sync::Mutex;
-use std::time::Duration;
+mod common;
 
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use common::{acknowledge, within};
 use ftkv::fabric::local::{LocalCluster, LocalFabric};
 use ftkv::history::{allowed, observe, planned_write, value, Observed, Op};
 use ftkv::{Config, Error, Key, Store};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-
-/// Runs `body` on a thread and fails the test if it does not end within `secs`.
-fn within<T: Send + 'static>(
-    secs: u64,
-    what: String,
-    body: impl FnOnce() -> T + Send + 'static,
-) -> T {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body));
-        let _ = tx.send(outcome);
-    });
-    match rx.recv_timeout(Duration::from_secs(secs)) {
-        Ok(Ok(value)) => value,
-        Ok(Err(panic)) => std::panic::resume_unwind(panic),
-        Err(_) => panic!("{what}: no end within {secs} s (hang)"),
-    }
-}
 
 fn config(copies: usize) -> Config {
     let mut config = Config::new(["checkpoint", "loot"], copies);
@@ -242,12 +225,6 @@ fn run_worker(
     }
     store.sync().expect("final sync");
     finals
-}
-
-fn acknowledge(history: &Mutex<HashMap<(i32, u16), Vec<Op>>>, key: (i32, u16), seq: u32) {
-    let mut history = history.lock().unwrap();
-    let op = history.get_mut(&key).and_then(|ops| ops.iter_mut().rev().find(|o| o.seq == seq));
-    op.expect("tried before acknowledged").acked = true;
 }
 
 #[test]

@@ -3,11 +3,14 @@
 //! every key is back at its full copy count. Every scenario runs under a hard timeout; the
 //! randomized ones print their seed, and `FTKV_SEED=<n>` replays one.
 
+mod common;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
+use common::{acknowledge, within, History};
 use ftkv::fabric::local::{LocalCluster, LocalFabric};
 use ftkv::history::{allowed, observe, planned_write, value, Observed, Op};
 use ftkv::layout::{Layout, Shape};
@@ -16,24 +19,6 @@ use ftkv::{Config, Key, RepairReport, Store};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-/// Runs `body` on a thread and fails the test if it does not end within `secs`.
-fn within<T: Send + 'static>(
-    secs: u64,
-    what: String,
-    body: impl FnOnce() -> T + Send + 'static,
-) -> T {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body));
-        let _ = tx.send(outcome);
-    });
-    match rx.recv_timeout(Duration::from_secs(secs)) {
-        Ok(Ok(value)) => value,
-        Ok(Err(panic)) => std::panic::resume_unwind(panic),
-        Err(_) => panic!("{what}: no end within {secs} s (hang)"),
-    }
-}
-
 fn config(copies: usize) -> Config {
     let mut config = Config::new(["checkpoint", "loot"], copies).localized();
     config.initial_capacity = 1024;
@@ -41,7 +26,6 @@ fn config(copies: usize) -> Config {
     config
 }
 
-type History = Mutex<HashMap<(i32, u16), Vec<Op>>>;
 type Finals = HashMap<(i32, u16), Observed>;
 
 /// What a survivor saw: reads while the store still ran on its first windows, the repairs it
@@ -54,12 +38,6 @@ struct Seen {
     went_global: Option<String>,
     own_copies: Vec<(usize, bool)>,
     after_global: Finals,
-}
-
-fn acknowledge(history: &History, key: (i32, u16), seq: u32) {
-    let mut history = history.lock().unwrap();
-    let op = history.get_mut(&key).and_then(|ops| ops.iter_mut().rev().find(|o| o.seq == seq));
-    op.expect("tried before acknowledged").acked = true;
 }
 
 fn read_all(store: &mut Store<LocalFabric>) -> ftkv::Result<Finals> {

@@ -100,12 +100,22 @@ fn a_demo_over_three_hosts_with_two_kills_matches_and_no_process_ends_itself() {
     assert_no_leftovers(pid, &ranks, &shm_before);
 }
 
+/// What a driver run ended with: its status, output and the PIDs of its ranks.
+struct Ended {
+    status: std::process::ExitStatus,
+    stdout: String,
+    stderr: String,
+    pid: u32,
+    ranks: Vec<u32>,
+}
+
+/// Open MPI's runtime ended the job because it lost a host's daemon: the one failure ftkv
+/// cannot survive (README, "A host's daemon dying ends the whole job").
+const DAEMON_LOST: &str = "PRTE has lost communication with a remote daemon";
+
 /// Both ranks of one host SIGKILLed at the same moment, 2 s into the deep tree (T3L), while
 /// the pool checkpoints and steals across hosts.
-#[test]
-fn all_ranks_of_one_host_killed_at_once_lose_nothing() {
-    let _slot = job_slot();
-    let shm_before = shm_segments();
+fn kill_one_hosts_ranks_during_a_demo() -> Ended {
     let args = ["demo", "--nodes", "3", "-n", "6", "--kills", "0", "--copies", "2"];
     let driver = start(&[&args[..], &["--tree", "T3L", "--timeout", "150"]].concat());
     let pid = driver.id();
@@ -119,6 +129,24 @@ fn all_ranks_of_one_host_killed_at_once_lose_nothing() {
     let killed = Command::new("kill").arg("-KILL").args(&victims).status().expect("kill");
     assert!(killed.success());
     let (status, stdout, stderr) = wait_bounded(driver, Duration::from_secs(200));
+    Ended { status, stdout, stderr, pid, ranks }
+}
+
+/// Once in CI (none of 10 runs on this machine) Open MPI's runtime lost a host's daemon right
+/// after the kill and ended the whole job, which no store can survive; such a run is repeated
+/// once, and a second one fails the test.
+#[test]
+fn all_ranks_of_one_host_killed_at_once_lose_nothing() {
+    let _slot = job_slot();
+    let shm_before = shm_segments();
+    let mut run = kill_one_hosts_ranks_during_a_demo();
+    assert_no_leftovers(run.pid, &run.ranks, &shm_before);
+    if !run.status.success() && run.stderr.contains(DAEMON_LOST) {
+        eprintln!("the runtime lost a daemon and ended the job; once more:\n{}", run.stderr);
+        run = kill_one_hosts_ranks_during_a_demo();
+        assert_no_leftovers(run.pid, &run.ranks, &shm_before);
+    }
+    let Ended { status, stdout, stderr, .. } = run;
     assert!(status.success(), "the demo failed:\n{stdout}\n{stderr}");
     assert!(stdout.contains("-> MATCH"), "{stdout}");
     assert_eq!(
@@ -129,7 +157,6 @@ fn all_ranks_of_one_host_killed_at_once_lose_nothing() {
     let ended = list_after(&stdout, "ranks that ended themselves");
     assert_eq!(ended, Vec::<usize>::new(), "{stdout}\n{stderr}");
     assert!(stderr.contains("failed without a kill of this driver's"), "{stderr}");
-    assert_no_leftovers(pid, &ranks, &shm_before);
 }
 
 /// A worker on one of 3 hosts SIGSTOPped for 12 s with a 5 s suspicion bound: the puts of the

@@ -18,11 +18,12 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::fabric::Fabric;
+use crate::fabric::{Fabric, FabricResult};
 
 /// What the detector publishes and the watchdog watches.
 #[derive(Debug)]
 pub(crate) struct Health {
+    workers: usize,
     failed: Vec<AtomicU64>,
     /// Bumped whenever a worker is newly marked failed: the put path compares it with the
     /// generation its routes were computed for (one relaxed load per call).
@@ -32,23 +33,55 @@ pub(crate) struct Health {
     alarm_on_failure: bool,
     alarm: AtomicBool,
     in_call: AtomicU64,
+    /// When the detector thread last began a round, in nanoseconds since `born` (0: no
+    /// detector thread runs).
+    round_at: AtomicU64,
+    born: Instant,
 }
 
 impl Health {
     pub fn new(workers: usize, alarm_on_failure: bool) -> Health {
         Health {
+            workers,
             failed: (0..workers.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
             generation: AtomicU64::new(0),
             alarm_on_failure,
             alarm: AtomicBool::new(false),
             in_call: AtomicU64::new(0),
+            round_at: AtomicU64::new(0),
+            born: Instant::now(),
         }
+    }
+
+    /// How long ago the detector thread last began a round (zero while none runs): longer than
+    /// the suspicion bound means this process was stopped or starved that long.
+    #[inline]
+    pub fn since_last_round(&self) -> Duration {
+        let at = self.round_at.load(Ordering::Acquire);
+        if at == 0 {
+            return Duration::ZERO;
+        }
+        self.born.elapsed().saturating_sub(Duration::from_nanos(at))
+    }
+
+    fn stamp_round(&self) {
+        let now = self.born.elapsed().as_nanos().max(1) as u64;
+        self.round_at.store(now, Ordering::Release);
+    }
+
+    fn stop_rounds(&self) {
+        self.round_at.store(0, Ordering::Release);
     }
 
     /// How many times a worker was newly marked failed.
     #[inline]
     pub fn generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire)
+    }
+
+    /// How many workers the store was created with.
+    pub fn workers(&self) -> usize {
+        self.workers
     }
 
     /// Every worker of `0..workers` marked failed.
@@ -122,7 +155,12 @@ pub(crate) struct Watch<F> {
     /// [`crate::Config::suspicion`].
     pub suspicion: Duration,
     pub answer_pings: bool,
+    /// Fences newly failed workers out of this rank's slots (see [`crate::fence`]).
+    pub fence: FenceFailed,
 }
+
+/// What the detector calls with every failed worker once the failed set grew.
+pub(crate) type FenceFailed = Box<dyn Fn(&[i32]) -> FabricResult<usize> + Send>;
 
 impl Detector {
     pub fn start<F: Fabric>(watch: Watch<F>) -> Detector {
@@ -153,15 +191,51 @@ impl Drop for Detector {
 fn run<F: Fabric>(watch: Watch<F>, stop: &AtomicBool) {
     let mut stuck = StuckCall::default();
     let mut last_round = Instant::now();
+    let mut fenced_generation = 0;
+    watch.health.stamp_round();
     while !stop.load(Ordering::Acquire) {
         end_if_suspended(&watch, last_round.elapsed());
         last_round = Instant::now();
+        watch.health.stamp_round();
         poll_once(&watch);
+        fenced_generation = fence_new_failures(&watch, fenced_generation);
         stuck.check(&watch);
         if watch.answer_pings {
             std::thread::yield_now();
         } else {
             std::thread::sleep(watch.poll_interval);
+        }
+    }
+    watch.health.stop_rounds();
+}
+
+/// Fences newly failed `workers` out of this rank's slots, then publishes them: whoever sees
+/// a failure here (the store's calls, the alarm) sees it fenced on this rank.
+fn publish_failures<F: Fabric>(watch: &Watch<F>, workers: impl Iterator<Item = i32>) {
+    let newly: Vec<i32> = workers.filter(|&w| !watch.health.is_failed(w)).collect();
+    if newly.is_empty() {
+        return;
+    }
+    let mut failed = watch.health.failed_workers(watch.health.workers());
+    failed.extend(&newly);
+    if let Err(e) = (watch.fence)(&failed) {
+        crate::events::warn(format!("detector: fencing failed workers: {e}"));
+    }
+    newly.into_iter().for_each(|w| watch.health.mark_failed(w));
+}
+
+/// Fences the failed workers when the failed set grew since `fenced` (a generation); returns
+/// the generation now fenced. A fencing error is reported and tried again next round.
+fn fence_new_failures<F: Fabric>(watch: &Watch<F>, fenced: u64) -> u64 {
+    let generation = watch.health.generation();
+    if generation == fenced {
+        return fenced;
+    }
+    match (watch.fence)(&watch.health.failed_workers(watch.health.workers())) {
+        Ok(_) => generation,
+        Err(e) => {
+            crate::events::warn(format!("detector: fencing failed workers: {e}"));
+            fenced
         }
     }
 }
@@ -191,7 +265,7 @@ fn poll_once<F: Fabric>(watch: &Watch<F>) {
         crate::events::warn(format!("detector: {}", progressed.unwrap_err()));
     }
     match watch.comm.failed_ranks() {
-        Ok(ranks) => ranks.iter().for_each(|&r| watch.health.mark_failed(watch.live[r as usize])),
+        Ok(ranks) => publish_failures(watch, ranks.iter().map(|&r| watch.live[r as usize])),
         Err(e) => crate::events::warn(format!("detector: {e}")),
     }
     let revoked = |comm: &F| comm.is_revoked().unwrap_or(true);

@@ -43,6 +43,7 @@ mod detector;
 mod error;
 pub mod events;
 pub mod fabric;
+mod fence;
 pub mod history;
 mod key;
 pub mod layout;

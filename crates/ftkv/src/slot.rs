@@ -1,7 +1,8 @@
 //! The layout of one copy of a key in a holder's window, and its encoding.
 //!
-//! A slot is two halves; version `v` goes into half `v mod 2`, so a put never overwrites the
-//! newest complete version. A half is a 64-byte header followed by the value bytes:
+//! A slot is a fence block followed by two halves; version `v` goes into half `v mod 2`, so a
+//! put never overwrites the newest complete version. A half is a 64-byte header followed by the
+//! value bytes:
 //!
 //! | bytes | field |
 //! |---|---|
@@ -11,11 +12,25 @@
 //! | 16..24 | value length |
 //! | 24..32 | recovery epoch of the writer |
 //! | 32..40 | xxh3 of the value bytes |
-//! | 40..48 | xxh3 of bytes 0..40 |
+//! | 40..44 | the writer's worker id |
+//! | 48..56 | xxh3 of bytes 0..48 |
 //!
 //! Header and data go out in one epoch and one flush, in no particular order. A reader accepts a
 //! half only if both hashes match, so a writer that dies mid-put leaves a half that fails the
 //! check, and the reader falls back to the other half, the previous complete version.
+//!
+//! The fence block (64 bytes) is written only by the slot's holder, never by writers: once the
+//! holder learns that a worker failed, it records `(writer, version)`, the newest version the
+//! slot held then, and readers ignore every half of that writer with a higher version. A write
+//! the failed worker issued late (it was stopped, slow, or its put was in flight) can land in
+//! the slot but is never read back as current:
+//!
+//! | bytes | field |
+//! |---|---|
+//! | 0..4 | magic `FNCE` |
+//! | 4..8 | entries (≤ 3) |
+//! | 8..44 | per entry: writer id (4 bytes), version (8 bytes) |
+//! | 48..56 | xxh3 of bytes 0..48 |
 
 /// XXH3 (64 bit); `twox-hash` picks its AVX2 loop at run time where the CPU has it (about twice
 /// as fast as SSE2 on a 1 MiB value, which the torn-write check hashes on every put).
@@ -24,7 +39,14 @@ pub(crate) fn xxh3_64(bytes: &[u8]) -> u64 {
 }
 
 pub const HEADER_LEN: usize = 64;
+/// Bytes of the fence block at the start of every slot (as long as a header, so one buffer
+/// shape serves both).
+pub const FENCE_LEN: usize = HEADER_LEN;
 const MAGIC: [u8; 4] = *b"FTKV";
+const FENCE_MAGIC: [u8; 4] = *b"FNCE";
+/// Fenced writers a slot can record; a slot has one writer at a time, so more than its owner
+/// and two handed writers failing between two global recoveries is not expected.
+pub const MAX_FENCED: usize = 3;
 
 /// What a committed half holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,23 +63,27 @@ pub struct Header {
     pub len: u64,
     pub epoch: u64,
     pub data_hash: u64,
+    /// The worker that wrote this version (a copy made in recovery keeps the original writer).
+    pub writer: i32,
 }
 
 impl Header {
     /// The header of `value` at `version`.
-    pub fn for_value(value: &[u8], version: u64, epoch: u64) -> Header {
+    pub fn for_value(value: &[u8], version: u64, epoch: u64, writer: i32) -> Header {
         Header {
             state: State::Value,
             version,
             len: value.len() as u64,
             epoch,
             data_hash: xxh3_64(value),
+            writer,
         }
     }
 
     /// The header of a deletion at `version`.
-    pub fn for_delete(version: u64, epoch: u64) -> Header {
-        Header { state: State::Deleted, version, len: 0, epoch, data_hash: xxh3_64(&[]) }
+    pub fn for_delete(version: u64, epoch: u64, writer: i32) -> Header {
+        let data_hash = xxh3_64(&[]);
+        Header { state: State::Deleted, version, len: 0, epoch, data_hash, writer }
     }
 
     pub fn encode(&self) -> [u8; HEADER_LEN] {
@@ -72,8 +98,9 @@ impl Header {
         out[16..24].copy_from_slice(&self.len.to_le_bytes());
         out[24..32].copy_from_slice(&self.epoch.to_le_bytes());
         out[32..40].copy_from_slice(&self.data_hash.to_le_bytes());
-        let check = xxh3_64(&out[0..40]);
-        out[40..48].copy_from_slice(&check.to_le_bytes());
+        out[40..44].copy_from_slice(&self.writer.to_le_bytes());
+        let check = xxh3_64(&out[0..48]);
+        out[48..56].copy_from_slice(&check.to_le_bytes());
         out
     }
 
@@ -83,7 +110,7 @@ impl Header {
             return None;
         }
         let word = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
-        if word(40) != xxh3_64(&bytes[0..40]) {
+        if word(48) != xxh3_64(&bytes[0..48]) {
             return None;
         }
         let state = match u32::from_le_bytes(bytes[4..8].try_into().expect("4 bytes")) {
@@ -98,6 +125,7 @@ impl Header {
             len: word(16),
             epoch: word(24),
             data_hash: word(32),
+            writer: i32::from_le_bytes(bytes[40..44].try_into().expect("4 bytes")),
         })
     }
 
@@ -107,8 +135,8 @@ impl Header {
     }
 }
 
-/// Geometry of the slots of one store: each half is a header plus `max_value` bytes, rounded
-/// up to 64 bytes.
+/// Geometry of the slots of one store: a fence block, then two halves of a header plus
+/// `max_value` bytes each, rounded up to 64 bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SlotGeometry {
     pub half_len: usize,
@@ -120,12 +148,17 @@ impl SlotGeometry {
     }
 
     pub fn slot_len(&self) -> usize {
-        2 * self.half_len
+        FENCE_LEN + 2 * self.half_len
+    }
+
+    /// Offset of half `index` (0 or 1) from the slot's start.
+    pub fn half_start(&self, index: usize) -> usize {
+        FENCE_LEN + index * self.half_len
     }
 
     /// Offset of the half that holds `version`, from the slot's start.
     pub fn half_offset(&self, version: u64) -> usize {
-        (version % 2) as usize * self.half_len
+        self.half_start((version % 2) as usize)
     }
 }
 
@@ -136,12 +169,87 @@ pub struct Committed {
     pub data: Vec<u8>,
 }
 
-/// The newest complete version among candidate halves `(header bytes, data bytes)`.
-pub fn newest(halves: impl IntoIterator<Item = (Vec<u8>, Vec<u8>)>) -> Option<Committed> {
+/// The writers a holder fenced in one slot: a half written by `writer` at a version above
+/// the recorded one is void.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Fence {
+    pub entries: Vec<(i32, u64)>,
+}
+
+/// A fence block as read: a valid one (all zeros is the empty fence), or one caught while its
+/// holder was writing it (the reader reads again).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FenceRead {
+    Valid(Fence),
+    Torn,
+}
+
+impl Fence {
+    /// Whether `header` is a write this fence voids.
+    pub fn voids(&self, header: &Header) -> bool {
+        let voided =
+            |&(writer, version): &(i32, u64)| header.writer == writer && header.version > version;
+        self.entries.iter().any(voided)
+    }
+
+    /// Whether `writer` is fenced here already.
+    pub fn fences(&self, writer: i32) -> bool {
+        self.entries.iter().any(|&(w, _)| w == writer)
+    }
+
+    pub fn encode(&self) -> [u8; FENCE_LEN] {
+        assert!(self.entries.len() <= MAX_FENCED, "a slot fences at most {MAX_FENCED} writers");
+        let mut out = [0u8; FENCE_LEN];
+        out[0..4].copy_from_slice(&FENCE_MAGIC);
+        out[4..8].copy_from_slice(&(self.entries.len() as u32).to_le_bytes());
+        for (i, &(writer, version)) in self.entries.iter().enumerate() {
+            let at = 8 + 12 * i;
+            out[at..at + 4].copy_from_slice(&writer.to_le_bytes());
+            out[at + 4..at + 12].copy_from_slice(&version.to_le_bytes());
+        }
+        let check = xxh3_64(&out[0..48]);
+        out[48..56].copy_from_slice(&check.to_le_bytes());
+        out
+    }
+
+    /// The fence in `bytes`.
+    pub fn decode(bytes: &[u8]) -> FenceRead {
+        if bytes.len() < FENCE_LEN {
+            return FenceRead::Torn;
+        }
+        if bytes[..FENCE_LEN].iter().all(|&b| b == 0) {
+            return FenceRead::Valid(Fence::default());
+        }
+        let check = u64::from_le_bytes(bytes[48..56].try_into().expect("8 bytes"));
+        if bytes[0..4] != FENCE_MAGIC || check != xxh3_64(&bytes[0..48]) {
+            return FenceRead::Torn;
+        }
+        let count = u32::from_le_bytes(bytes[4..8].try_into().expect("4 bytes")) as usize;
+        if count > MAX_FENCED {
+            return FenceRead::Torn;
+        }
+        let entry = |i: usize| {
+            let at = 8 + 12 * i;
+            let writer = i32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes"));
+            (writer, u64::from_le_bytes(bytes[at + 4..at + 12].try_into().expect("8 bytes")))
+        };
+        FenceRead::Valid(Fence { entries: (0..count).map(entry).collect() })
+    }
+}
+
+/// The newest complete version among candidate halves `(header bytes, data bytes)` that
+/// `fence` does not void.
+pub fn newest(
+    halves: impl IntoIterator<Item = (Vec<u8>, Vec<u8>)>,
+    fence: &Fence,
+) -> Option<Committed> {
     halves
         .into_iter()
         .filter_map(|(header, data)| {
             let header = Header::decode(&header)?;
+            if fence.voids(&header) {
+                return None;
+            }
             let data = data.get(..header.len as usize)?.to_vec();
             header.matches(&data).then_some(Committed { header, data })
         })
@@ -154,17 +262,17 @@ mod tests {
 
     #[test]
     fn headers_round_trip_and_reject_damage() {
-        let h = Header::for_value(b"hello", 7, 2);
+        let h = Header::for_value(b"hello", 7, 2, 5);
         assert_eq!(Header::decode(&h.encode()), Some(h));
-        let d = Header::for_delete(8, 2);
+        let d = Header::for_delete(8, 2, 5);
         assert_eq!(Header::decode(&d.encode()), Some(d));
         assert_eq!(Header::decode(&[0u8; HEADER_LEN]), None, "zeroed memory is empty");
-        for byte in 0..48 {
+        for byte in (0..44).chain(48..56) {
             let mut torn = h.encode();
             torn[byte] ^= 0x40;
             assert_eq!(Header::decode(&torn), None, "flipped byte {byte}");
         }
-        let mut half_written = Header::for_value(b"x", 9, 0).encode();
+        let mut half_written = Header::for_value(b"x", 9, 0, 5).encode();
         half_written[24..].copy_from_slice(&h.encode()[24..]);
         assert_eq!(Header::decode(&half_written), None, "mix of two headers");
     }
@@ -176,8 +284,8 @@ mod tests {
     fn newest_complete_version_wins_and_torn_data_falls_back() {
         let old = b"version one".to_vec();
         let new = b"version two!".to_vec();
-        let h1 = Header::for_value(&old, 1, 0).encode().to_vec();
-        let h2 = Header::for_value(&new, 2, 0).encode().to_vec();
+        let h1 = Header::for_value(&old, 1, 0, 3).encode().to_vec();
+        let h2 = Header::for_value(&new, 2, 0, 3).encode().to_vec();
         let mut torn = new.clone();
         torn[3] = b'#';
         let table: Vec<Row> = vec![
@@ -188,15 +296,47 @@ mod tests {
             (vec![(vec![0; 64], vec![]), (vec![0; 64], vec![])], None),
         ];
         for (halves, want) in table {
-            assert_eq!(newest(halves).map(|c| c.header.version), want);
+            assert_eq!(newest(halves, &Fence::default()).map(|c| c.header.version), want);
         }
+    }
+
+    /// Candidate halves, the fence over them, and the version `newest` must pick.
+    type FencedRow = (Vec<(Vec<u8>, Vec<u8>)>, Fence, Option<u64>);
+
+    /// A fenced writer's halves above its fenced version are void, whoever else wrote the
+    /// slot; a torn or foreign fence block is told apart from an empty one.
+    #[test]
+    fn a_fence_voids_only_its_writers_later_versions() {
+        let half = |version: u64, writer: i32| {
+            let value = format!("v{version} by {writer}").into_bytes();
+            (Header::for_value(&value, version, 0, writer).encode().to_vec(), value)
+        };
+        let fence = |entries: &[(i32, u64)]| Fence { entries: entries.to_vec() };
+        let table: Vec<FencedRow> = vec![
+            (vec![half(4, 3), half(5, 3)], fence(&[]), Some(5)),
+            (vec![half(4, 3), half(5, 3)], fence(&[(3, 4)]), Some(4)),
+            (vec![half(4, 3), half(5, 3)], fence(&[(3, 5)]), Some(5)),
+            (vec![half(4, 3), half(5, 3)], fence(&[(3, 3)]), None),
+            (vec![half(4, 3), half(5, 7)], fence(&[(3, 4)]), Some(5)),
+            (vec![half(4, 3), half(5, 7)], fence(&[(1, 0), (7, 4)]), Some(4)),
+        ];
+        for (halves, fence, want) in table {
+            assert_eq!(Fence::decode(&fence.encode()), FenceRead::Valid(fence.clone()));
+            assert_eq!(newest(halves, &fence).map(|c| c.header.version), want, "{fence:?}");
+        }
+        assert_eq!(Fence::decode(&[0u8; FENCE_LEN]), FenceRead::Valid(Fence::default()));
+        let mut torn = fence(&[(3, 4)]).encode();
+        torn[13] ^= 1;
+        assert_eq!(Fence::decode(&torn), FenceRead::Torn);
+        assert_eq!(Fence::decode(&Header::for_value(b"x", 1, 0, 0).encode()), FenceRead::Torn);
     }
 
     #[test]
     fn geometry_alternates_halves() {
         let g = SlotGeometry::new(1000);
         assert_eq!(g.half_len, 64 + 1024);
-        assert_eq!(g.slot_len(), 2 * 1088);
-        assert_eq!((g.half_offset(1), g.half_offset(2), g.half_offset(3)), (1088, 0, 1088));
+        assert_eq!(g.slot_len(), 64 + 2 * 1088);
+        let offsets = (g.half_offset(1), g.half_offset(2), g.half_offset(3));
+        assert_eq!(offsets, (64 + 1088, 64, 64 + 1088));
     }
 }

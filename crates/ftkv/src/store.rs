@@ -8,10 +8,11 @@ use crate::attempt::{self, Command, Event, Fault};
 use crate::detector::{Deadline, Detector, Health, Step, StepMarker, Watch};
 use crate::error::{Error, Result};
 use crate::fabric::{Fabric, FabricError, FabricWindow, RmaOps};
+use crate::fence::{read_copy, read_local_slot, Fencer};
 use crate::key::{Config, Detection, Key, Recovery};
 use crate::layout::{Copy, Layout};
 use crate::recovery;
-use crate::slot::{newest, Committed, Header, SlotGeometry, State, HEADER_LEN};
+use crate::slot::{Committed, Header, SlotGeometry, State, FENCE_LEN, HEADER_LEN};
 
 /// The fabric a plain `Store` runs on: MPI when built with it.
 #[cfg(feature = "mpi")]
@@ -53,8 +54,32 @@ const LOCALIZED_ATTEMPTS: usize = 8;
 
 /// A window of an earlier epoch, kept until a recovery commits.
 struct Retained<W> {
-    window: W,
+    fencer: Arc<Fencer<W>>,
     layout: Layout,
+}
+
+impl<W: FabricWindow> Retained<W> {
+    /// The window itself, once nothing else holds it (the detector thread is stopped).
+    fn into_window(self) -> Option<W> {
+        let window = self.fencer.into_window();
+        if window.is_none() {
+            crate::events::warn("a retained window is still shared; it stays allocated");
+        }
+        window
+    }
+
+    fn close(self) -> Result<()> {
+        match self.into_window() {
+            Some(window) => Ok(window.close()?),
+            None => Ok(()),
+        }
+    }
+
+    fn abandon(self) {
+        if let Some(window) = self.into_window() {
+            window.abandon();
+        }
+    }
 }
 
 /// A resilient, replicated key-value store over the members of a communicator.
@@ -75,7 +100,8 @@ pub struct Store<F: Fabric = DefaultFabric> {
     hosts: Vec<u32>,
     origin: F,
     comm: Arc<F>,
-    window: Option<F::Window>,
+    /// The current window, with the fencing of failed writers out of this rank's slots.
+    window: Option<Arc<Fencer<F::Window>>>,
     layout: Layout,
     epoch: u64,
     versions: Vec<u64>,
@@ -128,6 +154,7 @@ impl<F: Fabric> Store<F> {
         let origin = comm.dup()?;
         let store_comm = Arc::new(comm.dup()?);
         let window = open_window(store_comm.as_ref(), &layout, geometry)?;
+        let window = Arc::new(Fencer::new(Arc::new(window), &layout.local, geometry));
         let health = Arc::new(Health::new(workers, config.recovery == Recovery::Global));
         let mut store = Store::<F> {
             versions: vec![0; config.kinds.len()],
@@ -221,7 +248,7 @@ impl<F: Fabric> Store<F> {
         self.check_own(key)?;
         self.check_value(value)?;
         let version = self.next_own_version(key);
-        self.write(key, Header::for_value(value, version, self.epoch), value)?;
+        self.write(key, Header::for_value(value, version, self.epoch, self.me), value)?;
         self.acked[key.kind as usize] = version;
         Ok(())
     }
@@ -230,7 +257,7 @@ impl<F: Fabric> Store<F> {
     pub fn delete(&mut self, key: Key) -> Result<()> {
         self.check_own(key)?;
         let version = self.next_own_version(key);
-        self.write(key, Header::for_delete(version, self.epoch), &[])?;
+        self.write(key, Header::for_delete(version, self.epoch, self.me), &[])?;
         self.acked[key.kind as usize] = version;
         Ok(())
     }
@@ -243,14 +270,14 @@ impl<F: Fabric> Store<F> {
         self.check_key(key)?;
         self.check_value(value)?;
         let version = self.next_handed_version(key)?;
-        self.write(key, Header::for_value(value, version, self.epoch), value)
+        self.write(key, Header::for_value(value, version, self.epoch, self.me), value)
     }
 
     /// Deletes a handed key (see [`Store::put_handed`]).
     pub fn delete_handed(&mut self, key: Key) -> Result<()> {
         self.check_key(key)?;
         let version = self.next_handed_version(key)?;
-        self.write(key, Header::for_delete(version, self.epoch), &[])
+        self.write(key, Header::for_delete(version, self.epoch, self.me), &[])
     }
 
     /// The newest committed value of `key` on any live holder, `None` if it was deleted or never
@@ -388,6 +415,7 @@ impl<F: Fabric> Store<F> {
     /// holder, failure knowledge checked before and after.
     fn write_once(&mut self, key: Key, header: Header, data: &[u8]) -> Result<()> {
         self.ensure_healthy()?;
+        self.ensure_not_suspended();
         let route = self.route(key)?;
         self.ensure_alive(route)?;
         if self.config.detection == Detection::Ping {
@@ -395,7 +423,7 @@ impl<F: Fabric> Store<F> {
         }
         let encoded = header.encode();
         let half = self.geometry.half_offset(header.version) as i64;
-        let window = self.window.as_ref().ok_or(Error::Closed)?;
+        let window = self.window.as_ref().ok_or(Error::Closed)?.window();
         let comm = &self.comm;
         self.health.enter_call();
         comm.stall_point("put_stall");
@@ -424,6 +452,7 @@ impl<F: Fabric> Store<F> {
         }
         let started = Instant::now();
         let failed = self.health.failed_workers(self.workers);
+        self.fence(&failed)?;
         let next = self.relocated_layout(&failed)?;
         let (keys_moved, bytes_moved) = self.repair_own_keys(&next)?;
         let moved = next.relocated != self.layout.relocated;
@@ -492,7 +521,7 @@ impl<F: Fabric> Store<F> {
     /// Each copy of `route` not known failed: its holder and newest complete version, read
     /// with watchdog-bounded gets.
     fn read_live(&self, route: &[Copy]) -> Result<Vec<(i32, Option<Committed>)>> {
-        let window = self.window.as_ref().ok_or(Error::Closed)?;
+        let window = self.window.as_ref().ok_or(Error::Closed)?.window();
         let mut copies = Vec::with_capacity(route.len());
         for copy in route.iter().filter(|c| !self.health.is_failed(c.worker)) {
             self.health.enter_call();
@@ -505,12 +534,36 @@ impl<F: Fabric> Store<F> {
 
     /// Writes a committed version (data, then header, into its half) to `targets`.
     fn copy_to(&self, targets: &[Copy], committed: &Committed) -> Result<()> {
-        let window = self.window.as_ref().ok_or(Error::Closed)?;
+        let window = self.window.as_ref().ok_or(Error::Closed)?.window();
         self.health.enter_call();
         let written = put_committed(window, targets, committed, self.geometry);
         self.health.leave_call();
         written.map_err(|e| self.failure(e))?;
         self.ensure_alive(targets)
+    }
+
+    /// Fences `failed` workers out of the slots this rank holds (see [`crate::fence`]); the
+    /// detector thread does it too, within a poll interval of learning of a failure.
+    fn fence(&self, failed: &[i32]) -> Result<()> {
+        let window = self.window.as_ref().ok_or(Error::Closed)?;
+        window.fence(failed).map(|_| ()).map_err(|e| self.failure(e))
+    }
+
+    /// Ends this process when its detector thread has not run for longer than the suspicion
+    /// bound: it was stopped long enough to be declared failed, and its writes must stop here.
+    /// The write in flight when it stopped is the only one that can land late (and the holders'
+    /// fences void it).
+    fn ensure_not_suspended(&self) {
+        let gap = self.health.since_last_round();
+        if gap > self.config.suspicion {
+            self.comm.fail_stop(&format!(
+                "this process did not run for {:.1} s, longer than the suspicion bound {:?}: the \
+                 other ranks may have declared it failed and gone on without it, so it must not \
+                 write again",
+                gap.as_secs_f64(),
+                self.config.suspicion
+            ));
+        }
     }
 
     /// Gives up on localized recovery: raises the alarm and revokes the store's communicator,
@@ -621,6 +674,7 @@ impl<F: Fabric> Store<F> {
         self.watch_comm = Some(comm.clone());
         let live_hosts: Vec<u32> =
             self.layout.live.iter().map(|&w| self.hosts[w as usize]).collect();
+        let fencer = self.window.clone().ok_or(Error::Closed)?;
         self.detector = Some(Detector::start(Watch {
             comm,
             store_comm: self.comm.clone(),
@@ -630,6 +684,7 @@ impl<F: Fabric> Store<F> {
             watchdog: self.config.effective_watchdog(&live_hosts),
             suspicion: self.config.suspicion,
             answer_pings: self.config.detection == Detection::Ping,
+            fence: Box::new(move |failed: &[i32]| fencer.fence(failed)),
         }));
         Ok(())
     }
@@ -672,7 +727,7 @@ impl<F: Fabric> Store<F> {
         let started = Instant::now();
         self.detector = None;
         let retained = match self.window.take() {
-            Some(window) => Retained { window, layout: self.layout.clone() },
+            Some(fencer) => Retained { fencer, layout: self.layout.clone() },
             None => return Err(Error::Closed),
         };
         let mut machine = attempt::Machine::new(attempt::Inputs {
@@ -708,7 +763,7 @@ impl<F: Fabric> Store<F> {
                             window.abandon();
                         }
                         drop(run);
-                        retained.window.abandon();
+                        retained.abandon();
                         return Err(e);
                     }
                 },
@@ -769,7 +824,8 @@ impl<F: Fabric> Store<F> {
                     Ok(window) => {
                         run.window = Some(window);
                         self.trace("window open");
-                        let scanned = scan_local(retained, self.geometry).map(|held| {
+                        let scanned = scan_local(retained, &self.layout.live, self.geometry);
+                        let scanned = scanned.map(|held| {
                             let versions = held.iter().map(|(k, c)| (*k, c.header.version));
                             let versions = versions.collect();
                             run.held = held;
@@ -836,12 +892,13 @@ impl<F: Fabric> Store<F> {
         mut run: AttemptRun<F>,
         started: Instant,
     ) -> Result<RecoveryReport> {
-        self.window = Some(run.window.take().expect("agreement implies a window"));
+        let window = Arc::new(run.window.take().expect("agreement implies a window"));
+        self.window = Some(Arc::new(Fencer::new(window, &self.layout.local, self.geometry)));
         if committed.alarm {
             self.pending_alarm = true;
         }
         run.step.set(Step::FreeWindow);
-        let freed = retained.window.close();
+        let freed = retained.close();
         drop(run);
         freed?;
         self.trace("old window freed");
@@ -862,11 +919,11 @@ impl<F: Fabric> Store<F> {
         drop(run);
         match failed {
             attempt::Failed::Partitioned { live, previous } => {
-                retained.window.abandon();
+                retained.abandon();
                 Error::Partitioned { live, previous }
             }
             attempt::Failed::Error(message) => {
-                retained.window.abandon();
+                retained.abandon();
                 agreement_error.unwrap_or(Error::RecoveryFailed(message))
             }
             attempt::Failed::Exhausted { last_error } => {
@@ -875,7 +932,7 @@ impl<F: Fabric> Store<F> {
                 }
                 // The next recovery starts again from the last committed window and layout.
                 self.layout = retained.layout;
-                self.window = Some(retained.window);
+                self.window = Some(retained.fencer);
                 Error::RecoveryNeeded { failed: self.newly_failed() }
             }
         }
@@ -1008,68 +1065,34 @@ fn check_window_memory<F: Fabric>(comm: &F, per_rank: usize, ranks: usize) -> Re
 /// and waits until every rank did, so no put can land before the headers are cleared.
 fn open_window<F: Fabric>(comm: &F, layout: &Layout, geometry: SlotGeometry) -> Result<F::Window> {
     let headers = layout.local.iter().flat_map(|&(_, disp)| {
-        [0, geometry.half_len].map(|half| (disp as usize + half, HEADER_LEN))
+        let disp = disp as usize;
+        let halves = [0, 1].map(|i| (disp + geometry.half_start(i), HEADER_LEN));
+        [(disp, FENCE_LEN), halves[0], halves[1]]
     });
     let window = comm.open_window(layout.window_len, &headers.collect::<Vec<_>>())?;
     comm.barrier()?;
     Ok(window)
 }
 
-/// Reads both halves of one remote copy and returns its newest complete version.
-fn read_copy<W: FabricWindow>(
-    window: &W,
-    copy: &Copy,
-    geometry: SlotGeometry,
-) -> std::result::Result<Option<Committed>, FabricError> {
-    let mut headers = [[0u8; HEADER_LEN]; 2];
-    let [h0, h1] = &mut headers;
-    let half = geometry.half_len as i64;
-    window.scope(|s| {
-        s.get(copy.rank, copy.disp, h0)?;
-        s.get(copy.rank, copy.disp + half, h1)
-    })?;
-    let mut halves = Vec::new();
-    for (i, bytes) in headers.iter().enumerate() {
-        let Some(header) = Header::decode(bytes) else { continue };
-        let mut data = vec![0u8; header.len.min(geometry.half_len as u64) as usize];
-        let at = copy.disp + i as i64 * half + HEADER_LEN as i64;
-        window.scope(|s| s.get(copy.rank, at, &mut data))?;
-        halves.push((bytes.to_vec(), data));
-    }
-    Ok(newest(halves))
-}
-
-/// The newest complete version of every slot this rank hosts in the previous epoch's window.
+/// The newest complete version of every slot this rank hosts in the previous epoch's window,
+/// after fencing every worker that is not in `live` (the shrunk communicator's workers).
 fn scan_local<W: FabricWindow>(
     retained: &Retained<W>,
+    live: &[i32],
     geometry: SlotGeometry,
 ) -> Result<HashMap<Key, Committed>> {
-    retained.window.sync()?;
+    let gone: Vec<i32> =
+        retained.layout.live.iter().copied().filter(|w| !live.contains(w)).collect();
+    retained.fencer.fence(&gone)?;
+    let window = retained.fencer.window();
+    window.sync()?;
     let mut found = HashMap::new();
     for &(key, disp) in &retained.layout.local {
-        if let Some(committed) = read_local_slot(&retained.window, disp as usize, geometry)? {
+        if let Some(committed) = read_local_slot(window, disp as usize, geometry)? {
             found.insert(key, committed);
         }
     }
     Ok(found)
-}
-
-fn read_local_slot<W: FabricWindow>(
-    window: &W,
-    disp: usize,
-    geometry: SlotGeometry,
-) -> Result<Option<Committed>> {
-    let mut halves = Vec::with_capacity(2);
-    for half in [0, geometry.half_len] {
-        let mut header = vec![0u8; HEADER_LEN];
-        window.read_local(disp + half, &mut header)?;
-        let Some(h) = Header::decode(&header) else { continue };
-        let len = (h.len as usize).min(geometry.half_len - HEADER_LEN);
-        let mut data = vec![0u8; len];
-        window.read_local(disp + half + HEADER_LEN, &mut data)?;
-        halves.push((header, data));
-    }
-    Ok(newest(halves))
 }
 
 /// Writes the versions this rank is the source of to their new holders.

@@ -40,6 +40,14 @@ struct State {
     windows: Vec<Arc<Memory>>,
     rendezvous: HashMap<(usize, Kind, u64), Rendezvous>,
     armed: HashMap<(i32, String), usize>,
+    /// Stall points armed to stop a rank (see [`LocalCluster::stop_at`]), passes left.
+    stops: HashMap<(i32, String), usize>,
+    /// Ranks stopped at a stall point, and those told to resume.
+    stopped: Vec<i32>,
+    resumed: Vec<i32>,
+    /// Ranks the others consider dead while their own one-sided calls still land (a stopped
+    /// rank declared failed, then resumed).
+    declared: Vec<bool>,
     /// Each rank's host id.
     hosts: Vec<u32>,
     /// Messages not yet received, by communicator and receiving rank, oldest first.
@@ -74,6 +82,7 @@ impl LocalCluster {
     pub fn new(ranks: usize) -> LocalCluster {
         let state = State {
             dead: vec![false; ranks],
+            declared: vec![false; ranks],
             comms: vec![CommState { members: (0..ranks as i32).collect(), revoked: false }],
             hosts: vec![0; ranks],
             ..State::default()
@@ -113,6 +122,35 @@ impl LocalCluster {
     /// Kills `rank` at its `nth` (1-based) pass through failpoint `name`.
     pub fn arm(&self, rank: i32, name: &str, nth: usize) {
         self.world.lock().armed.insert((rank, name.to_string()), nth.max(1));
+    }
+
+    /// Stops `rank` at its `nth` (1-based) pass through stall point `name` until
+    /// [`LocalCluster::resume`]: a SIGSTOP at a chosen instant.
+    pub fn stop_at(&self, rank: i32, name: &str, nth: usize) {
+        self.world.lock().stops.insert((rank, name.to_string()), nth.max(1));
+    }
+
+    /// Whether `rank` waits at a stall point now.
+    pub fn is_stopped(&self, rank: i32) -> bool {
+        self.world.lock().stopped.contains(&rank)
+    }
+
+    /// Lets a rank stopped by [`LocalCluster::stop_at`] go on.
+    pub fn resume(&self, rank: i32) {
+        self.world.lock().resumed.push(rank);
+        self.world.changed.notify_all();
+    }
+
+    /// Declares `rank` failed without ending it: the others see it dead (`failed_ranks`,
+    /// shrink), while its own puts and gets still reach the windows, as a stopped rank's do
+    /// once it resumes; its other fabric calls end it as a kill does. Its
+    /// [`Fabric::fail_stop`] ends it for good.
+    pub fn declare(&self, rank: i32) {
+        let mut state = self.world.lock();
+        state.dead[rank as usize] = true;
+        state.declared[rank as usize] = true;
+        drop(state);
+        self.world.changed.notify_all();
     }
 
     pub fn is_dead(&self, rank: i32) -> bool {
@@ -455,7 +493,8 @@ impl Fabric for LocalFabric {
     }
 
     fn failpoint(&self, name: &str) {
-        let mut state = self.alive_state();
+        check_alive(&self.world, self.me);
+        let mut state = self.world.lock();
         let Some(left) = state.armed.get_mut(&(self.me, name.to_string())) else { return };
         *left -= 1;
         if *left == 0 {
@@ -466,9 +505,25 @@ impl Fabric for LocalFabric {
         }
     }
 
-    fn stall_point(&self, _name: &str) {}
+    fn stall_point(&self, name: &str) {
+        let mut state = self.alive_state();
+        let Some(left) = state.stops.get_mut(&(self.me, name.to_string())) else { return };
+        *left -= 1;
+        if *left > 0 {
+            return;
+        }
+        state.stops.remove(&(self.me, name.to_string()));
+        state.stopped.push(self.me);
+        self.world.changed.notify_all();
+        while !state.resumed.contains(&self.me) {
+            state = self.world.wait(state);
+        }
+        state.resumed.retain(|&r| r != self.me);
+        state.stopped.retain(|&r| r != self.me);
+    }
 
     fn fail_stop(&self, _why: &str) {
+        self.world.lock().declared[self.me as usize] = false;
         self.world.mark_dead(&[self.me]);
     }
 }
@@ -495,8 +550,11 @@ impl LocalWindow {
     }
 }
 
+/// Unwinds a dead rank's thread; a declared rank's one-sided calls go on.
 fn check_alive(world: &World, me: i32) {
-    let dead = world.lock().dead[me as usize];
+    let state = world.lock();
+    let dead = state.dead[me as usize] && !state.declared[me as usize];
+    drop(state);
     if dead {
         panic::resume_unwind(Box::new(Killed(me)));
     }
@@ -568,6 +626,13 @@ impl FabricWindow for LocalWindow {
         self.check_alive();
         let bytes = target_bytes(&self.memory, self.rank, offset as i64, out.len())?;
         out.copy_from_slice(&bytes[offset..offset + out.len()]);
+        Ok(())
+    }
+
+    fn write_local(&self, offset: usize, data: &[u8]) -> FabricResult<()> {
+        self.check_alive();
+        let mut bytes = target_bytes(&self.memory, self.rank, offset as i64, data.len())?;
+        bytes[offset..offset + data.len()].copy_from_slice(data);
         Ok(())
     }
 

@@ -139,6 +139,8 @@ pub trait FabricWindow: Send + Sync + 'static {
     /// Makes peers' completed puts visible to [`FabricWindow::read_local`].
     fn sync(&self) -> FabricResult<()>;
     fn read_local(&self, offset: usize, out: &mut [u8]) -> FabricResult<()>;
+    /// Copies `data` into this member's own window memory (visible to peers' later gets).
+    fn write_local(&self, offset: usize, data: &[u8]) -> FabricResult<()>;
     /// Ends the epoch and frees the window (collective over the window's members).
     fn close(self) -> FabricResult<()>;
     /// Leaves the window allocated without touching it again: a collective free cannot be

@@ -160,6 +160,12 @@ impl FabricWindow for HostWindow {
         Ok(HostWindow::read_local(self, offset, out)?)
     }
 
+    fn write_local(&self, offset: usize, data: &[u8]) -> FabricResult<()> {
+        HostWindow::write_local(self, offset, data)?;
+        HostWindow::sync(self)?;
+        Ok(())
+    }
+
     fn close(self) -> FabricResult<()> {
         Ok(HostWindow::close(self)?)
     }

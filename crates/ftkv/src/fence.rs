@@ -1,0 +1,192 @@
+//! Fencing failed writers out of the slots a rank holds, and reading slots through fences.
+//!
+//! One-sided writes cannot be refused at the target, so a holder fences after the fact: once
+//! it learns that a worker failed, it records in each slot that worker wrote (or owns) the
+//! newest version the slot held at that moment ([`crate::slot::Fence`]). Every reader, local
+//! or remote, then ignores the worker's halves above that version, so a write the failed
+//! worker issued late (stopped, slow, or in flight) may still land but is never read back as
+//! current. The detector thread fences within one poll interval of learning of a failure;
+//! the store fences again before it repairs or recovers, so nothing is copied unfenced.
+//!
+//! Limits: a slot records at most [`MAX_FENCED`] writers between two global recoveries, and a
+//! handed writer that had not written a slot before it failed is fenced there only if it owns
+//! the key (its first late write into a foreign slot is not told apart).
+
+use std::sync::{Arc, Mutex};
+
+use crate::fabric::{FabricError, FabricResult, FabricWindow, RmaOps};
+use crate::key::Key;
+use crate::layout::Copy;
+use crate::slot::{
+    newest, Committed, Fence, FenceRead, Header, SlotGeometry, FENCE_LEN, HEADER_LEN, MAX_FENCED,
+};
+
+/// Reads of a remote fence block caught while its holder rewrote it, before giving up.
+const TORN_FENCE_RETRIES: usize = 1000;
+
+/// The fencing side of one rank's window: its slots and the workers fenced in them so far.
+pub(crate) struct Fencer<W> {
+    window: Arc<W>,
+    slots: Vec<(Key, usize)>,
+    geometry: SlotGeometry,
+    fenced: Mutex<Vec<i32>>,
+}
+
+impl<W: FabricWindow> Fencer<W> {
+    /// The fencer of `window`, whose slots this rank hosts at `slots` (key, offset).
+    pub fn new(window: Arc<W>, slots: &[(Key, i64)], geometry: SlotGeometry) -> Fencer<W> {
+        let slots = slots.iter().map(|&(key, disp)| (key, disp as usize)).collect();
+        Fencer { window, slots, geometry, fenced: Mutex::new(Vec::new()) }
+    }
+
+    pub fn window(&self) -> &W {
+        &self.window
+    }
+
+    /// The window itself, when nothing else shares this fencer or the window any more.
+    pub fn into_window(self: Arc<Self>) -> Option<W> {
+        let fencer = Arc::try_unwrap(self).ok()?;
+        Arc::try_unwrap(fencer.window).ok()
+    }
+
+    /// Fences every worker of `failed` not fenced yet in every slot it owns or wrote; returns
+    /// how many slots got a new fence. Safe to call from several threads (one fences at a time).
+    pub fn fence(&self, failed: &[i32]) -> FabricResult<usize> {
+        let mut fenced = self.fenced.lock().unwrap_or_else(|p| p.into_inner());
+        let new: Vec<i32> = failed.iter().copied().filter(|w| !fenced.contains(w)).collect();
+        if new.is_empty() {
+            return Ok(0);
+        }
+        self.window.sync()?;
+        let mut changed = 0;
+        for &(key, disp) in &self.slots {
+            if fence_slot(&*self.window, key, disp, &new, self.geometry)? {
+                changed += 1;
+            }
+        }
+        fenced.extend(new);
+        Ok(changed)
+    }
+}
+
+/// Adds `new` failed workers to the fence of the slot at `disp`; whether it changed.
+fn fence_slot<W: FabricWindow>(
+    window: &W,
+    key: Key,
+    disp: usize,
+    new: &[i32],
+    geometry: SlotGeometry,
+) -> FabricResult<bool> {
+    let (mut fence, halves) = read_local_raw(window, disp, geometry)?;
+    let writers: Vec<i32> =
+        halves.iter().filter_map(|(h, _)| Header::decode(h)).map(|h| h.writer).collect();
+    let current = newest(halves, &fence).map_or(0, |c| c.header.version);
+    let mut changed = false;
+    for &worker in new {
+        let wrote_here = worker == key.owner || writers.contains(&worker);
+        if !wrote_here || fence.fences(worker) {
+            continue;
+        }
+        if fence.entries.len() == MAX_FENCED {
+            crate::events::warn(format!(
+                "slot of key {key} already fences {MAX_FENCED} writers; worker {worker} is not fenced there"
+            ));
+            continue;
+        }
+        fence.entries.push((worker, current));
+        changed = true;
+    }
+    if changed {
+        window.write_local(disp, &fence.encode())?;
+    }
+    Ok(changed)
+}
+
+/// One half of a slot as read: header bytes, data bytes.
+type Half = (Vec<u8>, Vec<u8>);
+
+/// The fence and both halves of a slot in this rank's window. Only this rank writes its
+/// fences (under the fencer's lock), so a local fence block is never torn; one that does not
+/// decode counts as empty.
+fn read_local_raw<W: FabricWindow>(
+    window: &W,
+    disp: usize,
+    geometry: SlotGeometry,
+) -> FabricResult<(Fence, Vec<Half>)> {
+    let mut fence = [0u8; FENCE_LEN];
+    window.read_local(disp, &mut fence)?;
+    let mut halves = Vec::with_capacity(2);
+    for index in 0..2 {
+        let at = disp + geometry.half_start(index);
+        let mut header = vec![0u8; HEADER_LEN];
+        window.read_local(at, &mut header)?;
+        let Some(h) = Header::decode(&header) else { continue };
+        let len = (h.len as usize).min(geometry.half_len - HEADER_LEN);
+        let mut data = vec![0u8; len];
+        window.read_local(at + HEADER_LEN, &mut data)?;
+        halves.push((header, data));
+    }
+    let fence = match Fence::decode(&fence) {
+        FenceRead::Valid(fence) => fence,
+        FenceRead::Torn => Fence::default(),
+    };
+    Ok((fence, halves))
+}
+
+/// The newest complete, unfenced version of a slot in this rank's own window.
+pub(crate) fn read_local_slot<W: FabricWindow>(
+    window: &W,
+    disp: usize,
+    geometry: SlotGeometry,
+) -> FabricResult<Option<Committed>> {
+    let (fence, halves) = read_local_raw(window, disp, geometry)?;
+    Ok(newest(halves, &fence))
+}
+
+/// Reads one remote copy (fence block and both headers in one scope, then the data of each
+/// decodable half) and returns its newest complete, unfenced version.
+pub(crate) fn read_copy<W: FabricWindow>(
+    window: &W,
+    copy: &Copy,
+    geometry: SlotGeometry,
+) -> FabricResult<Option<Committed>> {
+    let mut blocks = [[0u8; HEADER_LEN]; 3];
+    let (fence, headers) = read_fence_and_headers(window, copy, geometry, &mut blocks)?;
+    let mut halves = Vec::new();
+    for (index, bytes) in headers.iter().enumerate() {
+        let Some(header) = Header::decode(bytes) else { continue };
+        if fence.voids(&header) {
+            continue;
+        }
+        let mut data = vec![0u8; header.len.min(geometry.half_len as u64) as usize];
+        let at = copy.disp + (geometry.half_start(index) + HEADER_LEN) as i64;
+        window.scope(|s| s.get(copy.rank, at, &mut data))?;
+        halves.push((bytes.to_vec(), data));
+    }
+    Ok(newest(halves, &fence))
+}
+
+/// The fence and the two half headers of a remote slot, read again while the fence is caught
+/// mid-rewrite.
+fn read_fence_and_headers<'b, W: FabricWindow>(
+    window: &W,
+    copy: &Copy,
+    geometry: SlotGeometry,
+    blocks: &'b mut [[u8; HEADER_LEN]; 3],
+) -> FabricResult<(Fence, &'b [[u8; HEADER_LEN]])> {
+    for _ in 0..TORN_FENCE_RETRIES {
+        let [fence, h0, h1] = &mut *blocks;
+        window.scope(|s| {
+            s.get(copy.rank, copy.disp, fence)?;
+            s.get(copy.rank, copy.disp + geometry.half_start(0) as i64, h0)?;
+            s.get(copy.rank, copy.disp + geometry.half_start(1) as i64, h1)
+        })?;
+        if let FenceRead::Valid(fence) = Fence::decode(&blocks[0]) {
+            return Ok((fence, &blocks[1..]));
+        }
+    }
+    Err(FabricError::Other {
+        op: "read a copy",
+        msg: format!("the fence of worker {}'s slot stayed torn", copy.worker),
+    })
+}

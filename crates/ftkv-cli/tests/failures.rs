@@ -247,3 +247,75 @@ fn a_worker_stopped_under_the_suspicion_bound_is_only_slow() {
     assert_eq!(report["failed"], serde_json::json!([]), "{all}");
     assert_eq!(report["self_ended"], serde_json::json!([]), "{all}");
 }
+
+/// Sends `signal` (e.g. `CONT`) to process `pid`.
+fn signal(pid: u32, signal: &str) {
+    let sent = Command::new("kill").arg(format!("-{signal}")).arg(pid.to_string()).status();
+    assert!(sent.expect("kill runs").success(), "SIG{signal} to {pid}");
+}
+
+/// Fencing on real MPI (localized store, 4 ranks, one host): while every rank overwrites its
+/// checkpoint in a loop, rank 2 stops itself (SIGSTOP) inside its 1000th put, with the data
+/// on its first holder and the header not yet; Open MPI's heartbeat detector declares it failed
+/// after the 3 s bound. Each survivor reads its checkpoint then (the 999th) and keeps writing
+/// its own; the victim is SIGCONTed only after every survivor read, and once it has ended
+/// (saying why), each survivor reads the checkpoint again: still the 999th. A late completion
+/// of the 1000th would be voided by the holders' fences; in the runs measured the resumed
+/// victim never completed it (it ended first, also with the fences disabled), so this test
+/// shows the end-to-end property, and `ftkv`'s `tests/fencing.rs` shows the fence voiding a
+/// late write that did land.
+#[test]
+fn a_stopped_writer_declared_failed_lands_no_write_after_the_declaration() {
+    let (ranks, victim) = (4, 2);
+    let resumed = std::env::temp_dir().join(format!("ftkv-resumed-{}", std::process::id()));
+    let _ = std::fs::remove_file(&resumed);
+    let launch = ftkv_cli::launch::Launch::new(env!("CARGO_BIN_EXE_ftkv-mpitest"), ranks)
+        .args(["store-fenced"])
+        .timeout(Duration::from_secs(120))
+        .heartbeat_detector(Duration::from_millis(300), Duration::from_secs(3))
+        .env("STORE_VICTIM", &victim.to_string())
+        .env("FTKV_FAILPOINT", &format!("put_before_header:stop@{victim}#1999"))
+        .env("STORE_RESUMED_FILE", &resumed.display().to_string());
+    let mut running = launch.spawn().expect("mpirun starts");
+    let mut pids = std::collections::HashMap::new();
+    while pids.len() < ranks {
+        let Some((Some(rank), line)) = running.next_line(Duration::from_secs(60)) else {
+            panic!("the ranks did not get ready:\n{}", running.finish().unwrap().transcript());
+        };
+        if let Some(pid) = line.strip_prefix("ready pid=").and_then(|p| p.trim().parse().ok()) {
+            pids.insert(rank, pid);
+        }
+    }
+    let mut declared = 0;
+    while declared < ranks - 1 {
+        let Some((_, line)) = running.next_line(Duration::from_secs(60)) else {
+            signal(pids[&victim], "CONT");
+            panic!("the survivors never read: {}", running.finish().unwrap().transcript());
+        };
+        declared += usize::from(line.starts_with("declared "));
+    }
+    signal(pids[&victim], "CONT");
+    let started = Instant::now();
+    while std::path::Path::new(&format!("/proc/{}", pids[&victim])).exists() {
+        assert!(started.elapsed() < Duration::from_secs(30), "the resumed victim went on");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::fs::write(&resumed, b"").expect("the resumed file");
+    while running.next_line(Duration::from_millis(50)).is_some() || running.is_running() {}
+    let out = running.finish().expect("the job's output");
+    let _ = std::fs::remove_file(&resumed);
+    assert!(!out.timed_out, "job hung:\n{}", out.transcript());
+    for rank in (0..ranks).filter(|&r| r != victim) {
+        let lines = out.rank_lines(rank);
+        let fenced = lines.iter().find(|l| l.starts_with("fenced "));
+        let fenced = fenced.unwrap_or_else(|| panic!("rank {rank}:\n{}", out.transcript()));
+        let field = |name: &str| {
+            let word = fenced.split_whitespace().find_map(|w| w.strip_prefix(name));
+            word.and_then(|v| v.parse::<u32>().ok()).expect("a number")
+        };
+        assert_eq!(field("before="), field("after="), "rank {rank}: {fenced}");
+        assert!(lines.iter().any(|l| l == "done=yes"), "rank {rank}:\n{}", out.transcript());
+    }
+    let why = ["half the suspicion bound", "reported dead"];
+    assert!(why.iter().any(|w| out.stderr.contains(w)), "no reason given:\n{}", out.transcript());
+}

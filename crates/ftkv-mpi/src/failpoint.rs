@@ -3,6 +3,7 @@
 //! `FTKV_FAILPOINT` holds `;`-separated entries `name` or `name@r1,r2,...` (world ranks, read from
 //! `OMPI_COMM_WORLD_RANK`), optionally with `#n` to fire on the n-th hit only (1-based), e.g.
 //! `after_put@1#3;in_recovery@2`. An unset variable costs one relaxed atomic load per hit.
+//! Any point `name` can also stop its process (SIGSTOP) when `name:stop` is armed.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
@@ -63,6 +64,23 @@ pub fn stall(name: &str) {
         eprintln!("failpoint {name} stalls rank {}", rank());
         loop {
             std::thread::park();
+        }
+    }
+}
+
+/// Stops this process with SIGSTOP (every thread, as a frozen host would) if the failure point
+/// `<point>:stop` fires, and goes on once something sends it SIGCONT.
+pub fn stop(point: &str) {
+    if armed().is_none() {
+        return;
+    }
+    let name = format!("{point}:stop");
+    if fires(&name) {
+        eprintln!("failpoint {name} stops rank {}", rank());
+        // SAFETY: raise(3) has no memory-safety preconditions.
+        let raised = unsafe { libc::raise(libc::SIGSTOP) };
+        if raised != 0 {
+            eprintln!("failpoint {name}: raise(SIGSTOP) failed");
         }
     }
 }

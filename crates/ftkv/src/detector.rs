@@ -240,18 +240,28 @@ fn fence_new_failures<F: Fabric>(watch: &Watch<F>, fenced: u64) -> u64 {
     }
 }
 
-/// Ends this process when the detector thread did not run for longer than the suspicion
-/// bound: the process was stopped (SIGSTOP), or its host froze, long enough for the others to
-/// declare it failed and go on without it. Checked before anything else after such a gap, so
-/// the call the watchdog may see stuck is not blamed on its target.
+/// Ends this process when the detector thread did not run for more than half the suspicion
+/// bound: the process was stopped (SIGSTOP), or its host froze, long enough that the others may
+/// have declared it failed and gone on without it. Checked before anything else after such a
+/// gap, so the call the watchdog may see stuck is not blamed on its target.
 fn end_if_suspended<F: Fabric>(watch: &Watch<F>, gap: Duration) {
-    if gap > watch.suspicion {
-        watch.comm.fail_stop(&format!(
-            "this process did not run for {:.1} s, longer than the suspicion bound {:?}: the \
+    end_if_stopped(watch.comm.as_ref(), gap, watch.suspicion);
+}
+
+/// Ends this process (fail-stop through `comm`) when it did not run for `gap`, more than half
+/// the `suspicion` bound. Half, not the whole bound: Open MPI's heartbeat detector declares a
+/// rank once it heard nothing for its timeout (the bound), counted from the last heartbeat
+/// that arrived, up to one heartbeat period before the rank stopped; measured, a rank SIGCONTed
+/// right after its declaration had been stopped for less than the bound and went on writing.
+/// A heartbeat period longer than half the bound would void this margin.
+pub(crate) fn end_if_stopped<F: Fabric>(comm: &F, gap: Duration, suspicion: Duration) {
+    if gap > suspicion / 2 {
+        comm.fail_stop(&format!(
+            "this process did not run for {:.1} s, more than half the suspicion bound {:?}: the \
              other ranks may have declared it failed and gone on without it, so it must not \
              rejoin",
             gap.as_secs_f64(),
-            watch.suspicion
+            suspicion
         ));
     }
 }

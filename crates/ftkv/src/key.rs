@@ -82,7 +82,7 @@ pub struct Config {
     /// before the others may declare it failed and go on without it. The declaring is done by
     /// Open MPI's heartbeat detector, whose timeout the launcher sets to this bound
     /// (`mpi_ft_detector_timeout`); the store's part is the other side: a process whose
-    /// detector thread finds that it itself did not run for longer than the bound (it was
+    /// detector thread finds that it itself did not run for more than half the bound (it was
     /// SIGSTOPped, or its host froze) ends itself as a fail-stop failure with a message saying
     /// so, instead of rejoining a computation that has gone on without it.
     pub suspicion: std::time::Duration,

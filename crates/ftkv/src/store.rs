@@ -549,21 +549,13 @@ impl<F: Fabric> Store<F> {
         window.fence(failed).map(|_| ()).map_err(|e| self.failure(e))
     }
 
-    /// Ends this process when its detector thread has not run for longer than the suspicion
-    /// bound: it was stopped long enough to be declared failed, and its writes must stop here.
-    /// The write in flight when it stopped is the only one that can land late (and the holders'
-    /// fences void it).
+    /// Ends this process when its detector thread has not run for more than half the
+    /// suspicion bound ([`crate::detector`]): it may have been declared failed, and its writes
+    /// must stop here. The write in flight when it stopped is the only one that can land late
+    /// (and the holders' fences void it).
     fn ensure_not_suspended(&self) {
         let gap = self.health.since_last_round();
-        if gap > self.config.suspicion {
-            self.comm.fail_stop(&format!(
-                "this process did not run for {:.1} s, longer than the suspicion bound {:?}: the \
-                 other ranks may have declared it failed and gone on without it, so it must not \
-                 write again",
-                gap.as_secs_f64(),
-                self.config.suspicion
-            ));
-        }
+        crate::detector::end_if_stopped(self.comm.as_ref(), gap, self.config.suspicion);
     }
 
     /// Gives up on localized recovery: raises the alarm and revokes the store's communicator,

@@ -118,9 +118,11 @@ pub trait Fabric: Send + Sync + Sized + 'static {
         let _ = payload;
         false
     }
-    /// A named failure-injection point (`FTKV_FAILPOINT` for MPI, armed kills locally).
+    /// A named failure-injection point (`FTKV_FAILPOINT` for MPI, armed kills locally; on MPI
+    /// `<name>:stop` stops the process there with SIGSTOP instead).
     fn failpoint(&self, name: &str);
-    /// A named point where an armed member blocks forever instead of dying.
+    /// A named point where an armed member blocks forever instead of dying (on MPI also where
+    /// `<name>:stop` stops the process with SIGSTOP until it is continued).
     fn stall_point(&self, name: &str);
     /// Ends this member as a fail-stop failure; the others see it as dead.
     fn fail_stop(&self, why: &str);

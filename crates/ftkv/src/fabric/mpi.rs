@@ -123,10 +123,12 @@ impl Fabric for Comm {
 
     fn failpoint(&self, name: &str) {
         failpoint::hit(name);
+        failpoint::stop(name);
     }
 
     fn stall_point(&self, name: &str) {
         failpoint::stall(name);
+        failpoint::stop(name);
     }
 
     fn fail_stop(&self, why: &str) {

@@ -42,6 +42,7 @@ pub fn run(case: &str, world: &Comm) -> Result<()> {
         "store-bad-input" => bad_input(world),
         "store-mismatch" => mismatch(world),
         "store-localized" => localized(world),
+        "store-fenced" => fenced(world),
         other => bail!("unknown store case {other:?}"),
     }
 }
@@ -217,6 +218,73 @@ fn localized(world: &Comm) -> Result<()> {
     report_all(&mut store, world.size())?;
     println!("done=yes");
     Ok(())
+}
+
+/// Localized store, one rank SIGSTOPped from outside (`STORE_VICTIM`) and declared failed by
+/// Open MPI's heartbeat detector: every survivor reads the victim's checkpoint once it knows of
+/// the failure (`declared victim=<v> seq=<s>`), keeps writing its own, and once the victim was
+/// resumed and has ended (the driver creates `STORE_RESUMED_FILE`), reads it again
+/// (`fenced before=<s> after=<s>`): a write the victim issued late must not show.
+fn fenced(world: &Comm) -> Result<()> {
+    let coordination = world.dup()?;
+    let mut config = config(world.size() as usize).localized();
+    config.suspicion =
+        std::time::Duration::from_millis(env_usize("STORE_SUSPICION_MS", 3000) as u64);
+    let mut store = Store::create(world, config)?;
+    let me = store.worker();
+    let victim = env_usize("STORE_VICTIM", 2) as i32;
+    store.put(Key::new(me, 0), &value(me, 1, 1024))?;
+    store.sync()?;
+    println!("ready pid={}", std::process::id());
+    let declared = |store: &mut Store| Ok(store.failed().contains(&victim));
+    let mut seq = write_until(&mut store, 1, declared)?;
+    if me == victim {
+        bail!("the victim went on writing after it was declared failed");
+    }
+    let before = checkpoint_seq(&mut store, victim)?;
+    println!("declared victim={victim} seq={before}");
+    let resumed_file = std::env::var("STORE_RESUMED_FILE")?;
+    let resumed = |_: &mut Store| Ok(std::path::Path::new(&resumed_file).exists());
+    seq = write_until(&mut store, seq, resumed)?;
+    let after = checkpoint_seq(&mut store, victim)?;
+    println!("fenced before={before} after={after} own_seq={seq}");
+    meet(&coordination)?;
+    chaos::recover(&mut store)?;
+    chaos::finish(&mut store)?;
+    println!("done=yes");
+    Ok(())
+}
+
+/// Overwrites the own checkpoint from `seq` on until `done` (checked between puts, at most
+/// 60 s); returns the last acknowledged sequence number.
+fn write_until(
+    store: &mut Store,
+    mut seq: u32,
+    mut done: impl FnMut(&mut Store) -> Result<bool>,
+) -> Result<u32> {
+    let me = store.worker();
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !done(store)? {
+        ensure!(std::time::Instant::now() < until, "waited 60 s");
+        store.put(Key::new(me, 0), &value(me, seq + 1, 1024))?;
+        seq += 1;
+        std::thread::sleep(std::time::Duration::from_micros(200));
+    }
+    Ok(seq)
+}
+
+/// The sequence number in `owner`'s checkpoint as this rank reads it.
+fn checkpoint_seq(store: &mut Store, owner: i32) -> Result<u32> {
+    let read = store.get(Key::new(owner, 0))?;
+    let Some(read) = read else {
+        let copies = store.read_copies(Key::new(owner, 0))?;
+        let seqs: Vec<(i32, Option<(i32, u32)>)> =
+            copies.iter().map(|(h, v)| (*h, v.as_deref().and_then(check_value))).collect();
+        bail!("no checkpoint of worker {owner}; its copies: {seqs:?}");
+    };
+    let (found, seq) = check_value(&read).ok_or_else(|| anyhow::anyhow!("a torn checkpoint"))?;
+    ensure!(found == owner, "worker {owner}'s checkpoint holds worker {found}'s value");
+    Ok(seq)
 }
 
 /// Overwrites the own checkpoint for `secs` seconds; returns the last acknowledged write and

@@ -33,8 +33,7 @@ pub(crate) struct Health {
     alarm_on_failure: bool,
     alarm: AtomicBool,
     in_call: AtomicU64,
-    /// When the detector thread last began a round, in nanoseconds since `born` (0: no
-    /// detector thread runs).
+    /// When the clock thread last ticked, in nanoseconds since `born` (0: no clock runs).
     round_at: AtomicU64,
     born: Instant,
 }
@@ -53,8 +52,9 @@ impl Health {
         }
     }
 
-    /// How long ago the detector thread last began a round (zero while none runs): longer than
-    /// the suspicion bound means this process was stopped or starved that long.
+    /// How long ago the clock thread last ticked (zero while none runs). The clock does nothing
+    /// but sleep briefly and tick, so a long gap means this process was stopped (or its host
+    /// froze) that long, never that an MPI call was slow.
     #[inline]
     pub fn since_last_round(&self) -> Duration {
         let at = self.round_at.load(Ordering::Acquire);
@@ -134,10 +134,11 @@ impl Health {
     }
 }
 
-/// The running detector thread; stopped and joined on drop.
+/// The running detector and clock threads; stopped and joined on drop.
 pub(crate) struct Detector {
     stop: Arc<AtomicBool>,
     handle: Option<JoinHandle<()>>,
+    clock: Option<JoinHandle<()>>,
     /// The fabric's test for a killed rank's unwinding ([`Fabric::is_kill`]).
     is_kill: fn(&(dyn std::any::Any + Send)) -> bool,
 }
@@ -165,18 +166,31 @@ pub(crate) type FenceFailed = Box<dyn Fn(&[i32]) -> FabricResult<usize> + Send>;
 impl Detector {
     pub fn start<F: Fabric>(watch: Watch<F>) -> Detector {
         let stop = Arc::new(AtomicBool::new(false));
+        let (comm, health, suspicion) = (watch.comm.clone(), watch.health.clone(), watch.suspicion);
+        let flag = stop.clone();
+        health.stamp_round();
+        let clock = std::thread::Builder::new()
+            .name("ftkv-clock".into())
+            .spawn(move || tick(&*comm, &health, suspicion, &flag))
+            .expect("spawning the clock thread");
         let flag = stop.clone();
         let handle = std::thread::Builder::new()
             .name("ftkv-detector".into())
             .spawn(move || run(watch, &flag))
             .expect("spawning the detector thread");
-        Detector { stop, handle: Some(handle), is_kill: F::is_kill }
+        Detector { stop, handle: Some(handle), clock: Some(clock), is_kill: F::is_kill }
     }
 }
 
 impl Drop for Detector {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
+        if let Some(clock) = self.clock.take() {
+            clock.thread().unpark();
+            if clock.join().is_err() {
+                crate::events::warn("the clock thread panicked");
+            }
+        }
         if let Some(handle) = self.handle.take() {
             match handle.join() {
                 Err(payload) if !(self.is_kill)(payload.as_ref()) => {
@@ -188,15 +202,24 @@ impl Drop for Detector {
     }
 }
 
+/// The clock thread: sleeps a tick at a time and stamps [`Health::since_last_round`]; ends the
+/// process when one of its sleeps lasted more than half the suspicion bound. It takes no lock
+/// and makes no MPI call, so only a stopped process (or a frozen host) delays it that long.
+fn tick<F: Fabric>(comm: &F, health: &Health, suspicion: Duration, stop: &AtomicBool) {
+    let period = (suspicion / 20).min(Duration::from_millis(100));
+    while !stop.load(Ordering::Acquire) {
+        std::thread::park_timeout(period);
+        end_if_stopped(comm, health.since_last_round(), suspicion);
+        health.stamp_round();
+    }
+    health.stop_rounds();
+}
+
 fn run<F: Fabric>(watch: Watch<F>, stop: &AtomicBool) {
     let mut stuck = StuckCall::default();
-    let mut last_round = Instant::now();
     let mut fenced_generation = 0;
-    watch.health.stamp_round();
     while !stop.load(Ordering::Acquire) {
-        end_if_suspended(&watch, last_round.elapsed());
-        last_round = Instant::now();
-        watch.health.stamp_round();
+        end_if_suspended(&watch);
         poll_once(&watch);
         fenced_generation = fence_new_failures(&watch, fenced_generation);
         stuck.check(&watch);
@@ -206,7 +229,6 @@ fn run<F: Fabric>(watch: Watch<F>, stop: &AtomicBool) {
             std::thread::sleep(watch.poll_interval);
         }
     }
-    watch.health.stop_rounds();
 }
 
 /// Fences newly failed `workers` out of this rank's slots, then publishes them: whoever sees
@@ -240,12 +262,12 @@ fn fence_new_failures<F: Fabric>(watch: &Watch<F>, fenced: u64) -> u64 {
     }
 }
 
-/// Ends this process when the detector thread did not run for more than half the suspicion
-/// bound: the process was stopped (SIGSTOP), or its host froze, long enough that the others may
-/// have declared it failed and gone on without it. Checked before anything else after such a
-/// gap, so the call the watchdog may see stuck is not blamed on its target.
-fn end_if_suspended<F: Fabric>(watch: &Watch<F>, gap: Duration) {
-    end_if_stopped(watch.comm.as_ref(), gap, watch.suspicion);
+/// Ends this process when the clock did not tick for more than half the suspicion bound: the
+/// process was stopped (SIGSTOP), or its host froze, long enough that the others may have
+/// declared it failed and gone on without it. Checked before the watchdog after such a gap, so
+/// a call the watchdog sees stuck is not blamed on its target.
+fn end_if_suspended<F: Fabric>(watch: &Watch<F>) {
+    end_if_stopped(watch.comm.as_ref(), watch.health.since_last_round(), watch.suspicion);
 }
 
 /// Ends this process (fail-stop through `comm`) when it did not run for `gap`, more than half

@@ -549,7 +549,7 @@ impl<F: Fabric> Store<F> {
         window.fence(failed).map(|_| ()).map_err(|e| self.failure(e))
     }
 
-    /// Ends this process when its detector thread has not run for more than half the
+    /// Ends this process when its clock thread has not ticked for more than half the
     /// suspicion bound ([`crate::detector`]): it may have been declared failed, and its writes
     /// must stop here. The write in flight when it stopped is the only one that can land late
     /// (and the holders' fences void it).

@@ -31,6 +31,8 @@ step "unit, scenario and real-MPI tests"
 cargo test --workspace --release
 step "simulated store recoveries and pool runs: 10000 seeded scenarios each, kills at any step (no MPI)"
 target/release/ftkv sim --runs 10000 --seed 1
+step "simulated transactions: 1000 seeded runs, coordinator and backup kills at every step (no MPI)"
+target/release/ftkv sim --model txn --runs 1000 --seed 100001
 step "real-MPI tests over btl self,tcp"
 FTKV_TEST_BTL=tcp cargo test --release -p ftkv-cli --test mpi_layer --test store --test tasks
 step "real-MPI store and task tests over 3 simulated hosts"

@@ -602,7 +602,10 @@ enum SimModel {
     Store,
     /// The task pool (`ftkv_tasks::sim`).
     Pool,
-    /// Both, `--runs` scenarios each.
+    /// Multi-key transactions with coordinator kills at every step (`ftkv::sim_txn`; worker
+    /// threads scheduled by the seed, not virtual time).
+    Txn,
+    /// The store and the pool, `--runs` scenarios each.
     All,
 }
 
@@ -611,6 +614,10 @@ fn run_sim(model: SimModel, seed: u64, runs: u64, trace: bool) -> Result<()> {
     let end = seed.saturating_add(runs);
     let mut failing = Vec::new();
     let mut digests = Vec::new();
+    if model == SimModel::Txn {
+        anyhow::ensure!(!trace, "--trace is not available for --model txn");
+        return run_txn_sim(seed, runs, started);
+    }
     if model != SimModel::Pool {
         if trace {
             for seed in seed..end {
@@ -656,6 +663,31 @@ fn run_sim(model: SimModel, seed: u64, runs: u64, trace: bool) -> Result<()> {
         started.elapsed().as_secs_f64()
     );
     anyhow::ensure!(failing.is_empty(), "{} of {total} simulated runs failed", failing.len());
+    Ok(())
+}
+
+/// `ftkv sim --model txn`: the transaction campaign, with its kills counted per step.
+fn run_txn_sim(seed: u64, runs: u64, started: std::time::Instant) -> Result<()> {
+    let out = ftkv::sim_txn::campaign(seed, runs);
+    for report in &out.failing {
+        println!("txn {report}");
+    }
+    let kills: Vec<String> = out.kills_by_step.iter().map(|(at, n)| format!("{at}: {n}")).collect();
+    println!(
+        "txn runs={runs} violations={} digest={:016x} committed={} aborted={} kills={{{}}} \
+         seconds={:.2}",
+        out.failing.len(),
+        out.digest,
+        out.committed,
+        out.aborted,
+        kills.join(", "),
+        started.elapsed().as_secs_f64()
+    );
+    anyhow::ensure!(
+        out.failing.is_empty(),
+        "{} of {runs} simulated runs failed",
+        out.failing.len()
+    );
     Ok(())
 }
 

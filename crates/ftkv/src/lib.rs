@@ -50,8 +50,10 @@ pub mod layout;
 pub mod placement;
 mod recovery;
 pub mod sim;
+pub mod sim_txn;
 pub mod slot;
 mod store;
+pub mod txn;
 
 pub use error::{Error, Result};
 pub use key::{Config, Detection, Key, Recovery};

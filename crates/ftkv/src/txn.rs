@@ -1,0 +1,329 @@
+//! The transaction protocol core: multi-key transactions (reads, writes, deletes and
+//! conditionals on version or value) with a coordinator whose decision is replicated, written
+//! against an abstract [`Backend`] so the deterministic simulator ([`crate::sim_txn`]) can run
+//! it with kills at every step. Not yet wired to [`crate::Store`].
+//!
+//! Protocol of a coordinator `c` running transaction `t` (its id names `c`):
+//!
+//! 1. **Announce**: the coordinator's transaction record (a key of its own, replicated like any
+//!    other, whose holders are its *backups*) gets `Locking` with every key of `t`.
+//! 2. **Lock** every key in key order: a compare-and-swap of the key's lock word from free to
+//!    `t`, on every holder of the key in route order, so the lock survives as long as one
+//!    holder does. A key locked by a live transaction is waited for; one locked by a
+//!    transaction whose coordinator failed is waited for until that coordinator's backup
+//!    resolved it (below), or resolved here when this coordinator is that backup.
+//! 3. **Read** every key and check the conditions; a failed condition releases the locks and
+//!    aborts (nothing was written).
+//! 4. **Commit**: the record gets `Committed` with every write and its target version (the
+//!    version read + 1); once every holder acknowledged it, the outcome is decided.
+//! 5. **Apply** every write at its target version, mark the record `Done`, release the locks.
+//!
+//! When the coordinator fails, its backup (the first live holder of its record, one at a time)
+//! resolves the record: it first makes the newest version it reads durable on every live
+//! holder (so a later backup reads the same decision), then rolls a `Committed` record forward
+//! (every write again, at the same version with the same bytes: idempotent while the locks stay
+//! held in the dead transaction's name) or marks a `Locking` one `Aborted`, and releases the
+//! dead transaction's locks. Writes happen only after the commit was acknowledged everywhere,
+//! so a transaction is applied on every key or on none. Locks held until after the writes make
+//! committed transactions serializable (two-phase locking); reads outside transactions are not
+//! isolated from them.
+
+use serde::{Deserialize, Serialize};
+
+use crate::key::Key;
+
+/// A transaction's id, also the value of the lock words it holds: the coordinator's worker id
+/// + 1 in the high half (0 means "free"), its sequence number in the low half.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct TxId(pub u64);
+
+impl TxId {
+    pub fn new(coordinator: i32, seq: u32) -> TxId {
+        TxId(((coordinator as u64 + 1) << 32) | seq as u64)
+    }
+
+    pub fn coordinator(self) -> i32 {
+        ((self.0 >> 32) as i32) - 1
+    }
+}
+
+/// The lock word of a free key.
+pub const FREE: u64 = 0;
+
+/// What a condition expects of a key when the transaction runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Expect {
+    /// The key's newest version (0: never written).
+    Version(u64),
+    /// The key's value (`None`: deleted or never written).
+    Value(Option<Vec<u8>>),
+}
+
+/// A transaction: keys to read, conditions that must all hold, and writes (`None` deletes).
+/// [`run`] adds the writes its `update` computes from the values read.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Txn {
+    pub reads: Vec<Key>,
+    pub conditions: Vec<(Key, Expect)>,
+    pub writes: Vec<(Key, Option<Vec<u8>>)>,
+}
+
+impl Txn {
+    /// Every key the transaction touches, sorted, once each (the locking order).
+    pub fn keys(&self) -> Vec<Key> {
+        let conditions = self.conditions.iter().map(|(k, _)| *k);
+        let writes = self.writes.iter().map(|(k, _)| *k);
+        let mut keys: Vec<Key> =
+            self.reads.iter().copied().chain(conditions).chain(writes).collect();
+        keys.sort_by_key(|k| (k.owner, k.kind));
+        keys.dedup();
+        keys
+    }
+}
+
+/// The state of a transaction record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RecordState {
+    Locking,
+    Committed,
+    Done,
+    Aborted,
+}
+
+/// A coordinator's transaction record: the decision its backups act on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TxRecord {
+    pub id: TxId,
+    pub state: RecordState,
+    /// Every key the transaction locked.
+    pub keys: Vec<Key>,
+    /// Every write with its target version (empty while `Locking`).
+    pub writes: Vec<(Key, u64, Option<Vec<u8>>)>,
+}
+
+/// How a transaction ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Applied on every key; the values read (in [`Txn::reads`] order) with their versions.
+    Committed { reads: Vec<(Key, u64, Option<Vec<u8>>)> },
+    /// Nothing written: this condition did not hold.
+    Aborted { condition: Key },
+}
+
+/// What a transaction failed with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TxError<E> {
+    /// The backend failed (this process was killed, or the store needs global recovery). If
+    /// the record was committed, the backups finish the transaction.
+    Backend(E),
+    /// A key stayed locked for the whole bound (by this many attempts).
+    Contended { key: Key, attempts: usize },
+    /// The update wrote a key the transaction did not name (and so did not lock).
+    UnlockedWrite { key: Key },
+}
+
+impl<E> From<E> for TxError<E> {
+    fn from(e: E) -> Self {
+        TxError::Backend(e)
+    }
+}
+
+/// The store operations the protocol runs on. Every call may fail with the backend's error
+/// (a kill in the simulator). Replicated writes are atomic per holder, not across holders: a
+/// writer that fails midway leaves the new version on some holders, and reads return the
+/// newest version on any live holder.
+pub trait Backend {
+    type Error;
+    /// A failure-injection point named after the protocol step about to run.
+    fn step(&mut self, name: &'static str) -> Result<(), Self::Error>;
+    /// Compare-and-swap of `key`'s lock word on every live holder, in route order: `Ok(None)`
+    /// when every holder held `from` (now `to`), `Ok(Some(found))` at the first that held
+    /// `found` instead (the holders before it were swapped back).
+    fn swap_lock(&mut self, key: Key, from: u64, to: u64) -> Result<Option<u64>, Self::Error>;
+    /// Frees `key`'s lock word on every live holder where it holds `id` (a compare-and-swap
+    /// from `id` to free on each; holders that hold anything else are left alone, so a lock
+    /// taken on some holders only is released too).
+    fn release_lock(&mut self, key: Key, id: u64) -> Result<(), Self::Error>;
+    /// The newest version of `key` and its value.
+    fn read(&mut self, key: Key) -> Result<(u64, Option<Vec<u8>>), Self::Error>;
+    /// Writes `value` at `version` to every live holder of `key`.
+    fn write(&mut self, key: Key, version: u64, value: Option<&[u8]>) -> Result<(), Self::Error>;
+    /// The newest transaction record of `coordinator`.
+    fn read_record(&mut self, coordinator: i32) -> Result<Option<TxRecord>, Self::Error>;
+    /// Writes `coordinator`'s record to every live holder of it (a new version).
+    fn write_record(&mut self, coordinator: i32, record: &TxRecord) -> Result<(), Self::Error>;
+    /// Whether `worker` is known failed.
+    fn is_failed(&self, worker: i32) -> bool;
+    /// The failed coordinators whose open transaction this worker must resolve now: it is
+    /// their one backup (the first live holder of their record) and has not resolved them yet.
+    fn backup_duties(&self) -> Vec<i32>;
+    /// Notes that this worker resolved `coordinator` (it drops out of the duties).
+    fn resolved(&mut self, coordinator: i32);
+    /// Lets others run before a lock is tried again.
+    fn wait(&mut self) -> Result<(), Self::Error>;
+}
+
+/// Attempts to take one lock before the transaction gives up with [`TxError::Contended`].
+pub const LOCK_ATTEMPTS: usize = 10_000;
+
+/// The values a transaction read: key, version, value.
+pub type Reads = [(Key, u64, Option<Vec<u8>>)];
+
+/// Runs `txn` as transaction `id` on `backend` (see the module's protocol). Once the locks are
+/// held and the conditions hold, `update` computes further writes from every locked key's value
+/// (read-modify-write); they must go to keys of `txn` (others are refused with
+/// [`TxError::UnlockedWrite`] before anything is written).
+pub fn run<B: Backend>(
+    backend: &mut B,
+    id: TxId,
+    txn: &Txn,
+    update: impl FnOnce(&Reads) -> Vec<(Key, Option<Vec<u8>>)>,
+) -> Result<Outcome, TxError<B::Error>> {
+    let keys = txn.keys();
+    let mut record =
+        TxRecord { id, state: RecordState::Locking, keys: keys.clone(), writes: vec![] };
+    backend.step("tx_announce")?;
+    backend.write_record(id.coordinator(), &record)?;
+    for (locked, &key) in keys.iter().enumerate() {
+        match lock(backend, key, id) {
+            Ok(()) => {}
+            Err(TxError::Backend(e)) => return Err(TxError::Backend(e)),
+            Err(gave_up) => {
+                abandon(backend, &record, &keys[..locked])?;
+                return Err(gave_up);
+            }
+        }
+    }
+    backend.step("tx_read")?;
+    let mut read = Vec::with_capacity(keys.len());
+    for &key in &keys {
+        read.push((key, backend.read(key)?));
+    }
+    let current = |key: Key| &read.iter().find(|(k, _)| *k == key).expect("locked key").1;
+    if let Some((key, _)) =
+        txn.conditions.iter().find(|(key, expect)| !holds(current(*key), expect))
+    {
+        abandon(backend, &record, &keys)?;
+        return Ok(Outcome::Aborted { condition: *key });
+    }
+    let locked: Vec<(Key, u64, Option<Vec<u8>>)> =
+        read.iter().map(|(key, (version, value))| (*key, *version, value.clone())).collect();
+    let mut wanted = txn.writes.clone();
+    wanted.extend(update(&locked));
+    if let Some((key, _)) = wanted.iter().find(|(key, _)| !keys.contains(key)) {
+        let key = *key;
+        abandon(backend, &record, &keys)?;
+        return Err(TxError::UnlockedWrite { key });
+    }
+    let writes = wanted.into_iter().map(|(key, value)| (key, current(key).0 + 1, value));
+    record.writes = writes.collect();
+    record.state = RecordState::Committed;
+    backend.step("tx_commit")?;
+    backend.write_record(id.coordinator(), &record)?;
+    apply(backend, &record)?;
+    let reads = txn.reads.iter().map(|&key| (key, current(key).0, current(key).1.clone()));
+    Ok(Outcome::Committed { reads: reads.collect() })
+}
+
+/// Ends a transaction that wrote nothing: its record becomes `Aborted`, then the `locked`
+/// keys are released. A coordinator that fails in between leaves an `Aborted` record, whose
+/// backup releases the locks.
+fn abandon<B: Backend>(backend: &mut B, record: &TxRecord, locked: &[Key]) -> Result<(), B::Error> {
+    backend.step("tx_abort")?;
+    let aborted = TxRecord { state: RecordState::Aborted, ..record.clone() };
+    backend.write_record(record.id.coordinator(), &aborted)?;
+    unlock(backend, locked, record.id)
+}
+
+fn holds(current: &(u64, Option<Vec<u8>>), expect: &Expect) -> bool {
+    match expect {
+        Expect::Version(version) => current.0 == *version,
+        Expect::Value(value) => current.1 == *value,
+    }
+}
+
+/// Takes `key`'s lock for `id`, waiting while another transaction holds it.
+fn lock<B: Backend>(backend: &mut B, key: Key, id: TxId) -> Result<(), TxError<B::Error>> {
+    for _ in 0..LOCK_ATTEMPTS {
+        backend.step("tx_lock")?;
+        match backend.swap_lock(key, FREE, id.0)? {
+            None => return Ok(()),
+            Some(held) if held == id.0 => return Ok(()),
+            Some(_) => {
+                resolve_duties(backend)?;
+                backend.wait()?;
+            }
+        }
+    }
+    Err(TxError::Contended { key, attempts: LOCK_ATTEMPTS })
+}
+
+fn unlock<B: Backend>(backend: &mut B, keys: &[Key], id: TxId) -> Result<(), B::Error> {
+    for &key in keys.iter().rev() {
+        backend.step("tx_unlock")?;
+        backend.release_lock(key, id.0)?;
+    }
+    Ok(())
+}
+
+/// Applies a committed record's writes, marks it done and releases its locks.
+fn apply<B: Backend>(backend: &mut B, record: &TxRecord) -> Result<(), B::Error> {
+    for (key, version, value) in &record.writes {
+        backend.step("tx_apply")?;
+        backend.write(*key, *version, value.as_deref())?;
+    }
+    backend.step("tx_done")?;
+    let done = TxRecord { state: RecordState::Done, ..record.clone() };
+    backend.write_record(record.id.coordinator(), &done)?;
+    unlock(backend, &record.keys, record.id)
+}
+
+/// Resolves every failed coordinator this worker is the backup of. A waiting coordinator does
+/// it before every new attempt at a lock: the lock it waits for may be held, directly or
+/// through a chain of waiting transactions, by a failed coordinator only it can resolve.
+pub fn resolve_duties<B: Backend>(backend: &mut B) -> Result<(), B::Error> {
+    for coordinator in backend.backup_duties() {
+        resolve(backend, coordinator)?;
+        backend.resolved(coordinator);
+    }
+    Ok(())
+}
+
+/// What a backup's resolution of a failed coordinator decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resolution {
+    /// No transaction of the coordinator was open.
+    Nothing,
+    RolledForward(TxId),
+    Aborted(TxId),
+}
+
+/// Resolves the open transaction of the failed `coordinator`: the backup's duty, run by one
+/// backup at a time (the first live holder of the coordinator's record) once it learns of the
+/// failure ([`resolve_duties`]). The newest record
+/// version is first written again to every live holder, so that a backup that takes over after
+/// this one fails reads the same decision.
+pub fn resolve<B: Backend>(backend: &mut B, coordinator: i32) -> Result<Resolution, B::Error> {
+    backend.step("tx_resolve")?;
+    let Some(mut record) = backend.read_record(coordinator)? else {
+        return Ok(Resolution::Nothing);
+    };
+    match record.state {
+        RecordState::Done | RecordState::Aborted => {
+            unlock(backend, &record.keys, record.id)?;
+            Ok(Resolution::Nothing)
+        }
+        RecordState::Committed => {
+            backend.write_record(coordinator, &record)?;
+            apply(backend, &record)?;
+            Ok(Resolution::RolledForward(record.id))
+        }
+        RecordState::Locking => {
+            record.state = RecordState::Aborted;
+            backend.step("tx_abort")?;
+            backend.write_record(coordinator, &record)?;
+            unlock(backend, &record.keys, record.id)?;
+            Ok(Resolution::Aborted(record.id))
+        }
+    }
+}

@@ -304,3 +304,67 @@ fn a_hosts_ranks_killed_at_once_are_repaired_while_the_others_write() {
     }
     assert_survivors_read(&out, ranks, &victims, |_| (1..100_000).collect());
 }
+
+/// The lock words of transactions rest on compare-and-swap across every path of the store's
+/// window: 6 ranks add 200 to a counter on every rank with compare-and-swap loops, racing
+/// through shared memory on a host and through the serving threads between hosts (under
+/// `FTKV_NODES=3`, where `spans_hosts=true` is required). Every counter ends exact.
+#[test]
+fn compare_and_swap_is_atomic_across_shared_memory_and_host_links() {
+    let out = run(job("host-cas", 6));
+    let across_hosts = std::env::var("FTKV_NODES").is_ok_and(|n| n == "3");
+    for rank in 0..6 {
+        assert_eq!(out.rank_value(rank, "cas"), Some("ok"), "rank {rank}:\n{}", out.transcript());
+        let spans = out.rank_value(rank, "spans_hosts");
+        assert_eq!(spans, Some(if across_hosts { "true" } else { "false" }), "rank {rank}");
+    }
+}
+
+/// Transactions on real MPI (`store-txn`, 4 ranks, localized, 2 copies): every rank appends
+/// its ids to its own and its neighbour's log in 16 transactions while rank 1 is SIGKILLed at
+/// a protocol step (`FTKV_FAILPOINT`), or nobody is. Every survivor judges atomicity, its own
+/// outcomes and serializability on what it reads (`txn=ok`), all read the same logs, and after
+/// a kill exactly one survivor resolved the victim's transaction as its backup.
+#[test]
+fn transactions_stay_atomic_when_their_coordinator_is_killed_at_any_step() {
+    let ranks = 4;
+    let kills =
+        [None, Some("tx_announce#3"), Some("tx_lock#5"), Some("tx_read#2"), Some("tx_abort#1")];
+    let more = [Some("tx_commit#3"), Some("put_before_header#6"), Some("tx_apply#4")];
+    let last = [Some("tx_done#2"), Some("tx_unlock#3")];
+    for kill in kills.into_iter().chain(more).chain(last) {
+        let mut launch = job("store-txn", ranks);
+        if let Some(point) = kill {
+            let (name, nth) = point.split_once('#').expect("name#nth");
+            launch = launch.env("FTKV_FAILPOINT", &format!("{name}@1#{nth}"));
+        }
+        let out = run(launch);
+        let survivors: Vec<usize> = (0..ranks).filter(|&r| kill.is_none() || r != 1).collect();
+        let mut backups = 0;
+        for &rank in &survivors {
+            let line = out.rank_lines(rank).iter().find(|l| l.starts_with("txn=")).cloned();
+            let line =
+                line.unwrap_or_else(|| panic!("{kill:?}: rank {rank}:\n{}", out.transcript()));
+            assert_eq!(field(&line, "txn"), Some("ok"), "{kill:?}: {line}");
+            let logs = |r: usize| out.rank_value(r, "logs").map(str::to_owned);
+            assert_eq!(logs(rank), logs(survivors[0]), "{kill:?}: survivors read different logs");
+            backups += usize::from(field(&line, "resolved") == Some("1"));
+            assert_eq!(
+                out.rank_value(rank, "done"),
+                Some("yes"),
+                "{kill:?}:\n{}",
+                out.transcript()
+            );
+        }
+        let wanted = usize::from(kill.is_some());
+        assert_eq!(
+            backups,
+            wanted,
+            "{kill:?}: backups that resolved rank 1:\n{}",
+            out.transcript()
+        );
+        if kill.is_some() {
+            assert!(out.stderr.contains("fired on rank 1"), "{kill:?}: the kill did not fire");
+        }
+    }
+}

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use crate::comm::Comm;
 use crate::error::Result;
-use crate::remote::{Links, Memory, Remote};
+use crate::remote::{Atomics, Links, Memory, Remote};
 use crate::runtime::other;
 use crate::window::{LockedWindow, RmaScope, Window};
 
@@ -52,7 +52,9 @@ impl HostWindow {
             // process pairs.
             comm.dup()?.connect_pairs()?;
             let (base, len) = local.window().local_memory();
-            Some(Arc::new(Links::connect(comm, &remote, Memory { base, len })?))
+            let own = host.rank();
+            let memory = Memory { base, len, atomics: Atomics { ops: local.window().ops(), own } };
+            Some(Arc::new(Links::connect(comm, &remote, memory)?))
         } else {
             None
         };
@@ -99,6 +101,30 @@ impl HostWindow {
         let completed = scope.complete();
         let value = issued?;
         completed.map(|()| value)
+    }
+
+    /// Atomically replaces the u64 at `disp` in `target`'s memory by `swap` if it equals
+    /// `compare`, and returns the value it held. On this host `MPI_Compare_and_swap` (osc sm
+    /// serialises it with every other accumulate on the target); on another host the target's
+    /// serving thread runs the same call on its own memory, so both paths exclude each other.
+    /// Complete at the target when it returns; a target on another host whose connection ended
+    /// fails it with `ProcFailed`.
+    pub fn compare_and_swap(&self, target: i32, disp: i64, compare: u64, swap: u64) -> Result<u64> {
+        let rank = usize::try_from(target).ok().and_then(|t| self.host_rank.get(t)).copied();
+        match rank {
+            None => Err(other("HostWindow", "target rank outside the communicator")),
+            Some(Some(rank)) => self.local().compare_and_swap(rank, disp, compare, swap),
+            Some(None) => {
+                let links = self.links.as_ref().ok_or_else(|| other("HostWindow", "no links"))?;
+                let mut operands = [0u8; 16];
+                operands[..8].copy_from_slice(&compare.to_le_bytes());
+                operands[8..].copy_from_slice(&swap.to_le_bytes());
+                let mut held = [0u8; 8];
+                let op = Remote::CompareAndSwap { disp, operands: &operands, held: &mut held };
+                links.send(vec![(target, vec![op])]).answers()?;
+                Ok(u64::from_le_bytes(held))
+            }
+        }
     }
 
     /// Makes peers' completed writes visible to [`HostWindow::read_local`].

@@ -12,8 +12,10 @@
 //! it with `ProcFailed`.
 //!
 //! Request, on an origin's connection: `u32` operation count, then per operation a kind byte and
-//! `u64` displacement and length (little-endian), then every put's data in operation order.
-//! Answer: every get's data in operation order, then one status byte.
+//! `u64` displacement and length (little-endian), then every put's data and every
+//! compare-and-swap's operands (compare, swap: two `u64`) in operation order. Answer: every
+//! get's data and every compare-and-swap's previous value in operation order, then one status
+//! byte.
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, Shutdown, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
@@ -24,12 +26,15 @@ use std::time::{Duration, Instant};
 use crate::comm::Comm;
 use crate::error::{MpiError, Result};
 use crate::runtime::other;
+use crate::window::Ops;
 
 const OP_PUT: u8 = 1;
 const OP_GET: u8 = 2;
+const OP_COMPARE_AND_SWAP: u8 = 3;
 const ENTRY_LEN: usize = 17;
 const STATUS_OK: u8 = 0;
 const STATUS_OUT_OF_RANGE: u8 = 1;
+const STATUS_ATOMIC_FAILED: u8 = 2;
 
 /// Requests up to this size are sent with one write (header and data copied together).
 const COALESCE_LIMIT: usize = 64 * 1024;
@@ -45,10 +50,30 @@ const ADDRESS_LEN: usize = 6;
 pub(crate) struct Memory {
     pub base: *mut u8,
     pub len: usize,
+    pub atomics: Atomics,
 }
 
-// SAFETY: the memory belongs to a window that outlives the serving threads (the window joins
-// them before it is freed); it is only written by raw copies, never through Rust references.
+/// How a serving thread runs atomic operations on its own memory: through the host's window
+/// (`MPI_Compare_and_swap` on its own rank there), so they exclude the atomics that members on
+/// this host issue through that window.
+#[derive(Clone, Copy)]
+pub(crate) struct Atomics {
+    pub ops: Ops,
+    /// This member's rank in the host's window.
+    pub own: i32,
+}
+
+impl Atomics {
+    fn compare_and_swap(self, disp: u64, operands: &[u8]) -> Option<u64> {
+        let word = |at: usize| u64::from_le_bytes(operands[at..at + 8].try_into().expect("8"));
+        self.ops.compare_and_swap(self.own, disp as i64, word(0), word(8)).ok()
+    }
+}
+
+// SAFETY: the memory and the window handle belong to a window that outlives the serving threads
+// (the window joins them before it is freed); the memory is only written by raw copies, never
+// through Rust references, and MPI runs with MPI_THREAD_MULTIPLE, so a serving thread may call
+// MPI on the handle while the application thread does.
 unsafe impl Send for Memory {}
 
 impl Memory {
@@ -61,8 +86,20 @@ impl Memory {
 
 /// One operation of a request, with the buffer it borrows.
 pub(crate) enum Remote<'buf> {
-    Put { disp: i64, data: &'buf [u8] },
-    Get { disp: i64, out: &'buf mut [u8] },
+    Put {
+        disp: i64,
+        data: &'buf [u8],
+    },
+    Get {
+        disp: i64,
+        out: &'buf mut [u8],
+    },
+    /// `operands`: compare, then swap (little-endian u64s); `held` gets the previous value.
+    CompareAndSwap {
+        disp: i64,
+        operands: &'buf [u8; 16],
+        held: &'buf mut [u8; 8],
+    },
 }
 
 /// The connections of one member to the members on other hosts, and the threads that serve the
@@ -160,6 +197,9 @@ impl Sent<'_, '_> {
         for (target, ops, mut stream) in std::mem::take(&mut self.awaiting) {
             match read_answer(stream.as_mut(), ops, target, self.members) {
                 Ok(STATUS_OK) => {}
+                Ok(STATUS_ATOMIC_FAILED) => {
+                    self.fail(other("HostWindow", "a remote compare-and-swap failed at its target"))
+                }
                 Ok(_) => {
                     self.fail(other("HostWindow", "a remote operation was outside the window"))
                 }
@@ -201,6 +241,7 @@ fn send_request(
     let puts = || {
         ops.iter().filter_map(|op| match op {
             Remote::Put { data, .. } => Some(*data),
+            Remote::CompareAndSwap { operands, .. } => Some(&operands[..]),
             Remote::Get { .. } => None,
         })
     };
@@ -224,6 +265,7 @@ fn encode_header(ops: &[Remote<'_>], header: &mut Vec<u8>) {
         let (code, disp, len) = match op {
             Remote::Put { disp, data } => (OP_PUT, *disp, data.len()),
             Remote::Get { disp, out } => (OP_GET, *disp, out.len()),
+            Remote::CompareAndSwap { disp, held, .. } => (OP_COMPARE_AND_SWAP, *disp, held.len()),
         };
         header.push(code);
         header.extend_from_slice(&(disp as u64).to_le_bytes());
@@ -241,8 +283,10 @@ fn read_answer(
     let stream = stream.ok_or(MpiError::ProcFailed { op: "ftkv tcp", peer: Some(target) })?;
     let mut peer = Peer { stream, target, members };
     for op in ops {
-        if let Remote::Get { out, .. } = op {
-            peer.read_exact(out)?;
+        match op {
+            Remote::Get { out, .. } => peer.read_exact(out)?,
+            Remote::CompareAndSwap { held, .. } => peer.read_exact(held)?,
+            Remote::Put { .. } => {}
         }
     }
     let mut status = [0u8; 1];
@@ -306,12 +350,19 @@ fn serve(mut stream: TcpStream, memory: Memory) {
     while serve_request(&mut stream, memory, &mut buffers).is_ok() {}
 }
 
+/// One part of an answer, in operation order: window bytes to copy (`None`: out of range,
+/// zeros), or a compare-and-swap's previous value.
+enum Answer {
+    Copy(Option<*mut u8>, usize),
+    Held(u64),
+}
+
 /// What serving a request needs besides the window memory, kept from one request to the next.
 #[derive(Default)]
 struct ServeBuffers {
     entries: Vec<u8>,
     put_data: Vec<u8>,
-    gets: Vec<(Option<*mut u8>, usize)>,
+    gets: Vec<Answer>,
     answer: Vec<u8>,
 }
 
@@ -346,12 +397,32 @@ fn serve_request(
                     };
                 }
             }
-            OP_GET => gets.push((target, len as usize)),
+            OP_GET => gets.push(Answer::Copy(target, len as usize)),
+            OP_COMPARE_AND_SWAP => {
+                put_data.resize(16, 0);
+                stream.read_exact(put_data)?;
+                let aligned = disp % 8 == 0 && len == 8;
+                let held = match target.filter(|_| aligned) {
+                    Some(_) => memory.atomics.compare_and_swap(disp, put_data),
+                    None => None,
+                };
+                if target.is_some() && held.is_none() {
+                    status = STATUS_ATOMIC_FAILED;
+                }
+                gets.push(Answer::Held(held.unwrap_or(0)));
+            }
             _ => status = STATUS_OUT_OF_RANGE,
         }
     }
     answer.clear();
-    for &(target, len) in gets.iter() {
+    for part in gets.iter() {
+        let (target, len) = match *part {
+            Answer::Held(value) => {
+                answer.extend_from_slice(&value.to_le_bytes());
+                continue;
+            }
+            Answer::Copy(target, len) => (target, len),
+        };
         let start = answer.len();
         answer.resize(start + len, 0);
         if let Some(ptr) = target {

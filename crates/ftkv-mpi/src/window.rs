@@ -479,7 +479,13 @@ impl Ops {
         check(rc, "MPI_Accumulate").map_err(|e| e.with_peer(target))
     }
 
-    fn compare_and_swap(self, target: i32, disp: i64, compare: u64, swap: u64) -> Result<u64> {
+    pub(crate) fn compare_and_swap(
+        self,
+        target: i32,
+        disp: i64,
+        compare: u64,
+        swap: u64,
+    ) -> Result<u64> {
         let mut result: u64 = 0;
         // SAFETY: the origin, compare and result values live on this stack frame until the flush
         // below completed the operation.

@@ -50,6 +50,10 @@ pub enum Error {
     RecoveryFailed(String),
     #[error("every copy of key {0} was lost")]
     KeyLost(Key),
+    #[error("key {key} stayed locked by other transactions for {attempts} attempts")]
+    TransactionContended { key: Key, attempts: usize },
+    #[error("invalid transaction: {0}")]
+    InvalidTransaction(String),
     #[error("fabric: {0}")]
     Fabric(#[from] crate::fabric::FabricError),
 }

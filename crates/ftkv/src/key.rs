@@ -52,6 +52,9 @@ pub enum Recovery {
     Localized,
 }
 
+/// The kind that holds each worker's transaction record ([`Config::with_transactions`]).
+pub const TX_RECORD_KIND: &str = "ftkv.tx-record";
+
 /// The collective configuration of a [`Store`](crate::Store); every rank must pass the same.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
@@ -133,6 +136,16 @@ impl Config {
     /// The layout's shape: kinds, copies and reserve holders.
     pub fn shape(&self) -> crate::layout::Shape {
         crate::layout::Shape { kinds: self.kinds.len(), copies: self.copies, spares: self.spares }
+    }
+
+    /// This configuration with one more kind, [`TX_RECORD_KIND`], which holds each worker's
+    /// transaction record: needed by [`Store::transaction`](crate::Store::transaction). A record
+    /// carries the values its transaction writes, so their sum must fit `max_value`.
+    pub fn with_transactions(mut self) -> Config {
+        if !self.kinds.iter().any(|k| k == TX_RECORD_KIND) {
+            self.kinds.push(TX_RECORD_KIND.to_owned());
+        }
+        self
     }
 
     /// This configuration with [`Recovery::Localized`] and one reserve holder per copy.

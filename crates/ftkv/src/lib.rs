@@ -54,7 +54,8 @@ pub mod sim_txn;
 pub mod slot;
 mod store;
 pub mod txn;
+pub mod txn_log;
 
 pub use error::{Error, Result};
-pub use key::{Config, Detection, Key, Recovery};
+pub use key::{Config, Detection, Key, Recovery, TX_RECORD_KIND};
 pub use store::{DefaultFabric, RecoveryReport, RepairReport, Store};

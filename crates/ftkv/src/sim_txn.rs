@@ -28,6 +28,7 @@ use rand::{Rng, SeedableRng};
 use crate::codec;
 use crate::key::Key;
 use crate::txn::{self, Backend, Expect, Outcome, RecordState, TxError, TxId, TxRecord, Txn, FREE};
+use crate::txn_log::{self, log_of};
 
 /// The kind of every worker's shared key and of its transaction record.
 const DATA: u16 = 0;
@@ -254,19 +255,23 @@ impl Backend for SimBackend<'_> {
     }
 
     fn swap_lock(&mut self, key: Key, from: u64, to: u64) -> Result<Option<u64>, Killed> {
-        let holders = self.holders(key);
-        for (i, &holder) in holders.iter().enumerate() {
+        let mut swapped = Vec::new();
+        for holder in self.holders(key) {
             self.yield_point("swap_lock")?;
             let mut world = self.lock_world();
             let copy = world.memory.entry((holder, key)).or_default();
+            if copy.lock == to {
+                continue;
+            }
             if copy.lock != from {
                 let found = copy.lock;
-                for &earlier in holders[..i].iter().rev() {
+                for &earlier in swapped.iter().rev() {
                     world.memory.entry((earlier, key)).or_default().lock = from;
                 }
                 return Ok(Some(found));
             }
             copy.lock = to;
+            swapped.push(holder);
         }
         Ok(None)
     }
@@ -340,11 +345,6 @@ enum Ended {
     GaveUp(String),
 }
 
-/// A key's log: the transaction ids appended to it, oldest first.
-fn log_of(value: &Option<Vec<u8>>) -> Vec<u64> {
-    value.as_deref().and_then(codec::decode).unwrap_or_default()
-}
-
 fn worker_body(backend: &mut SimBackend<'_>, plan: Vec<(Vec<Key>, bool)>) -> Vec<Planned> {
     let mut done = Vec::new();
     for (seq, (keys, conditioned)) in plan.into_iter().enumerate() {
@@ -396,14 +396,7 @@ fn one_transaction(
         txn.conditions.push((planned.keys[0], Expect::Version(version)));
     }
     let id = planned.id;
-    let append = |reads: &txn::Reads| {
-        let appended = |value: &Option<Vec<u8>>| {
-            let mut log = log_of(value);
-            log.push(id.0);
-            Some(codec::encode(&log))
-        };
-        reads.iter().map(|(key, _, value)| (*key, appended(value))).collect()
-    };
+    let append = txn_log::append(id.0);
     match txn::run(backend, id, &txn, append) {
         Ok(Outcome::Committed { .. }) => Ended::Committed,
         Ok(Outcome::Aborted { .. }) => Ended::ConditionFailed,
@@ -600,29 +593,22 @@ fn judge(world: &World, planned: &[Planned]) -> Vec<String> {
         }
         logs.insert(Key::new(owner, DATA), log_of(&value));
     }
-    for (key, log) in &logs {
-        let unique: BTreeSet<&u64> = log.iter().collect();
-        if unique.len() != log.len() {
-            violations.push(format!("key {key}: a transaction applied twice: {log:?}"));
-        }
-    }
+    let planned_keys: Vec<(u64, Vec<Key>)> =
+        planned.iter().map(|tx| (tx.id.0, tx.keys.clone())).collect();
+    let ended: Vec<(u64, bool)> = planned
+        .iter()
+        .filter_map(|tx| match &tx.ended {
+            Ended::Committed => Some((tx.id.0, true)),
+            Ended::ConditionFailed => Some((tx.id.0, false)),
+            _ => None,
+        })
+        .collect();
+    violations.extend(txn_log::judge(&logs, &planned_keys, &ended));
     for tx in planned {
-        let present: Vec<bool> = tx.keys.iter().map(|k| logs[k].contains(&tx.id.0)).collect();
-        let everywhere = present.iter().all(|&p| p);
-        let nowhere = present.iter().all(|&p| !p);
-        match &tx.ended {
-            Ended::Committed if !everywhere => {
-                violations.push(format!("{:?} committed but missing from some key", tx.id))
-            }
-            Ended::ConditionFailed if !nowhere => {
-                violations.push(format!("{:?} aborted but applied", tx.id))
-            }
-            Ended::GaveUp(why) => violations.push(format!("{:?} gave up: {why}", tx.id)),
-            _ if !everywhere && !nowhere => {
-                violations.push(format!("{:?} applied to some keys only ({present:?})", tx.id))
-            }
-            _ => {}
+        if let Ended::GaveUp(why) = &tx.ended {
+            violations.push(format!("{:?} gave up: {why}", tx.id));
         }
+        let everywhere = tx.keys.iter().all(|k| logs[k].contains(&tx.id.0));
         if let (Some((key, version)), true) = (tx.condition, everywhere) {
             let position = logs[&key].iter().position(|&id| id == tx.id.0);
             if position != Some(version as usize) {
@@ -633,40 +619,7 @@ fn judge(world: &World, planned: &[Planned]) -> Vec<String> {
             }
         }
     }
-    if let Some(cycle) = order_cycle(&logs) {
-        violations.push(format!("not serializable: {cycle}"));
-    }
     violations
-}
-
-/// A cycle in the order the keys' logs impose on transactions, if there is one.
-fn order_cycle(logs: &BTreeMap<Key, Vec<u64>>) -> Option<String> {
-    let mut after: BTreeMap<u64, BTreeSet<u64>> = BTreeMap::new();
-    for log in logs.values() {
-        for pair in log.windows(2) {
-            after.entry(pair[0]).or_default().insert(pair[1]);
-        }
-    }
-    let nodes: BTreeSet<u64> = logs.values().flatten().copied().collect();
-    let mut indegree: BTreeMap<u64, usize> = nodes.iter().map(|&n| (n, 0)).collect();
-    for targets in after.values() {
-        for t in targets {
-            *indegree.get_mut(t).expect("a node") += 1;
-        }
-    }
-    let mut ready: Vec<u64> = indegree.iter().filter(|(_, &d)| d == 0).map(|(&n, _)| n).collect();
-    let mut seen = 0;
-    while let Some(n) = ready.pop() {
-        seen += 1;
-        for t in after.get(&n).into_iter().flatten() {
-            let d = indegree.get_mut(t).expect("a node");
-            *d -= 1;
-            if *d == 0 {
-                ready.push(*t);
-            }
-        }
-    }
-    (seen < nodes.len()).then(|| format!("{} transactions in a cycle", nodes.len() - seen))
 }
 
 #[cfg(test)]

@@ -31,6 +31,10 @@
 //! | 4..8 | entries (≤ 3) |
 //! | 8..44 | per entry: writer id (4 bytes), version (8 bytes) |
 //! | 48..56 | xxh3 of bytes 0..48 |
+//! | 56..64 | lock word of transactions: 0 free, else the id of the holding transaction |
+//!
+//! The lock word changes only by compare-and-swap ([`crate::fabric::FabricWindow::compare_and_swap`]),
+//! from any member; fence writes stop before it.
 
 /// XXH3 (64 bit); `twox-hash` picks its AVX2 loop at run time where the CPU has it (about twice
 /// as fast as SSE2 on a 1 MiB value, which the torn-write check hashes on every put).
@@ -42,6 +46,9 @@ pub const HEADER_LEN: usize = 64;
 /// Bytes of the fence block at the start of every slot (as long as a header, so one buffer
 /// shape serves both).
 pub const FENCE_LEN: usize = HEADER_LEN;
+/// Where a slot's lock word lies (8 bytes, 8-byte aligned when the slot is): the end of the
+/// fence block, which fence writes leave alone.
+pub const LOCK_AT: usize = FENCE_LEN - 8;
 const MAGIC: [u8; 4] = *b"FTKV";
 const FENCE_MAGIC: [u8; 4] = *b"FNCE";
 /// Fenced writers a slot can record; a slot has one writer at a time, so more than its owner
@@ -197,9 +204,10 @@ impl Fence {
         self.entries.iter().any(|&(w, _)| w == writer)
     }
 
-    pub fn encode(&self) -> [u8; FENCE_LEN] {
+    /// The fence's bytes, up to the lock word (a fence write never touches the lock).
+    pub fn encode(&self) -> [u8; LOCK_AT] {
         assert!(self.entries.len() <= MAX_FENCED, "a slot fences at most {MAX_FENCED} writers");
-        let mut out = [0u8; FENCE_LEN];
+        let mut out = [0u8; LOCK_AT];
         out[0..4].copy_from_slice(&FENCE_MAGIC);
         out[4..8].copy_from_slice(&(self.entries.len() as u32).to_le_bytes());
         for (i, &(writer, version)) in self.entries.iter().enumerate() {
@@ -212,12 +220,12 @@ impl Fence {
         out
     }
 
-    /// The fence in `bytes`.
+    /// The fence in `bytes` (a fence block; its lock word is ignored).
     pub fn decode(bytes: &[u8]) -> FenceRead {
-        if bytes.len() < FENCE_LEN {
+        if bytes.len() < LOCK_AT {
             return FenceRead::Torn;
         }
-        if bytes[..FENCE_LEN].iter().all(|&b| b == 0) {
+        if bytes[..LOCK_AT].iter().all(|&b| b == 0) {
             return FenceRead::Valid(Fence::default());
         }
         let check = u64::from_le_bytes(bytes[48..56].try_into().expect("8 bytes"));
@@ -325,6 +333,11 @@ mod tests {
             assert_eq!(newest(halves, &fence).map(|c| c.header.version), want, "{fence:?}");
         }
         assert_eq!(Fence::decode(&[0u8; FENCE_LEN]), FenceRead::Valid(Fence::default()));
+        let mut locked = [0u8; FENCE_LEN];
+        locked[LOCK_AT..].copy_from_slice(&7u64.to_le_bytes());
+        assert_eq!(Fence::decode(&locked), FenceRead::Valid(Fence::default()));
+        locked[..LOCK_AT].copy_from_slice(&fence(&[(3, 4)]).encode());
+        assert_eq!(Fence::decode(&locked), FenceRead::Valid(fence(&[(3, 4)])));
         let mut torn = fence(&[(3, 4)]).encode();
         torn[13] ^= 1;
         assert_eq!(Fence::decode(&torn), FenceRead::Torn);

@@ -52,6 +52,8 @@ pub struct RepairReport {
 /// the store to global recovery.
 const LOCALIZED_ATTEMPTS: usize = 8;
 
+mod transactions;
+
 /// A window of an earlier epoch, kept until a recovery commits.
 struct Retained<W> {
     fencer: Arc<Fencer<W>>,
@@ -120,6 +122,10 @@ pub struct Store<F: Fabric = DefaultFabric> {
     followed: u64,
     /// Localized repairs not yet taken by [`Store::take_repairs`].
     repairs: Vec<RepairReport>,
+    /// Transactions this worker started (the next one's sequence number − 1).
+    transactions: u32,
+    /// Failed coordinators whose open transaction this worker resolved as their backup.
+    resolved_coordinators: Vec<i32>,
 }
 
 impl<F: Fabric> Store<F> {
@@ -178,6 +184,8 @@ impl<F: Fabric> Store<F> {
             pending_alarm: false,
             followed: 0,
             repairs: Vec::new(),
+            transactions: 0,
+            resolved_coordinators: Vec::new(),
         };
         store.start_detector()?;
         Ok(store)
@@ -1123,6 +1131,19 @@ fn put_committed<W: FabricWindow>(
 
 /// Stops the detector thread before the fields go: it polls MPI on a communicator derived from
 /// the store's, and the window's collective free must not race with it.
+impl<F: Fabric> Store<F> {
+    /// Leaves the store without a collective call: stops the detector and leaves the window
+    /// allocated until the process ends. For the end of a job whose survivors do not rebuild
+    /// the store after a failure (freeing a window is collective over its members, and a dead
+    /// member can leave that call stuck). Dropping the store instead frees the window.
+    pub fn abandon(mut self) {
+        self.detector = None;
+        if let Some(window) = self.window.take().and_then(Fencer::into_window) {
+            window.abandon();
+        }
+    }
+}
+
 impl<F: Fabric> Drop for Store<F> {
     fn drop(&mut self) {
         self.detector = None;

@@ -137,8 +137,9 @@ pub trait Backend {
     /// A failure-injection point named after the protocol step about to run.
     fn step(&mut self, name: &'static str) -> Result<(), Self::Error>;
     /// Compare-and-swap of `key`'s lock word on every live holder, in route order: `Ok(None)`
-    /// when every holder held `from` (now `to`), `Ok(Some(found))` at the first that held
-    /// `found` instead (the holders before it were swapped back).
+    /// when every holder held `from` (now `to`) or already `to` (an attempt that a holder's
+    /// failure interrupted is tried again whole), `Ok(Some(found))` at the first that held
+    /// `found` instead (the holders this call swapped were swapped back).
     fn swap_lock(&mut self, key: Key, from: u64, to: u64) -> Result<Option<u64>, Self::Error>;
     /// Frees `key`'s lock word on every live holder where it holds `id` (a compare-and-swap
     /// from `id` to free on each; holders that hold anything else are left alone, so a lock

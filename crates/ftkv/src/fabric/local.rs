@@ -636,6 +636,23 @@ impl FabricWindow for LocalWindow {
         Ok(())
     }
 
+    fn compare_and_swap(
+        &self,
+        target: i32,
+        disp: i64,
+        compare: u64,
+        swap: u64,
+    ) -> FabricResult<u64> {
+        self.check_alive();
+        let mut bytes = target_bytes(&self.memory, target, disp, 8)?;
+        let word = &mut bytes[disp as usize..disp as usize + 8];
+        let held = u64::from_le_bytes(word.try_into().expect("8 bytes"));
+        if held == compare {
+            word.copy_from_slice(&swap.to_le_bytes());
+        }
+        Ok(held)
+    }
+
     fn close(self) -> FabricResult<()> {
         self.check_alive();
         Ok(())

@@ -143,6 +143,20 @@ pub trait FabricWindow: Send + Sync + 'static {
     fn read_local(&self, offset: usize, out: &mut [u8]) -> FabricResult<()>;
     /// Copies `data` into this member's own window memory (visible to peers' later gets).
     fn write_local(&self, offset: usize, data: &[u8]) -> FabricResult<()>;
+    /// Atomically replaces the little-endian u64 at `disp` (8-byte aligned) in `target`'s
+    /// memory by `swap` if it equals `compare`; returns the value it held (the swap happened
+    /// iff that equals `compare`). Complete at the target when it returns, and atomic with
+    /// respect to every other compare-and-swap of the same word, from any member on any host;
+    /// not with respect to puts of the same bytes. A dead target on another host fails it
+    /// with a failure error; on this host (shared memory) it may succeed on the dead member's
+    /// memory, as a put does, so callers check the failed set afterwards.
+    fn compare_and_swap(
+        &self,
+        target: i32,
+        disp: i64,
+        compare: u64,
+        swap: u64,
+    ) -> FabricResult<u64>;
     /// Ends the epoch and frees the window (collective over the window's members).
     fn close(self) -> FabricResult<()>;
     /// Leaves the window allocated without touching it again: a collective free cannot be

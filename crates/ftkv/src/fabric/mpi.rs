@@ -168,6 +168,16 @@ impl FabricWindow for HostWindow {
         Ok(())
     }
 
+    fn compare_and_swap(
+        &self,
+        target: i32,
+        disp: i64,
+        compare: u64,
+        swap: u64,
+    ) -> FabricResult<u64> {
+        Ok(HostWindow::compare_and_swap(self, target, disp, compare, swap)?)
+    }
+
     fn close(self) -> FabricResult<()> {
         Ok(HostWindow::close(self)?)
     }

@@ -7,7 +7,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
-use ftkv_mpi::{failpoint, Comm, LockedWindow, Mpi, Window};
+use ftkv_mpi::{failpoint, Comm, HostWindow, LockedWindow, Mpi, Window};
 
 mod store_cases;
 
@@ -37,6 +37,7 @@ fn run(case: &str) -> Result<()> {
         "hello" => hello(&world),
         "sendrecv" => sendrecv(&world),
         "rma" => rma(&world),
+        "host-cas" => host_cas(&world),
         "detect" => detect(&world),
         "shrink" => shrink(&world),
         "error-on-one-rank" => error_on_one_rank(&world, false),
@@ -154,6 +155,51 @@ fn rma(world: &Comm) -> Result<()> {
     println!("rma=ok");
     win.unlock_all()?.free()?;
     Ok(())
+}
+
+/// Compare-and-swap through a [`HostWindow`]: every rank adds `CAS_ROUNDS` to a counter on
+/// every rank (its own included), each addition a read-compare-swap loop, so members on the
+/// same host (shared memory) and on other hosts (a serving thread) race on every word. Each
+/// rank then checks that its counter holds exactly ranks × rounds (`cas=ok`, `retries=<n>`:
+/// swaps that lost a race and were tried again).
+fn host_cas(world: &Comm) -> Result<()> {
+    const CAS_ROUNDS: u64 = 200;
+    let (rank, size) = (world.rank(), world.size());
+    let window = HostWindow::allocate(world, 64)?;
+    world.barrier()?;
+    let mut retries = 0u64;
+    for round in 0..CAS_ROUNDS {
+        for step in 0..size {
+            let target = (rank + step + round as i32) % size;
+            retries += add_one(&window, target)?;
+        }
+    }
+    world.barrier()?;
+    window.sync()?;
+    let mut word = [0u8; 8];
+    window.read_local(0, &mut word)?;
+    let count = u64::from_le_bytes(word);
+    ensure!(count == size as u64 * CAS_ROUNDS, "counter {count} != {}", size as u64 * CAS_ROUNDS);
+    let unchanged = window.compare_and_swap((rank + 1) % size, 0, 0, 7)?;
+    ensure!(unchanged == count, "a compare-and-swap with a wrong compare value saw {unchanged}");
+    println!("cas=ok retries={retries} spans_hosts={}", window.spans_hosts());
+    world.barrier()?;
+    window.close()?;
+    Ok(())
+}
+
+/// Adds one to the counter at word 0 of `target`; returns how many swaps lost a race.
+fn add_one(window: &HostWindow, target: i32) -> Result<u64> {
+    let mut seen = window.compare_and_swap(target, 0, 0, 0)?;
+    let mut lost = 0;
+    loop {
+        let held = window.compare_and_swap(target, 0, seen, seen + 1)?;
+        if held == seen {
+            return Ok(lost);
+        }
+        seen = held;
+        lost += 1;
+    }
 }
 
 fn check_neighbour_wrote(win: &LockedWindow, rank: i32, size: i32) -> Result<()> {

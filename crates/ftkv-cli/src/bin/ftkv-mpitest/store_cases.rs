@@ -8,6 +8,8 @@
 
 use anyhow::{bail, ensure, Result};
 use ftkv::history::{check_value, value};
+use ftkv::txn::{Expect, Outcome, TxId, Txn};
+use ftkv::txn_log;
 use ftkv::{Config, Error, Key, Store};
 use ftkv_cli::chaos;
 use ftkv_mpi::{failpoint, Comm};
@@ -43,6 +45,7 @@ pub fn run(case: &str, world: &Comm) -> Result<()> {
         "store-mismatch" => mismatch(world),
         "store-localized" => localized(world),
         "store-fenced" => fenced(world),
+        "store-txn" => transactions(world),
         other => bail!("unknown store case {other:?}"),
     }
 }
@@ -311,6 +314,102 @@ fn write_for(store: &mut Store, secs: usize) -> Result<(u32, Option<String>)> {
 }
 
 /// A meeting point of the live members that a dead member does not break: an agreement.
+/// Transactions on a localized store (`STORE_TXNS` per worker, default 16): each appends its id
+/// to the log (kind 0) of its own key and its right neighbour's, a quarter conditioned on the
+/// value read just before and a quarter on a value that never holds. A rank that
+/// `FTKV_FAILPOINT` kills at a protocol step leaves its transaction to its backup. When done,
+/// a worker marks its kind-1 key `done` and resolves others' transactions as a backup until
+/// every worker is done or failed. Then every survivor judges what it reads
+/// (`txn=ok committed=<n> aborted=<n> logs=<hash> resolved=<workers resolved as backup>`): no log repeats an id, each transaction is
+/// in both of its keys' logs or neither, its own committed ones in both and aborted ones in
+/// neither, and the logs admit a serial order. The survivors then leave the store without
+/// rebuilding it ([`Store::abandon`]) and end without `MPI_Finalize`, which refuses windows
+/// still allocated.
+fn transactions(world: &Comm) -> Result<()> {
+    let coordination = world.dup()?;
+    let mut store =
+        Store::create(world, config(world.size() as usize).localized().with_transactions())?;
+    let (me, workers) = (store.worker(), world.size());
+    let count = env_usize("STORE_TXNS", 16) as u32;
+    let mut ended = Vec::new();
+    for seq in 1..=count {
+        ended.push((TxId::new(me, seq).0, one_transaction(&mut store, seq)?));
+    }
+    store.put(Key::new(me, 1), b"done")?;
+    let started = std::time::Instant::now();
+    while !all_done(&mut store, workers)? {
+        ensure!(started.elapsed().as_secs() < 60, "the other workers did not finish");
+        store.resolve_transactions()?;
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    store.resolve_transactions()?;
+    meet(&coordination)?;
+    let logs: Vec<Vec<u64>> = (0..workers)
+        .map(|w| Ok(txn_log::log_of(&store.get(Key::new(w, 0))?)))
+        .collect::<Result<_>>()?;
+    judge_logs(&store, &logs, &ended, count)?;
+    let committed = ended.iter().filter(|(_, c)| *c).count();
+    let digest = logs.iter().flatten().fold(0u64, |h, id| ftkv::sim::mix(h, *id));
+    let resolved: Vec<String> =
+        store.resolved_coordinators().iter().map(|w| w.to_string()).collect();
+    println!(
+        "txn=ok committed={committed} aborted={} logs={digest:016x} resolved={}",
+        ended.len() - committed,
+        if resolved.is_empty() { "-".to_owned() } else { resolved.join(",") }
+    );
+    meet(&coordination)?;
+    store.abandon();
+    println!("done=yes");
+    meet(&coordination)?;
+    // The runtime forwards output asynchronously; a job whose first rank ends at once can lose
+    // or untag the others' last lines.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    failpoint::exit_now(0)
+}
+
+fn right_neighbour_keys(store: &Store, coordinator: i32) -> [Key; 2] {
+    let workers = store.workers() as i32;
+    [Key::new(coordinator, 0), Key::new((coordinator + 1) % workers, 0)]
+}
+
+/// Runs this worker's transaction `seq`; whether it committed.
+fn one_transaction(store: &mut Store, seq: u32) -> Result<bool> {
+    let keys = right_neighbour_keys(store, store.worker());
+    let mut txn = Txn { reads: keys.to_vec(), ..Txn::default() };
+    if seq.is_multiple_of(4) {
+        txn.conditions.push((keys[1], Expect::Value(Some(b"never".to_vec()))));
+    } else if seq.is_multiple_of(2) {
+        let seen = store.get(keys[1])?;
+        txn.conditions.push((keys[1], Expect::Value(seen)));
+    }
+    let id = TxId::new(store.worker(), seq).0;
+    Ok(matches!(store.transaction(&txn, txn_log::append(id))?, Outcome::Committed { .. }))
+}
+
+/// Whether every worker is failed or marked its kind-1 key done.
+fn all_done(store: &mut Store, workers: i32) -> Result<bool> {
+    for worker in 0..workers {
+        if !store.failed().contains(&worker) && store.get(Key::new(worker, 1))?.is_none() {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// The checks of [`transactions`] on the logs every worker's key holds ([`txn_log::judge`]).
+fn judge_logs(store: &Store, logs: &[Vec<u64>], ended: &[(u64, bool)], count: u32) -> Result<()> {
+    let by_key = logs.iter().enumerate().map(|(w, log)| (Key::new(w as i32, 0), log.clone()));
+    let planned: Vec<(u64, Vec<Key>)> = (0..logs.len() as i32)
+        .flat_map(|c| {
+            let keys = right_neighbour_keys(store, c).to_vec();
+            (1..=count).map(move |seq| (TxId::new(c, seq).0, keys.clone()))
+        })
+        .collect();
+    let violations = txn_log::judge(&by_key.collect(), &planned, ended);
+    ensure!(violations.is_empty(), "{}", violations.join("; "));
+    Ok(())
+}
+
 fn meet(coordination: &Comm) -> Result<()> {
     coordination.failed_ranks()?;
     coordination.agree(1)?;

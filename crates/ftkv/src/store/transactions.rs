@@ -1,0 +1,252 @@
+//! [`Store::transaction`]: the protocol of [`crate::txn`] on the store's own slots. A key's
+//! lock word is the last 8 bytes of each copy's fence block ([`LOCK_AT`]), changed by
+//! compare-and-swap on every live holder; each worker's transaction record is its key of kind
+//! [`TX_RECORD_KIND`], and the record's live holders are the worker's backup coordinators.
+
+use std::time::Duration;
+
+use super::Store;
+use crate::error::{Error, Result};
+use crate::fabric::{Fabric, FabricWindow};
+use crate::key::{Key, Recovery, TX_RECORD_KIND};
+use crate::slot::{Header, State, LOCK_AT};
+use crate::txn::{self, Backend, Outcome, Reads, TxError, TxId, TxRecord, Txn};
+
+/// How long a transaction waits before it tries a held lock again.
+const LOCK_RETRY_PAUSE: Duration = Duration::from_micros(200);
+
+impl<F: Fabric> Store<F> {
+    /// Runs `txn` atomically and isolated from other transactions: every key it names is
+    /// locked on every live holder (in key order), read, its conditions checked, then every
+    /// write of `txn` and of `update` (computed from the values read, for keys `txn` names) is
+    /// recorded in this worker's transaction record on its holders before any key is written.
+    ///
+    /// Completion: `Ok(Outcome::Committed)` once every write is on every live holder of its
+    /// key and the locks are released; `Ok(Outcome::Aborted)` when a condition did not hold
+    /// (nothing written). Failure: if this worker dies, the first live holder of its record
+    /// finishes the transaction (its writes land everywhere if the record said committed,
+    /// nowhere otherwise) once it learns of the failure, at its next transaction,
+    /// [`Store::follow`] or [`Store::resolve_transactions`]. [`Error::RecoveryNeeded`] from a
+    /// localized store that had to fall back leaves the same decision to the record.
+    ///
+    /// Needs [`Config::with_transactions`](crate::Config::with_transactions) and localized
+    /// recovery. Keys a transaction writes must not also be written by plain puts (their
+    /// versions would not be ordered); reads outside transactions are not isolated from them.
+    /// A global recovery frees every lock.
+    pub fn transaction(
+        &mut self,
+        txn: &Txn,
+        update: impl FnOnce(&Reads) -> Vec<(Key, Option<Vec<u8>>)>,
+    ) -> Result<Outcome> {
+        self.check_transactions()?;
+        for key in txn.keys() {
+            self.check_key(key)?;
+        }
+        self.transactions += 1;
+        let id = TxId::new(self.me, self.transactions);
+        let record_kind = self.record_kind()?;
+        let mut backend = StoreBackend { store: self, record_kind };
+        match txn::run(&mut backend, id, txn, update) {
+            Ok(outcome) => Ok(outcome),
+            Err(TxError::Backend(e)) => Err(e),
+            Err(TxError::Contended { key, attempts }) => {
+                Err(Error::TransactionContended { key, attempts })
+            }
+            Err(TxError::UnlockedWrite { key }) => Err(Error::InvalidTransaction(format!(
+                "the update wrote key {key}, which the transaction does not name"
+            ))),
+        }
+    }
+
+    /// Resolves the open transaction of every failed worker whose backup this worker is now
+    /// (the first live holder of its record): rolls a committed one forward, aborts one that
+    /// was still locking, releases its locks. Returns how many it resolved. Transactions do it
+    /// before every lock attempt; a worker that runs none calls it (or [`Store::follow`]) after
+    /// a failure so that others' transactions do not wait for it.
+    pub fn resolve_transactions(&mut self) -> Result<usize> {
+        if self.config.recovery != Recovery::Localized || self.record_kind().is_err() {
+            return Ok(0);
+        }
+        self.follow()?;
+        let before = self.resolved_coordinators.len();
+        let record_kind = self.record_kind()?;
+        let mut backend = StoreBackend { store: self, record_kind };
+        txn::resolve_duties(&mut backend)?;
+        Ok(self.resolved_coordinators.len() - before)
+    }
+
+    /// The failed workers whose open transaction this worker resolved as their backup, in the
+    /// order it did.
+    pub fn resolved_coordinators(&self) -> &[i32] {
+        &self.resolved_coordinators
+    }
+
+    fn check_transactions(&self) -> Result<()> {
+        if self.config.recovery != Recovery::Localized {
+            return Err(Error::InvalidTransaction("transactions need localized recovery".into()));
+        }
+        self.record_kind().map(|_| ())
+    }
+
+    fn record_kind(&self) -> Result<u16> {
+        let found = self.config.kinds.iter().position(|k| k == TX_RECORD_KIND);
+        found.map(|k| k as u16).ok_or_else(|| {
+            Error::InvalidTransaction(
+                "the store was created without Config::with_transactions".into(),
+            )
+        })
+    }
+
+    /// One compare-and-swap pass over the live holders of `key` (see [`Backend::swap_lock`]).
+    fn swap_lock_once(&self, key: Key, from: u64, to: u64) -> Result<Option<u64>> {
+        self.ensure_healthy()?;
+        let route = self.route(key)?.to_vec();
+        let window = self.window.as_ref().ok_or(Error::Closed)?.window();
+        let mut swapped = Vec::new();
+        for copy in route.iter().filter(|c| !self.health.is_failed(c.worker)) {
+            let at = copy.disp + LOCK_AT as i64;
+            self.health.enter_call();
+            let held = window.compare_and_swap(copy.rank, at, from, to);
+            self.health.leave_call();
+            let held = held.map_err(|e| self.failure(e))?;
+            if held == to {
+                continue;
+            }
+            if held != from {
+                for undo in swapped.iter().rev() {
+                    self.health.enter_call();
+                    let undone = window.compare_and_swap(*undo, at_of(&route, *undo), to, from);
+                    self.health.leave_call();
+                    undone.map_err(|e| self.failure(e))?;
+                }
+                return Ok(Some(held));
+            }
+            swapped.push(copy.rank);
+        }
+        self.ensure_alive(&route)?;
+        Ok(None)
+    }
+
+    /// Frees `key`'s lock word on every live holder where it holds `id`.
+    fn release_lock_once(&self, key: Key, id: u64) -> Result<()> {
+        self.ensure_healthy()?;
+        let route = self.route(key)?.to_vec();
+        let window = self.window.as_ref().ok_or(Error::Closed)?.window();
+        for copy in route.iter().filter(|c| !self.health.is_failed(c.worker)) {
+            self.health.enter_call();
+            let released = window.compare_and_swap(copy.rank, copy.disp + LOCK_AT as i64, id, 0);
+            self.health.leave_call();
+            released.map_err(|e| self.failure(e))?;
+        }
+        self.ensure_alive(&route)
+    }
+
+    /// Writes `value` (`None`: a deletion) at `version`, keeping this worker's own version
+    /// counters above it.
+    fn write_at(&mut self, key: Key, version: u64, value: Option<&[u8]>) -> Result<()> {
+        let header = match value {
+            Some(value) => {
+                self.check_value(value)?;
+                Header::for_value(value, version, self.epoch, self.me)
+            }
+            None => Header::for_delete(version, self.epoch, self.me),
+        };
+        self.write(key, header, value.unwrap_or(&[]))?;
+        if key.owner == self.me {
+            let kind = key.kind as usize;
+            self.versions[kind] = self.versions[kind].max(version);
+            self.acked[kind] = self.acked[kind].max(version);
+        } else if let Some(known) = self.handed.get_mut(&key) {
+            *known = (*known).max(version);
+        }
+        Ok(())
+    }
+
+    /// The newest version of `key` and its value (`None`: deleted or never written).
+    fn read_versioned(&mut self, key: Key) -> Result<(u64, Option<Vec<u8>>)> {
+        Ok(match self.read_newest(key)? {
+            None => (0, None),
+            Some(c) => (c.header.version, (c.header.state == State::Value).then_some(c.data)),
+        })
+    }
+
+    /// The failed workers whose record's first live holder is this worker.
+    fn backup_duties(&self, record_kind: u16) -> Vec<i32> {
+        let failed = self.health.failed_workers(self.workers);
+        let first_live = |coordinator: i32| {
+            let route = self.route(Key::new(coordinator, record_kind)).ok()?;
+            route.iter().find(|c| !self.health.is_failed(c.worker)).map(|c| c.worker)
+        };
+        failed
+            .into_iter()
+            .filter(|c| *c != self.me && !self.resolved_coordinators.contains(c))
+            .filter(|&c| first_live(c) == Some(self.me))
+            .collect()
+    }
+}
+
+/// The displacement of the lock word of the copy on `rank` in `route`.
+fn at_of(route: &[crate::layout::Copy], rank: i32) -> i64 {
+    let copy = route.iter().find(|c| c.rank == rank).expect("a copy of the route");
+    copy.disp + LOCK_AT as i64
+}
+
+/// The store as the transaction protocol's backend.
+struct StoreBackend<'s, F: Fabric> {
+    store: &'s mut Store<F>,
+    record_kind: u16,
+}
+
+impl<F: Fabric> Backend for StoreBackend<'_, F> {
+    type Error = Error;
+
+    fn step(&mut self, name: &'static str) -> Result<()> {
+        self.store.comm.failpoint(name);
+        Ok(())
+    }
+
+    fn swap_lock(&mut self, key: Key, from: u64, to: u64) -> Result<Option<u64>> {
+        self.store.localized(|store| store.swap_lock_once(key, from, to))
+    }
+
+    fn release_lock(&mut self, key: Key, id: u64) -> Result<()> {
+        self.store.localized(|store| store.release_lock_once(key, id))
+    }
+
+    fn read(&mut self, key: Key) -> Result<(u64, Option<Vec<u8>>)> {
+        self.store.read_versioned(key)
+    }
+
+    fn write(&mut self, key: Key, version: u64, value: Option<&[u8]>) -> Result<()> {
+        self.store.write_at(key, version, value)
+    }
+
+    fn read_record(&mut self, coordinator: i32) -> Result<Option<TxRecord>> {
+        let (_, value) = self.store.read_versioned(Key::new(coordinator, self.record_kind))?;
+        Ok(value.as_deref().and_then(crate::codec::decode))
+    }
+
+    fn write_record(&mut self, coordinator: i32, record: &TxRecord) -> Result<()> {
+        let key = Key::new(coordinator, self.record_kind);
+        let (version, _) = self.store.read_versioned(key)?;
+        let bytes = crate::codec::encode(record);
+        self.store.write_at(key, version + 1, Some(&bytes))
+    }
+
+    fn is_failed(&self, worker: i32) -> bool {
+        self.store.health.is_failed(worker)
+    }
+
+    fn backup_duties(&self) -> Vec<i32> {
+        self.store.backup_duties(self.record_kind)
+    }
+
+    fn resolved(&mut self, coordinator: i32) {
+        self.store.resolved_coordinators.push(coordinator);
+    }
+
+    fn wait(&mut self) -> Result<()> {
+        std::thread::sleep(LOCK_RETRY_PAUSE);
+        self.store.follow()
+    }
+}

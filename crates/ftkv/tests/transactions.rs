@@ -1,0 +1,130 @@
+//! `Store::transaction` on the in-process fabric: workers append their transaction ids to
+//! their own key and their neighbour's in read-modify-write transactions, a quarter of them
+//! conditioned on the value read just before and a quarter on a value that never holds, while one worker is killed at a named step of
+//! the protocol. Every scenario ends judged: a transaction is in both keys' logs or in
+//! neither, a committed one is in both, an aborted one in none, no log repeats an id, and the
+//! logs admit a serial order. Every scenario runs under a hard timeout.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use common::within;
+use ftkv::fabric::local::{LocalCluster, LocalFabric};
+use ftkv::txn::{Expect, Outcome, TxId, Txn};
+use ftkv::txn_log::{append, judge as judge_logs, log_of};
+use ftkv::{Config, Key, Store};
+
+const RANKS: usize = 5;
+const TRANSACTIONS: u32 = 12;
+const VICTIM: i32 = 2;
+
+fn config() -> Config {
+    let mut config = Config::new(["log"], 2).localized().with_transactions();
+    config.initial_capacity = 1024;
+    config.max_value = 4096;
+    config
+}
+
+fn keys_of(coordinator: i32) -> [Key; 2] {
+    [Key::new(coordinator, 0), Key::new((coordinator + 1) % RANKS as i32, 0)]
+}
+
+/// How one worker's transactions ended: (id, committed).
+type Ended = Vec<(u64, bool)>;
+
+fn worker(store: &mut Store<LocalFabric>, finished: &AtomicUsize, cluster: &LocalCluster) -> Ended {
+    let me = store.worker();
+    let mut ended = Vec::new();
+    for seq in 1..=TRANSACTIONS {
+        let keys = keys_of(me);
+        let mut txn = Txn { reads: keys.to_vec(), ..Txn::default() };
+        if seq.is_multiple_of(4) {
+            txn.conditions.push((keys[1], Expect::Value(Some(b"never".to_vec()))));
+        } else if seq.is_multiple_of(2) {
+            let seen = store.get(keys[1]).expect("a read before the transaction");
+            txn.conditions.push((keys[1], Expect::Value(seen)));
+        }
+        let id = TxId::new(me, seq).0;
+        let outcome = store.transaction(&txn, append(id)).expect("a transaction");
+        ended.push((id, matches!(outcome, Outcome::Committed { .. })));
+    }
+    finished.fetch_add(1, Ordering::SeqCst);
+    while finished.load(Ordering::SeqCst) + usize::from(cluster.is_dead(VICTIM)) < RANKS {
+        store.resolve_transactions().expect("resolving as a backup");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    ended
+}
+
+/// One scenario: the victim dies at the `nth` hit of `step` (never, for `None`).
+fn scenario(kill: Option<(&'static str, usize)>) -> (BTreeMap<i32, Vec<u64>>, Vec<Ended>) {
+    let name = format!("transactions with a kill at {kill:?}");
+    within(60, name, move || {
+        let cluster = LocalCluster::new(RANKS);
+        if let Some((step, nth)) = kill {
+            cluster.arm(VICTIM, step, nth);
+        }
+        let finished = AtomicUsize::new(0);
+        let results = cluster.run(|fabric| {
+            let mut store = Store::create(&fabric, config()).expect("a store");
+            let ended = worker(&mut store, &finished, &cluster);
+            let logs: BTreeMap<i32, Vec<u64>> = (0..RANKS as i32)
+                .map(|owner| (owner, log_of(&store.get(Key::new(owner, 0)).expect("a read"))))
+                .collect();
+            (logs, ended)
+        });
+        let victim_died = results[VICTIM as usize].is_none();
+        assert_eq!(
+            victim_died,
+            kill.is_some(),
+            "the victim died iff a kill was armed: {kill:?} {:?}",
+            results.iter().map(|r| r.as_ref().map(|(_, e)| e.len())).collect::<Vec<_>>()
+        );
+        let survivors: Vec<_> = results.into_iter().flatten().collect();
+        assert!(survivors.len() >= RANKS - 1, "a survivor did not finish");
+        for (logs, _) in &survivors {
+            assert_eq!(logs, &survivors[0].0, "survivors read different logs");
+        }
+        let logs = survivors[0].0.clone();
+        (logs, survivors.into_iter().map(|(_, ended)| ended).collect())
+    })
+}
+
+fn judge(logs: &BTreeMap<i32, Vec<u64>>, ended: &[Ended], kill: Option<(&str, usize)>) {
+    let by_key: BTreeMap<Key, Vec<u64>> =
+        logs.iter().map(|(owner, log)| (Key::new(*owner, 0), log.clone())).collect();
+    let planned: Vec<(u64, Vec<Key>)> = (0..RANKS as i32)
+        .flat_map(|c| (1..=TRANSACTIONS).map(move |seq| (TxId::new(c, seq).0, keys_of(c).to_vec())))
+        .collect();
+    let ended: Vec<(u64, bool)> = ended.iter().flatten().copied().collect();
+    let violations = judge_logs(&by_key, &planned, &ended);
+    assert!(violations.is_empty(), "{kill:?}: {violations:?}");
+}
+
+#[test]
+fn transactions_without_failures_are_atomic_and_serializable() {
+    let (logs, ended) = scenario(None);
+    judge(&logs, &ended, None);
+    let committed = ended.iter().flatten().filter(|(_, c)| *c).count();
+    assert!(committed >= RANKS * TRANSACTIONS as usize / 2, "{committed} committed");
+}
+
+#[test]
+fn a_coordinator_killed_at_any_step_is_finished_by_its_backup() {
+    for kill in [
+        ("tx_announce", 3),
+        ("tx_lock", 4),
+        ("tx_read", 3),
+        ("tx_abort", 1),
+        ("tx_commit", 3),
+        ("put_before_header", 9),
+        ("tx_apply", 4),
+        ("tx_done", 3),
+        ("tx_unlock", 5),
+    ] {
+        let (logs, ended) = scenario(Some(kill));
+        judge(&logs, &ended, Some(kill));
+    }
+}

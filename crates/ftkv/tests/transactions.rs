@@ -34,7 +34,11 @@ fn keys_of(coordinator: i32) -> [Key; 2] {
 /// How one worker's transactions ended: (id, committed).
 type Ended = Vec<(u64, bool)>;
 
-fn worker(store: &mut Store<LocalFabric>, finished: &AtomicUsize, cluster: &LocalCluster) -> Ended {
+fn worker(
+    store: &mut Store<LocalFabric>,
+    [finished, settled]: [&AtomicUsize; 2],
+    cluster: &LocalCluster,
+) -> Ended {
     let me = store.worker();
     let mut ended = Vec::new();
     for seq in 1..=TRANSACTIONS {
@@ -51,8 +55,21 @@ fn worker(store: &mut Store<LocalFabric>, finished: &AtomicUsize, cluster: &Loca
         ended.push((id, matches!(outcome, Outcome::Committed { .. })));
     }
     finished.fetch_add(1, Ordering::SeqCst);
-    while finished.load(Ordering::SeqCst) + usize::from(cluster.is_dead(VICTIM)) < RANKS {
+    // Resolves as a backup until every worker finished or died, and once more after this
+    // worker's store knows of the victim's death.
+    loop {
+        let dead = cluster.is_dead(VICTIM);
+        let known = !dead || store.failed().contains(&VICTIM);
+        let all_ended = finished.load(Ordering::SeqCst) + usize::from(dead) == RANKS;
         store.resolve_transactions().expect("resolving as a backup");
+        if known && all_ended {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    // Nobody reads before every survivor (the backup among them) has resolved.
+    settled.fetch_add(1, Ordering::SeqCst);
+    while settled.load(Ordering::SeqCst) + usize::from(cluster.is_dead(VICTIM)) < RANKS {
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
     ended
@@ -66,10 +83,10 @@ fn scenario(kill: Option<(&'static str, usize)>) -> (BTreeMap<i32, Vec<u64>>, Ve
         if let Some((step, nth)) = kill {
             cluster.arm(VICTIM, step, nth);
         }
-        let finished = AtomicUsize::new(0);
+        let (finished, settled) = (AtomicUsize::new(0), AtomicUsize::new(0));
         let results = cluster.run(|fabric| {
             let mut store = Store::create(&fabric, config()).expect("a store");
-            let ended = worker(&mut store, &finished, &cluster);
+            let ended = worker(&mut store, [&finished, &settled], &cluster);
             let logs: BTreeMap<i32, Vec<u64>> = (0..RANKS as i32)
                 .map(|owner| (owner, log_of(&store.get(Key::new(owner, 0)).expect("a read"))))
                 .collect();

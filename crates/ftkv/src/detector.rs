@@ -35,6 +35,10 @@ pub(crate) struct Health {
     in_call: AtomicU64,
     /// When the clock thread last ticked, in nanoseconds since `born` (0: no clock runs).
     round_at: AtomicU64,
+    /// When the detector thread last began a round, in nanoseconds since `born` (0: none yet),
+    /// and the part of the round it is in ([`DetectorStep`]).
+    detector_at: AtomicU64,
+    detector_step: AtomicU64,
     born: Instant,
 }
 
@@ -48,6 +52,8 @@ impl Health {
             alarm: AtomicBool::new(false),
             in_call: AtomicU64::new(0),
             round_at: AtomicU64::new(0),
+            detector_at: AtomicU64::new(0),
+            detector_step: AtomicU64::new(0),
             born: Instant::now(),
         }
     }
@@ -65,8 +71,30 @@ impl Health {
     }
 
     fn stamp_round(&self) {
-        let now = self.born.elapsed().as_nanos().max(1) as u64;
-        self.round_at.store(now, Ordering::Release);
+        self.round_at.store(self.now(), Ordering::Release);
+    }
+
+    fn now(&self) -> u64 {
+        self.born.elapsed().as_nanos().max(1) as u64
+    }
+
+    fn enter_detector_step(&self, step: DetectorStep) {
+        if step == DetectorStep::Progress {
+            self.detector_at.store(self.now(), Ordering::Release);
+        }
+        self.detector_step.store(step as u64, Ordering::Release);
+    }
+
+    /// How long the detector's current round has lasted, and the part it is in (`None` before
+    /// its first round).
+    fn detector_round(&self) -> Option<(Duration, DetectorStep)> {
+        let at = self.detector_at.load(Ordering::Acquire);
+        if at == 0 {
+            return None;
+        }
+        let lasted = Duration::from_nanos(self.now().saturating_sub(at));
+        let step = DetectorStep::ALL[self.detector_step.load(Ordering::Acquire) as usize];
+        Some((lasted, step))
     }
 
     fn stop_rounds(&self) {
@@ -137,6 +165,7 @@ impl Health {
 /// The running detector and clock threads; stopped and joined on drop.
 pub(crate) struct Detector {
     stop: Arc<AtomicBool>,
+    stop_clock: Arc<AtomicBool>,
     handle: Option<JoinHandle<()>>,
     clock: Option<JoinHandle<()>>,
     /// The fabric's test for a killed rank's unwinding ([`Fabric::is_kill`]).
@@ -166,31 +195,27 @@ pub(crate) type FenceFailed = Box<dyn Fn(&[i32]) -> FabricResult<usize> + Send>;
 impl Detector {
     pub fn start<F: Fabric>(watch: Watch<F>) -> Detector {
         let stop = Arc::new(AtomicBool::new(false));
-        let (comm, health, suspicion) = (watch.comm.clone(), watch.health.clone(), watch.suspicion);
-        let flag = stop.clone();
+        let (comm, health) = (watch.comm.clone(), watch.health.clone());
+        let bounds = [watch.suspicion, watch.watchdog];
+        let stop_clock = Arc::new(AtomicBool::new(false));
+        let flag = stop_clock.clone();
         health.stamp_round();
         let clock = std::thread::Builder::new()
             .name("ftkv-clock".into())
-            .spawn(move || tick(&*comm, &health, suspicion, &flag))
+            .spawn(move || tick(&*comm, &health, bounds, &flag))
             .expect("spawning the clock thread");
         let flag = stop.clone();
         let handle = std::thread::Builder::new()
             .name("ftkv-detector".into())
             .spawn(move || run(watch, &flag))
             .expect("spawning the detector thread");
-        Detector { stop, handle: Some(handle), clock: Some(clock), is_kill: F::is_kill }
+        Detector { stop, stop_clock, handle: Some(handle), clock: Some(clock), is_kill: F::is_kill }
     }
 }
 
 impl Drop for Detector {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
-        if let Some(clock) = self.clock.take() {
-            clock.thread().unpark();
-            if clock.join().is_err() {
-                crate::events::warn("the clock thread panicked");
-            }
-        }
         if let Some(handle) = self.handle.take() {
             match handle.join() {
                 Err(payload) if !(self.is_kill)(payload.as_ref()) => {
@@ -199,18 +224,67 @@ impl Drop for Detector {
                 _ => {}
             }
         }
+        // The clock goes on watching the detector until it has ended.
+        self.stop_clock.store(true, Ordering::Release);
+        if let Some(clock) = self.clock.take() {
+            clock.thread().unpark();
+            if clock.join().is_err() {
+                crate::events::warn("the clock thread panicked");
+            }
+        }
     }
+}
+
+/// The parts of a detector round, named when one of them does not return.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u64)]
+enum DetectorStep {
+    Progress,
+    FailedRanks,
+    Fence,
+    Revoked,
+    Pause,
+}
+
+impl DetectorStep {
+    const ALL: [DetectorStep; 5] = [
+        DetectorStep::Progress,
+        DetectorStep::FailedRanks,
+        DetectorStep::Fence,
+        DetectorStep::Revoked,
+        DetectorStep::Pause,
+    ];
 }
 
 /// The clock thread: sleeps a tick at a time and stamps [`Health::since_last_round`]; ends the
 /// process when one of its sleeps lasted more than half the suspicion bound. It takes no lock
 /// and makes no MPI call, so only a stopped process (or a frozen host) delays it that long.
-fn tick<F: Fabric>(comm: &F, health: &Health, suspicion: Duration, stop: &AtomicBool) {
+///
+/// It also watches the detector thread: a detector round that has not ended after `stuck`
+/// (the watchdog bound) ends the process, naming the part of the round it is stuck in. Without
+/// its detector a process would learn of no failure and wait forever; ended, it is a failure
+/// the others recover from.
+fn tick<F: Fabric>(
+    comm: &F,
+    health: &Health,
+    [suspicion, stuck]: [Duration; 2],
+    stop: &AtomicBool,
+) {
     let period = (suspicion / 20).min(Duration::from_millis(100));
     while !stop.load(Ordering::Acquire) {
         std::thread::park_timeout(period);
         end_if_stopped(comm, health.since_last_round(), suspicion);
         health.stamp_round();
+        match health.detector_round() {
+            Some((lasted, step)) if lasted > stuck && step != DetectorStep::Pause => {
+                comm.fail_stop(&format!(
+                    "the failure detector's round has not ended for {:.1} s (stuck in {step:?}): \
+                     without it this process would wait for failures it never learns of",
+                    lasted.as_secs_f64()
+                ));
+            }
+            _ => {}
+        }
     }
     health.stop_rounds();
 }
@@ -219,10 +293,14 @@ fn run<F: Fabric>(watch: Watch<F>, stop: &AtomicBool) {
     let mut stuck = StuckCall::default();
     let mut fenced_generation = 0;
     while !stop.load(Ordering::Acquire) {
+        watch.health.enter_detector_step(DetectorStep::Progress);
+        watch.comm.stall_point("detector_round");
         end_if_suspended(&watch);
         poll_once(&watch);
+        watch.health.enter_detector_step(DetectorStep::Fence);
         fenced_generation = fence_new_failures(&watch, fenced_generation);
         stuck.check(&watch);
+        watch.health.enter_detector_step(DetectorStep::Pause);
         if watch.answer_pings {
             std::thread::yield_now();
         } else {
@@ -240,6 +318,7 @@ fn publish_failures<F: Fabric>(watch: &Watch<F>, workers: impl Iterator<Item = i
     }
     let mut failed = watch.health.failed_workers(watch.health.workers());
     failed.extend(&newly);
+    watch.health.enter_detector_step(DetectorStep::Fence);
     if let Err(e) = (watch.fence)(&failed) {
         crate::events::warn(format!("detector: fencing failed workers: {e}"));
     }
@@ -296,10 +375,12 @@ fn poll_once<F: Fabric>(watch: &Watch<F>) {
     if progressed.as_ref().is_err_and(|e| !e.is_failure()) {
         crate::events::warn(format!("detector: {}", progressed.unwrap_err()));
     }
+    watch.health.enter_detector_step(DetectorStep::FailedRanks);
     match watch.comm.failed_ranks() {
         Ok(ranks) => publish_failures(watch, ranks.iter().map(|&r| watch.live[r as usize])),
         Err(e) => crate::events::warn(format!("detector: {e}")),
     }
+    watch.health.enter_detector_step(DetectorStep::Revoked);
     let revoked = |comm: &F| comm.is_revoked().unwrap_or(true);
     if revoked(&watch.comm) || revoked(&watch.store_comm) {
         watch.health.raise_alarm();

@@ -145,3 +145,34 @@ fn a_coordinator_killed_at_any_step_is_finished_by_its_backup() {
         judge(&logs, &ended, Some(kill));
     }
 }
+
+/// A transaction that moves a value from one owner's key to another's: it reads the source,
+/// writes the target and deletes the source, conditioned on the source's version. Run again
+/// with the version it expected before, the condition fails and nothing changes.
+#[test]
+fn a_conditional_move_deletes_the_source_and_a_stale_one_aborts() {
+    within(30, "a conditional move".into(), || {
+        LocalCluster::new(RANKS).run(|fabric| {
+            let mut store = Store::create(&fabric, config()).expect("a store");
+            let (source, target) = (Key::new(0, 0), Key::new(1, 0));
+            if store.worker() == 0 {
+                store.put(source, b"payload").expect("a put");
+                let moved = Txn {
+                    reads: vec![source],
+                    conditions: vec![(source, Expect::Version(1))],
+                    writes: vec![(source, None), (target, Some(b"payload".to_vec()))],
+                };
+                let outcome = store.transaction(&moved, |_| Vec::new()).expect("the move");
+                let Outcome::Committed { reads } = outcome else { panic!("{outcome:?}") };
+                assert_eq!(reads, vec![(source, 1, Some(b"payload".to_vec()))]);
+                assert_eq!(store.get(source).expect("a read"), None);
+                assert_eq!(store.get(target).expect("a read"), Some(b"payload".to_vec()));
+                let stale = store.transaction(&moved, |_| Vec::new()).expect("the stale move");
+                assert_eq!(stale, Outcome::Aborted { condition: source });
+                store.put(source, b"after").expect("a put after the transactions");
+                assert_eq!(store.get(source).expect("a read"), Some(b"after".to_vec()));
+            }
+            store.sync().expect("a barrier");
+        })
+    });
+}

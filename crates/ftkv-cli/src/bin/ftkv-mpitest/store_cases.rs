@@ -320,7 +320,8 @@ fn write_for(store: &mut Store, secs: usize) -> Result<(u32, Option<String>)> {
 /// `FTKV_FAILPOINT` kills at a protocol step leaves its transaction to its backup. When done,
 /// a worker marks its kind-1 key `done` and resolves others' transactions as a backup until
 /// every worker is done or failed. Then every survivor judges what it reads
-/// (`txn=ok committed=<n> aborted=<n> logs=<hash> resolved=<workers resolved as backup>`): no log repeats an id, each transaction is
+/// (`txn=ok committed=<n> aborted=<n> logs=<hash> resolved=<workers resolved as backup>
+/// tx_us=<mean time of this worker's transactions>`): no log repeats an id, each transaction is
 /// in both of its keys' logs or neither, its own committed ones in both and aborted ones in
 /// neither, and the logs admit a serial order. The survivors then leave the store without
 /// rebuilding it ([`Store::abandon`]) and end without `MPI_Finalize`, which refuses windows
@@ -332,9 +333,11 @@ fn transactions(world: &Comm) -> Result<()> {
     let (me, workers) = (store.worker(), world.size());
     let count = env_usize("STORE_TXNS", 16) as u32;
     let mut ended = Vec::new();
+    let timer = std::time::Instant::now();
     for seq in 1..=count {
         ended.push((TxId::new(me, seq).0, one_transaction(&mut store, seq)?));
     }
+    let mean_us = timer.elapsed().as_secs_f64() * 1e6 / count as f64;
     store.put(Key::new(me, 1), b"done")?;
     let started = std::time::Instant::now();
     while !all_done(&mut store, workers)? {
@@ -353,7 +356,7 @@ fn transactions(world: &Comm) -> Result<()> {
     let resolved: Vec<String> =
         store.resolved_coordinators().iter().map(|w| w.to_string()).collect();
     println!(
-        "txn=ok committed={committed} aborted={} logs={digest:016x} resolved={}",
+        "txn=ok committed={committed} aborted={} logs={digest:016x} resolved={} tx_us={mean_us:.1}",
         ended.len() - committed,
         if resolved.is_empty() { "-".to_owned() } else { resolved.join(",") }
     );

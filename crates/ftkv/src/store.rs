@@ -411,7 +411,11 @@ impl<F: Fabric> Store<F> {
             let done = self.follow_failures().and_then(|()| op(self));
             let done = done.and_then(|value| self.follow_failures().map(|()| value));
             match done {
-                Err(e) if e.needs_recovery() && !self.health.alarmed() => last = Some(e),
+                Err(e) if e.needs_recovery() && !self.health.alarmed() => {
+                    last = Some(e);
+                    // Gives the detector a few polls to publish the failure behind the error.
+                    std::thread::sleep(self.config.poll_interval * 4);
+                }
                 done => return done,
             }
         }
@@ -624,8 +628,13 @@ impl<F: Fabric> Store<F> {
                 && (self.comm.is_revoked().unwrap_or(true)
                     || self.comm.failed_ranks().map_or(true, |f| !f.is_empty())));
         if caused_by_failure {
-            if let FabricError::ProcFailed { peer: Some(rank), .. } = e {
-                if let Some(&worker) = self.layout.live.get(rank as usize) {
+            // A connection of the window's own that ended names its peer exactly; an MPI
+            // call's error does not (a one-sided call can fail for another member's death,
+            // and a call on a host's window names a rank of that window), so that failure is
+            // left to the detector, which publishes ULFM's failed set.
+            if let FabricError::ProcFailed { op, peer: Some(rank) } = e {
+                let exact = !op.starts_with("MPI_");
+                if let Some(&worker) = self.layout.live.get(rank as usize).filter(|_| exact) {
                     self.health.mark_failed(worker);
                 }
             }

@@ -271,7 +271,7 @@ enum BenchCommand {
         /// Where the JSON and the plots go.
         #[arg(long, default_value = "results")]
         out: PathBuf,
-        /// The JSON report's path (default: <out>/bench_store.json).
+        /// The JSON report's path (default: `<out>/bench_store.json`).
         #[arg(long, value_name = "FILE")]
         json: Option<PathBuf>,
     },

@@ -57,5 +57,5 @@ pub mod txn;
 pub mod txn_log;
 
 pub use error::{Error, Result};
-pub use key::{Config, Detection, Key, Recovery, TX_RECORD_KIND};
+pub use key::{Config, Detection, Key, Recovery, CROSS_HOST_WATCHDOG, TX_RECORD_KIND};
 pub use store::{DefaultFabric, RecoveryReport, RepairReport, Store};

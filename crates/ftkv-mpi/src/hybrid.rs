@@ -15,7 +15,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::comm::Comm;
-use crate::error::Result;
+use crate::error::{MpiError, Result};
 use crate::remote::{Atomics, Links, Memory, Remote};
 use crate::runtime::other;
 use crate::window::{LockedWindow, RmaScope, Window};
@@ -113,7 +113,9 @@ impl HostWindow {
         let rank = usize::try_from(target).ok().and_then(|t| self.host_rank.get(t)).copied();
         match rank {
             None => Err(other("HostWindow", "target rank outside the communicator")),
-            Some(Some(rank)) => self.local().compare_and_swap(rank, disp, compare, swap),
+            Some(Some(rank)) => {
+                self.local().compare_and_swap(rank, disp, compare, swap).map_err(unattributed)
+            }
             Some(None) => {
                 let links = self.links.as_ref().ok_or_else(|| other("HostWindow", "no links"))?;
                 let mut operands = [0u8; 16];
@@ -167,6 +169,17 @@ impl Drop for HostWindow {
     }
 }
 
+/// A failure of an operation on the host's shared-memory window, without a peer: the window
+/// numbers its ranks among the host's members, not among the window's members, and a one-sided
+/// call can fail for another member's death than its target's. (A connection to another host
+/// that ends names its peer exactly, a member rank.)
+fn unattributed(e: MpiError) -> MpiError {
+    match e {
+        MpiError::ProcFailed { op, .. } => MpiError::ProcFailed { op, peer: None },
+        other => other,
+    }
+}
+
 /// Every member's host id, in rank order.
 fn host_ids(comm: &Comm) -> Result<Vec<u32>> {
     let mine = comm.host_id()?;
@@ -206,7 +219,7 @@ impl<'buf> HostScope<'buf> {
     /// A put of `data` to `target` at `disp`; complete when the scope returns.
     pub fn put(&mut self, target: i32, disp: i64, data: &'buf [u8]) -> Result<()> {
         match self.host_rank(target)? {
-            Some(rank) => self.rma.put(rank, disp, data),
+            Some(rank) => self.rma.put(rank, disp, data).map_err(unattributed),
             None => {
                 self.batch(target).push(Remote::Put { disp, data });
                 Ok(())
@@ -217,7 +230,7 @@ impl<'buf> HostScope<'buf> {
     /// A get of `out.len()` bytes from `target` at `disp`; filled when the scope returns.
     pub fn get(&mut self, target: i32, disp: i64, out: &'buf mut [u8]) -> Result<()> {
         match self.host_rank(target)? {
-            Some(rank) => self.rma.get(rank, disp, out),
+            Some(rank) => self.rma.get(rank, disp, out).map_err(unattributed),
             None => {
                 self.batch(target).push(Remote::Get { disp, out });
                 Ok(())
@@ -246,7 +259,7 @@ impl<'buf> HostScope<'buf> {
     fn complete(&mut self) -> Result<()> {
         let batches = std::mem::take(&mut self.batches);
         let sent = (!batches.is_empty()).then(|| self.links.as_ref().map(|l| l.send(batches)));
-        let flushed = self.rma.flush();
+        let flushed = self.rma.flush().map_err(unattributed);
         let answered = match sent {
             None => Ok(()),
             Some(Some(sent)) => sent.answers(),

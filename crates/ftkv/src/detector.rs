@@ -34,7 +34,7 @@ pub(crate) struct Health {
     alarm: AtomicBool,
     in_call: AtomicU64,
     /// When the clock thread last ticked, in nanoseconds since `born` (0: no clock runs).
-    round_at: AtomicU64,
+    tick_at: AtomicU64,
     /// When the detector thread last began a round, in nanoseconds since `born` (0: none yet),
     /// and the part of the round it is in ([`DetectorStep`]).
     detector_at: AtomicU64,
@@ -51,7 +51,7 @@ impl Health {
             alarm_on_failure,
             alarm: AtomicBool::new(false),
             in_call: AtomicU64::new(0),
-            round_at: AtomicU64::new(0),
+            tick_at: AtomicU64::new(0),
             detector_at: AtomicU64::new(0),
             detector_step: AtomicU64::new(0),
             born: Instant::now(),
@@ -62,16 +62,16 @@ impl Health {
     /// but sleep briefly and tick, so a long gap means this process was stopped (or its host
     /// froze) that long, never that an MPI call was slow.
     #[inline]
-    pub fn since_last_round(&self) -> Duration {
-        let at = self.round_at.load(Ordering::Acquire);
+    pub fn since_last_tick(&self) -> Duration {
+        let at = self.tick_at.load(Ordering::Acquire);
         if at == 0 {
             return Duration::ZERO;
         }
         self.born.elapsed().saturating_sub(Duration::from_nanos(at))
     }
 
-    fn stamp_round(&self) {
-        self.round_at.store(self.now(), Ordering::Release);
+    fn stamp_tick(&self) {
+        self.tick_at.store(self.now(), Ordering::Release);
     }
 
     fn now(&self) -> u64 {
@@ -97,8 +97,8 @@ impl Health {
         Some((lasted, step))
     }
 
-    fn stop_rounds(&self) {
-        self.round_at.store(0, Ordering::Release);
+    fn stop_ticks(&self) {
+        self.tick_at.store(0, Ordering::Release);
     }
 
     /// How many times a worker was newly marked failed.
@@ -199,7 +199,7 @@ impl Detector {
         let bounds = [watch.suspicion, watch.watchdog];
         let stop_clock = Arc::new(AtomicBool::new(false));
         let flag = stop_clock.clone();
-        health.stamp_round();
+        health.stamp_tick();
         let clock = std::thread::Builder::new()
             .name("ftkv-clock".into())
             .spawn(move || tick(&*comm, &health, bounds, &flag))
@@ -256,7 +256,7 @@ impl DetectorStep {
     ];
 }
 
-/// The clock thread: sleeps a tick at a time and stamps [`Health::since_last_round`]; ends the
+/// The clock thread: sleeps a tick at a time and stamps [`Health::since_last_tick`]; ends the
 /// process when one of its sleeps lasted more than half the suspicion bound. It takes no lock
 /// and makes no MPI call, so only a stopped process (or a frozen host) delays it that long.
 ///
@@ -273,8 +273,8 @@ fn tick<F: Fabric>(
     let period = (suspicion / 20).min(Duration::from_millis(100));
     while !stop.load(Ordering::Acquire) {
         std::thread::park_timeout(period);
-        end_if_stopped(comm, health.since_last_round(), suspicion);
-        health.stamp_round();
+        end_if_stopped(comm, health.since_last_tick(), suspicion);
+        health.stamp_tick();
         match health.detector_round() {
             Some((lasted, step)) if lasted > stuck && step != DetectorStep::Pause => {
                 comm.fail_stop(&format!(
@@ -286,7 +286,7 @@ fn tick<F: Fabric>(
             _ => {}
         }
     }
-    health.stop_rounds();
+    health.stop_ticks();
 }
 
 fn run<F: Fabric>(watch: Watch<F>, stop: &AtomicBool) {
@@ -346,7 +346,7 @@ fn fence_new_failures<F: Fabric>(watch: &Watch<F>, fenced: u64) -> u64 {
 /// declared it failed and gone on without it. Checked before the watchdog after such a gap, so
 /// a call the watchdog sees stuck is not blamed on its target.
 fn end_if_suspended<F: Fabric>(watch: &Watch<F>) {
-    end_if_stopped(watch.comm.as_ref(), watch.health.since_last_round(), watch.suspicion);
+    end_if_stopped(watch.comm.as_ref(), watch.health.since_last_tick(), watch.suspicion);
 }
 
 /// Ends this process (fail-stop through `comm`) when it did not run for `gap`, more than half

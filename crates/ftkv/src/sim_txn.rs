@@ -307,10 +307,6 @@ impl Backend for SimBackend<'_> {
         self.write_copies(key, version + 1, Some(&codec::encode(record)))
     }
 
-    fn is_failed(&self, worker: i32) -> bool {
-        self.lock_world().dead[worker as usize]
-    }
-
     fn backup_duties(&self) -> Vec<i32> {
         let world = self.lock_world();
         let mine = |c: &i32| world.live_chain(Key::new(*c, RECORD)).first() == Some(&self.me);

@@ -292,7 +292,16 @@ impl<F: Fabric> Store<F> {
     /// written. Reads with one-sided gets (the holders are not interrupted); used in recovery.
     /// [`Error::KeyLost`] if no copy survived the last recovery and nobody wrote it since.
     pub fn get(&mut self, key: Key) -> Result<Option<Vec<u8>>> {
-        Ok(self.read_newest(key)?.and_then(|c| (c.header.state == State::Value).then_some(c.data)))
+        Ok(self.read_versioned(key)?.1)
+    }
+
+    /// The newest version of `key` (0: never written) and its value (`None`: deleted or never
+    /// written).
+    fn read_versioned(&mut self, key: Key) -> Result<(u64, Option<Vec<u8>>)> {
+        Ok(match self.read_newest(key)? {
+            None => (0, None),
+            Some(c) => (c.header.version, (c.header.state == State::Value).then_some(c.data)),
+        })
     }
 
     /// What each live holder of `key` has: its newest complete version (`None` for a deletion
@@ -566,7 +575,7 @@ impl<F: Fabric> Store<F> {
     /// must stop here. The write in flight when it stopped is the only one that can land late
     /// (and the holders' fences void it).
     fn ensure_not_suspended(&self) {
-        let gap = self.health.since_last_round();
+        let gap = self.health.since_last_tick();
         crate::detector::end_if_stopped(self.comm.as_ref(), gap, self.config.suspicion);
     }
 
@@ -628,13 +637,10 @@ impl<F: Fabric> Store<F> {
                 && (self.comm.is_revoked().unwrap_or(true)
                     || self.comm.failed_ranks().map_or(true, |f| !f.is_empty())));
         if caused_by_failure {
-            // A connection of the window's own that ended names its peer exactly; an MPI
-            // call's error does not (a one-sided call can fail for another member's death,
-            // and a call on a host's window names a rank of that window), so that failure is
-            // left to the detector, which publishes ULFM's failed set.
-            if let FabricError::ProcFailed { op, peer: Some(rank) } = e {
-                let exact = !op.starts_with("MPI_");
-                if let Some(&worker) = self.layout.live.get(rank as usize).filter(|_| exact) {
+            // The window's errors name a peer only when it is exact (`HostWindow`); other
+            // failures are left to the detector, which publishes ULFM's failed set.
+            if let FabricError::ProcFailed { peer: Some(rank), .. } = e {
+                if let Some(&worker) = self.layout.live.get(rank as usize) {
                     self.health.mark_failed(worker);
                 }
             }
@@ -1138,8 +1144,6 @@ fn put_committed<W: FabricWindow>(
     })
 }
 
-/// Stops the detector thread before the fields go: it polls MPI on a communicator derived from
-/// the store's, and the window's collective free must not race with it.
 impl<F: Fabric> Store<F> {
     /// Leaves the store without a collective call: stops the detector and leaves the window
     /// allocated until the process ends. For the end of a job whose survivors do not rebuild
@@ -1153,6 +1157,8 @@ impl<F: Fabric> Store<F> {
     }
 }
 
+/// Stops the detector thread before the fields go: it polls MPI on a communicator derived from
+/// the store's, and the window's collective free must not race with it.
 impl<F: Fabric> Drop for Store<F> {
     fn drop(&mut self) {
         self.detector = None;

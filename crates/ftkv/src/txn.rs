@@ -153,8 +153,6 @@ pub trait Backend {
     fn read_record(&mut self, coordinator: i32) -> Result<Option<TxRecord>, Self::Error>;
     /// Writes `coordinator`'s record to every live holder of it (a new version).
     fn write_record(&mut self, coordinator: i32, record: &TxRecord) -> Result<(), Self::Error>;
-    /// Whether `worker` is known failed.
-    fn is_failed(&self, worker: i32) -> bool;
     /// The failed coordinators whose open transaction this worker must resolve now: it is
     /// their one backup (the first live holder of their record) and has not resolved them yet.
     fn backup_duties(&self) -> Vec<i32>;

@@ -9,7 +9,8 @@ use super::Store;
 use crate::error::{Error, Result};
 use crate::fabric::{Fabric, FabricWindow};
 use crate::key::{Key, Recovery, TX_RECORD_KIND};
-use crate::slot::{Header, State, LOCK_AT};
+use crate::layout::Copy;
+use crate::slot::{Header, LOCK_AT};
 use crate::txn::{self, Backend, Outcome, Reads, TxError, TxId, TxRecord, Txn};
 
 /// How long a transaction waits before it tries a held lock again.
@@ -38,13 +39,12 @@ impl<F: Fabric> Store<F> {
         txn: &Txn,
         update: impl FnOnce(&Reads) -> Vec<(Key, Option<Vec<u8>>)>,
     ) -> Result<Outcome> {
-        self.check_transactions()?;
+        let record_kind = self.transaction_record_kind()?;
         for key in txn.keys() {
             self.check_key(key)?;
         }
         self.transactions += 1;
         let id = TxId::new(self.me, self.transactions);
-        let record_kind = self.record_kind()?;
         let mut backend = StoreBackend { store: self, record_kind };
         match txn::run(&mut backend, id, txn, update) {
             Ok(outcome) => Ok(outcome),
@@ -64,12 +64,9 @@ impl<F: Fabric> Store<F> {
     /// before every lock attempt; a worker that runs none calls it (or [`Store::follow`]) after
     /// a failure so that others' transactions do not wait for it.
     pub fn resolve_transactions(&mut self) -> Result<usize> {
-        if self.config.recovery != Recovery::Localized || self.record_kind().is_err() {
-            return Ok(0);
-        }
+        let Ok(record_kind) = self.transaction_record_kind() else { return Ok(0) };
         self.follow()?;
         let before = self.resolved_coordinators.len();
-        let record_kind = self.record_kind()?;
         let mut backend = StoreBackend { store: self, record_kind };
         txn::resolve_duties(&mut backend)?;
         Ok(self.resolved_coordinators.len() - before)
@@ -81,14 +78,11 @@ impl<F: Fabric> Store<F> {
         &self.resolved_coordinators
     }
 
-    fn check_transactions(&self) -> Result<()> {
+    /// The kind of the transaction records, when this store runs transactions.
+    fn transaction_record_kind(&self) -> Result<u16> {
         if self.config.recovery != Recovery::Localized {
             return Err(Error::InvalidTransaction("transactions need localized recovery".into()));
         }
-        self.record_kind().map(|_| ())
-    }
-
-    fn record_kind(&self) -> Result<u16> {
         let found = self.config.kinds.iter().position(|k| k == TX_RECORD_KIND);
         found.map(|k| k as u16).ok_or_else(|| {
             Error::InvalidTransaction(
@@ -100,45 +94,42 @@ impl<F: Fabric> Store<F> {
     /// One compare-and-swap pass over the live holders of `key` (see [`Backend::swap_lock`]).
     fn swap_lock_once(&self, key: Key, from: u64, to: u64) -> Result<Option<u64>> {
         self.ensure_healthy()?;
-        let route = self.route(key)?.to_vec();
-        let window = self.window.as_ref().ok_or(Error::Closed)?.window();
-        let mut swapped = Vec::new();
+        let route = self.route(key)?;
+        let mut swapped: Vec<&Copy> = Vec::new();
         for copy in route.iter().filter(|c| !self.health.is_failed(c.worker)) {
-            let at = copy.disp + LOCK_AT as i64;
-            self.health.enter_call();
-            let held = window.compare_and_swap(copy.rank, at, from, to);
-            self.health.leave_call();
-            let held = held.map_err(|e| self.failure(e))?;
+            let held = self.swap_lock_word(copy, from, to)?;
             if held == to {
                 continue;
             }
             if held != from {
                 for undo in swapped.iter().rev() {
-                    self.health.enter_call();
-                    let undone = window.compare_and_swap(*undo, at_of(&route, *undo), to, from);
-                    self.health.leave_call();
-                    undone.map_err(|e| self.failure(e))?;
+                    self.swap_lock_word(undo, to, from)?;
                 }
                 return Ok(Some(held));
             }
-            swapped.push(copy.rank);
+            swapped.push(copy);
         }
-        self.ensure_alive(&route)?;
+        self.ensure_alive(route)?;
         Ok(None)
     }
 
     /// Frees `key`'s lock word on every live holder where it holds `id`.
     fn release_lock_once(&self, key: Key, id: u64) -> Result<()> {
         self.ensure_healthy()?;
-        let route = self.route(key)?.to_vec();
-        let window = self.window.as_ref().ok_or(Error::Closed)?.window();
+        let route = self.route(key)?;
         for copy in route.iter().filter(|c| !self.health.is_failed(c.worker)) {
-            self.health.enter_call();
-            let released = window.compare_and_swap(copy.rank, copy.disp + LOCK_AT as i64, id, 0);
-            self.health.leave_call();
-            released.map_err(|e| self.failure(e))?;
+            self.swap_lock_word(copy, id, txn::FREE)?;
         }
-        self.ensure_alive(&route)
+        self.ensure_alive(route)
+    }
+
+    /// Compare-and-swap of the lock word of `copy`, bounded by the watchdog; the value it held.
+    fn swap_lock_word(&self, copy: &Copy, from: u64, to: u64) -> Result<u64> {
+        let window = self.window.as_ref().ok_or(Error::Closed)?.window();
+        self.health.enter_call();
+        let held = window.compare_and_swap(copy.rank, copy.disp + LOCK_AT as i64, from, to);
+        self.health.leave_call();
+        held.map_err(|e| self.failure(e))
     }
 
     /// Writes `value` (`None`: a deletion) at `version`, keeping this worker's own version
@@ -162,14 +153,6 @@ impl<F: Fabric> Store<F> {
         Ok(())
     }
 
-    /// The newest version of `key` and its value (`None`: deleted or never written).
-    fn read_versioned(&mut self, key: Key) -> Result<(u64, Option<Vec<u8>>)> {
-        Ok(match self.read_newest(key)? {
-            None => (0, None),
-            Some(c) => (c.header.version, (c.header.state == State::Value).then_some(c.data)),
-        })
-    }
-
     /// The failed workers whose record's first live holder is this worker.
     fn backup_duties(&self, record_kind: u16) -> Vec<i32> {
         let failed = self.health.failed_workers(self.workers);
@@ -183,12 +166,6 @@ impl<F: Fabric> Store<F> {
             .filter(|&c| first_live(c) == Some(self.me))
             .collect()
     }
-}
-
-/// The displacement of the lock word of the copy on `rank` in `route`.
-fn at_of(route: &[crate::layout::Copy], rank: i32) -> i64 {
-    let copy = route.iter().find(|c| c.rank == rank).expect("a copy of the route");
-    copy.disp + LOCK_AT as i64
 }
 
 /// The store as the transaction protocol's backend.
@@ -228,13 +205,15 @@ impl<F: Fabric> Backend for StoreBackend<'_, F> {
 
     fn write_record(&mut self, coordinator: i32, record: &TxRecord) -> Result<()> {
         let key = Key::new(coordinator, self.record_kind);
-        let (version, _) = self.store.read_versioned(key)?;
+        // Its own record only this worker writes while it lives: its counter is the newest
+        // version. A backup writes a dead coordinator's record above the newest it reads.
+        let version = if coordinator == self.store.me {
+            self.store.next_own_version(key)
+        } else {
+            self.store.read_versioned(key)?.0 + 1
+        };
         let bytes = crate::codec::encode(record);
-        self.store.write_at(key, version + 1, Some(&bytes))
-    }
-
-    fn is_failed(&self, worker: i32) -> bool {
-        self.store.health.is_failed(worker)
+        self.store.write_at(key, version, Some(&bytes))
     }
 
     fn backup_duties(&self) -> Vec<i32> {

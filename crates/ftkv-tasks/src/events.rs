@@ -37,8 +37,12 @@ impl fmt::Display for PoolEvent {
             PoolEvent::Recovering => write!(f, "recovering"),
             PoolEvent::Recovered(info) => write!(
                 f,
-                "recovered failed={:?} adopted={:?} store_ms={:.1} total_ms={:.1}",
-                info.failed, info.adopted, info.store_ms, info.total_ms
+                "recovered failed={:?} adopted={:?} store_ms={:.1} total_ms={:.1} mode={}",
+                info.failed,
+                info.adopted,
+                info.store_ms,
+                info.total_ms,
+                if info.localized { "localized" } else { "global" }
             ),
             PoolEvent::Warning(what) => write!(f, "ftkv-tasks: {what}"),
         }

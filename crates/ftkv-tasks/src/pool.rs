@@ -30,11 +30,13 @@ use std::time::{Duration, Instant};
 use crate::events::{self, PoolEvent};
 use ftkv::codec;
 use ftkv::fabric::{Fabric, FabricError};
-use ftkv::{Key, Store};
+use ftkv::txn::{Outcome as TxOutcome, Txn};
+use ftkv::{Key, Recovery, Store};
 
 use crate::problem::Problem;
 pub use crate::protocol::Interval;
-use crate::protocol::{self, Command, Settings, Slot, Stored};
+use crate::protocol::{self, Command, Settings, Settle, Slot, Stored};
+use crate::state::{Checkpoint, Loot};
 use crate::uts::Counts;
 
 /// The one tag of the pool's messages on its communicator.
@@ -59,6 +61,10 @@ pub struct PoolConfig {
     /// stopped or cut-off holder on another host waits until the detector declares it, and a
     /// shorter watchdog would end the healthy writer instead.
     pub watchdog: Duration,
+    /// How a failure is recovered: [`Recovery::Global`] stops every worker for the store's
+    /// global recovery; [`Recovery::Localized`] leaves every worker but the failed worker's
+    /// buddy and its victims and thieves working (see the module's recovery paragraph).
+    pub recovery: Recovery,
 }
 
 impl Default for PoolConfig {
@@ -71,6 +77,7 @@ impl Default for PoolConfig {
             seed: 1,
             suspicion: Duration::from_secs(10),
             watchdog: Duration::from_secs(2),
+            recovery: Recovery::Global,
         }
     }
 }
@@ -86,6 +93,8 @@ pub enum PoolError {
     Corrupt(&'static str),
     #[error("a worker failed and checkpointing is off")]
     Unprotected,
+    #[error("localized recovery needs checkpointing")]
+    LocalizedWithoutCheckpoints,
 }
 
 impl PoolError {
@@ -103,6 +112,9 @@ type Result<T> = std::result::Result<T, PoolError>;
 /// A recovery as one worker saw it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RecoveryInfo {
+    /// Whether only this worker's part was done while the others worked on (localized) or
+    /// every survivor stopped for the store's global recovery.
+    pub localized: bool,
     pub failed: Vec<i32>,
     pub adopted: Vec<i32>,
     pub store_ms: f64,
@@ -140,6 +152,10 @@ struct Driver<'p, P: Problem, F: Fabric> {
     config: &'p PoolConfig,
     store: Store<F>,
     comm: F,
+    /// The worker id of each rank of `comm` (all workers until a global recovery shrinks it).
+    ranks: Vec<i32>,
+    /// The failed workers this worker's localized recovery has dealt with.
+    known_failed: Vec<i32>,
     started: Instant,
     /// Whether this worker took part in the one agreement of the current communicator (at the
     /// end of the computation, or when a recovery starts).
@@ -163,8 +179,16 @@ pub fn run<P: Problem, F: Fabric>(world: &F, problem: &P, config: &PoolConfig) -
     store_config.max_value = 8 << 20;
     store_config.suspicion = config.suspicion;
     store_config.watchdog = config.watchdog;
+    if config.recovery == Recovery::Localized {
+        if config.interval.is_none() {
+            return Err(PoolError::LocalizedWithoutCheckpoints);
+        }
+        store_config = store_config.localized().with_transactions();
+        store_config.max_value = 24 << 20;
+    }
     let store = Store::create(world, store_config)?;
     let comm = store.communicator()?;
+    let ranks = store.live().to_vec();
     let settings = Settings { interval: config.interval, batch: config.batch, seed: config.seed };
     let machine = protocol::Worker::new(problem, settings, store.worker(), store.workers());
     let mut driver = Driver {
@@ -172,6 +196,8 @@ pub fn run<P: Problem, F: Fabric>(world: &F, problem: &P, config: &PoolConfig) -
         config,
         store,
         comm,
+        ranks,
+        known_failed: Vec::new(),
         started,
         agreed: false,
         adopted: Vec::new(),
@@ -238,12 +264,16 @@ impl<P: Problem, F: Fabric> Driver<'_, P, F> {
         if self.store.needs_recovery() {
             return Err(ftkv::Error::RecoveryNeeded { failed: Vec::new() }.into());
         }
-        while let Some(message) = self.comm.try_receive()? {
+        if let Some(sums) = self.notice_failures()? {
+            return Ok(Some(sums));
+        }
+        while let Some(message) = self.receive()? {
             if message.tag != POOL_TAG {
                 continue;
             }
             let decoded = codec::decode(&message.data).ok_or(PoolError::Corrupt("message"))?;
-            let commands = self.machine.on_message(message.source, decoded, self.now());
+            let source = self.ranks[message.source as usize];
+            let commands = self.machine.on_message(source, decoded, self.now());
             if let Some(sums) = self.execute(commands)? {
                 return Ok(Some(sums));
             }
@@ -262,9 +292,7 @@ impl<P: Problem, F: Fabric> Driver<'_, P, F> {
     fn execute(&mut self, commands: Vec<Command<P::Task>>) -> Result<Option<Sums>> {
         for command in commands {
             match command {
-                Command::Send { rank, message } => {
-                    self.comm.send(&codec::encode(&message), rank, POOL_TAG)?
-                }
+                Command::Send { to, message } => self.send(to, &message)?,
                 Command::Put { slot, bytes } => {
                     self.store.put(Key::new(self.machine.me(), slot as u16), &bytes)?
                 }
@@ -280,9 +308,180 @@ impl<P: Problem, F: Fabric> Driver<'_, P, F> {
                 }
                 Command::Failpoint(name) => self.comm.failpoint(name),
                 Command::Finish => return self.finish().map(Some),
+                Command::Settle(settle) => self.settle(settle)?,
             }
         }
         Ok(None)
+    }
+
+    fn localized(&self) -> bool {
+        self.config.recovery == Recovery::Localized
+    }
+
+    /// Sends `message` to worker `to`. With localized recovery a send that fails because `to`
+    /// failed is dropped: the failure itself is dealt with once the store reports it.
+    fn send(&mut self, to: i32, message: &protocol::PoolMessage<P::Task>) -> Result<()> {
+        let rank = self.ranks.iter().position(|&w| w == to).expect("a worker of the communicator");
+        match self.comm.send(&codec::encode(message), rank as i32, POOL_TAG) {
+            Err(FabricError::ProcFailed { .. }) if self.localized() => Ok(()),
+            sent => Ok(sent?),
+        }
+    }
+
+    /// The next message, if one arrived. With localized recovery an any-source receive that
+    /// fails for a failure this rank has not acknowledged acknowledges it and tries again.
+    fn receive(&mut self) -> Result<Option<ftkv::fabric::Message>> {
+        match self.comm.try_receive() {
+            Err(FabricError::ProcFailed { .. }) if self.localized() => {
+                self.comm.failed_ranks()?;
+                Ok(self.comm.try_receive()?)
+            }
+            received => Ok(received?),
+        }
+    }
+
+    /// Localized recovery: hands the failures the store learned of since the last look to the
+    /// machine and runs this worker's part ([`protocol::Worker::on_failures`]); first resolves
+    /// the open transactions of failed coordinators whose backup this worker is.
+    fn notice_failures(&mut self) -> Result<Option<Sums>> {
+        if !self.localized() {
+            return Ok(None);
+        }
+        let failed = self.store.failed();
+        if failed == self.known_failed {
+            return Ok(None);
+        }
+        let started = Instant::now();
+        let newly: Vec<i32> =
+            failed.iter().copied().filter(|w| !self.known_failed.contains(w)).collect();
+        self.known_failed = failed.clone();
+        events::emit(PoolEvent::Recovering);
+        self.store.resolve_transactions()?;
+        let commands = self.machine.on_failures(&failed, self.now());
+        let adopted = commands
+            .iter()
+            .filter_map(|c| match c {
+                Command::Settle(Settle::Adopt { dead }) => Some(*dead),
+                _ => None,
+            })
+            .collect();
+        let sums = self.execute(commands)?;
+        let info = RecoveryInfo {
+            localized: true,
+            failed: newly,
+            adopted,
+            store_ms: 0.0,
+            total_ms: started.elapsed().as_secs_f64() * 1e3,
+        };
+        events::emit(PoolEvent::Recovered(info.clone()));
+        self.recoveries.push(info);
+        Ok(sums)
+    }
+
+    fn key(owner: i32, slot: Slot) -> Key {
+        Key::new(owner, slot as u16)
+    }
+
+    /// Runs one [`Settle`] as a store transaction (see its variants).
+    fn settle(&mut self, settle: Settle) -> Result<()> {
+        let me = self.machine.me();
+        let mine = Self::key(me, Slot::Checkpoint);
+        let (txn, plan) = match settle {
+            Settle::Adopt { dead } => {
+                let theirs = Self::key(dead, Slot::Checkpoint);
+                (Txn { reads: vec![mine, theirs], ..Txn::default() }, SettlePlan::Adopt(dead))
+            }
+            Settle::Loot { victim } => {
+                let Some((stored, loot, thiefs)) = self.loot_to_resolve(victim)? else {
+                    return Ok(());
+                };
+                let reads = vec![mine, Self::key(victim, Slot::Checkpoint)];
+                let loot_key = Self::key(victim, Slot::Loot);
+                let expect = ftkv::txn::Expect::Value(Some(stored));
+                let txn = Txn { reads, conditions: vec![(loot_key, expect)], ..Txn::default() };
+                (txn, SettlePlan::Loot { victim, loot, thiefs })
+            }
+            Settle::TakeBack { thief } => {
+                let thiefs = self.stored_checkpoint(thief)?;
+                let own_loot = Self::key(me, Slot::Loot);
+                let txn = Txn { reads: vec![mine, own_loot], ..Txn::default() };
+                (txn, SettlePlan::TakeBack { thiefs })
+            }
+        };
+        let mut state = None;
+        let mut corrupt = false;
+        let machine = &self.machine;
+        let outcome = self.store.transaction(&txn, |reads| {
+            // The failed worker's checkpoint that an adoption or a loot resolution reads.
+            let failed_checkpoint = match &plan {
+                SettlePlan::Adopt(dead) => Some(*dead),
+                SettlePlan::Loot { victim, .. } => Some(*victim),
+                SettlePlan::TakeBack { .. } => None,
+            };
+            let stored = reads.iter().find(|(key, ..)| {
+                failed_checkpoint.is_some_and(|w| *key == Self::key(w, Slot::Checkpoint))
+            });
+            let second = stored.and_then(|(.., value)| value.as_deref()).map(Checkpoint::decode);
+            corrupt = matches!(second, Some(None));
+            let second = second.flatten();
+            let mut writes = Vec::new();
+            let new_state = match &plan {
+                SettlePlan::Adopt(_) if corrupt => None,
+                SettlePlan::Adopt(dead) => {
+                    machine.with_adopted(*dead, second).map(|(new, emptied)| {
+                        writes.push((Self::key(*dead, Slot::Checkpoint), Some(emptied.encode())));
+                        new
+                    })
+                }
+                SettlePlan::Loot { victim, loot, thiefs } => {
+                    writes.push((Self::key(*victim, Slot::Loot), None));
+                    machine.with_loot(*victim, loot, second.as_ref(), thiefs.as_ref())
+                }
+                SettlePlan::TakeBack { thiefs } => {
+                    writes.push((Self::key(me, Slot::Loot), None));
+                    machine.with_taken_back(thiefs.as_ref())
+                }
+            };
+            if let Some(new) = &new_state {
+                writes.push((mine, Some(new.encode())));
+            }
+            state = new_state;
+            writes
+        })?;
+        if corrupt {
+            return Err(PoolError::Corrupt("checkpoint"));
+        }
+        if let (TxOutcome::Committed { .. }, Some(state)) = (outcome, state) {
+            self.machine.settled(settle, state);
+        } else if matches!(settle, Settle::TakeBack { .. }) {
+            self.machine.clear_pending();
+        }
+        Ok(())
+    }
+
+    /// The stored loot of failed `victim` when this worker resolves it (its bytes, decoded),
+    /// with the stored checkpoint of its thief when that one failed too.
+    #[allow(clippy::type_complexity)]
+    fn loot_to_resolve(
+        &mut self,
+        victim: i32,
+    ) -> Result<Option<(Vec<u8>, Loot<P::Task>, Option<Checkpoint<P::Task>>)>> {
+        let Some(bytes) = self.store.get(Self::key(victim, Slot::Loot))? else { return Ok(None) };
+        let loot = Loot::decode(&bytes).ok_or(PoolError::Corrupt("loot"))?;
+        if !self.machine.resolves_loot(victim, &loot) {
+            return Ok(None);
+        }
+        let thiefs = if loot.thief == self.machine.me() {
+            None
+        } else {
+            self.stored_checkpoint(loot.thief)?
+        };
+        Ok(Some((bytes, loot, thiefs)))
+    }
+
+    fn stored_checkpoint(&mut self, worker: i32) -> Result<Option<Checkpoint<P::Task>>> {
+        let stored = self.store.get(Self::key(worker, Slot::Checkpoint))?;
+        stored.map(|b| Checkpoint::decode(&b).ok_or(PoolError::Corrupt("checkpoint"))).transpose()
     }
 
     fn delete_loot(&mut self, owner: i32) -> Result<()> {
@@ -311,6 +510,12 @@ impl<P: Problem, F: Fabric> Driver<'_, P, F> {
         let bytes: Vec<u8> =
             self.machine.contribution().iter().flat_map(|w| w.to_le_bytes()).collect();
         let gathered = self.comm.allgather(&bytes);
+        if gathered.is_err() && self.localized() {
+            // Workers that did not hear of the end yet (the leader died while it told them)
+            // keep working until a revocation sends them to the agreement below.
+            self.comm.revoke().ok();
+            self.store.interrupt().ok();
+        }
         self.agreed = true;
         let agreed = self.comm.agree(gathered.is_ok() as u32)?;
         let all = gathered?;
@@ -338,6 +543,7 @@ impl<P: Problem, F: Fabric> Driver<'_, P, F> {
             match self.rejoin() {
                 Ok(()) => {
                     let info = RecoveryInfo {
+                        localized: false,
                         failed: report.failed,
                         adopted: std::mem::take(&mut self.adopted),
                         store_ms: report.duration.as_secs_f64() * 1e3,
@@ -370,6 +576,8 @@ impl<P: Problem, F: Fabric> Driver<'_, P, F> {
         self.comm = self.store.communicator()?;
         self.agreed = false;
         let live = self.store.live().to_vec();
+        self.ranks = live.clone();
+        self.known_failed = self.store.failed();
         let now = self.now();
         let commands = self.machine.rejoin(&live, now).ok_or(PoolError::Unprotected)?;
         self.execute(commands)?;
@@ -397,4 +605,11 @@ pub fn sum_contributions(words: &[u64]) -> Sums {
         sums.iter_mut().zip(&w[3..]).for_each(|(s, v)| *s += v);
     }
     (total, sums)
+}
+
+/// What a [`Settle`] transaction needs besides the values it reads.
+enum SettlePlan<T> {
+    Adopt(i32),
+    Loot { victim: i32, loot: Loot<T>, thiefs: Option<Checkpoint<T>> },
+    TakeBack { thiefs: Option<Checkpoint<T>> },
 }

@@ -24,7 +24,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use crate::problem::Problem;
-use crate::state::{plan, Checkpoint, Loot, Seen};
+use crate::state::{buddy, plan, Checkpoint, Loot, Seen};
 use crate::uts::Counts;
 
 /// The shortest time between two termination waves.
@@ -58,8 +58,9 @@ pub enum PoolMessage<T> {
     Ack(u64),
     /// The leader's termination probe of this wave id.
     Probe(u64),
-    /// An answer to a probe: wave id, busy, loot sent, loot received.
-    Status([u64; 4]),
+    /// An answer to a probe: wave id, busy, loot sent to and received from live workers, and
+    /// the answering worker's view (a digest of the workers it knows failed).
+    Status([u64; 5]),
     /// The computation is over.
     Done,
 }
@@ -74,8 +75,8 @@ pub enum Slot {
 /// What a worker asks its driver to do, in order (see the module's execution contract).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Command<T> {
-    /// Send to a rank of the current live set (its index in [`Worker::live`]).
-    Send { rank: i32, message: PoolMessage<T> },
+    /// Send to a live worker (by worker id; the driver maps it to its communicator's rank).
+    Send { to: i32, message: PoolMessage<T> },
     /// Blocking put of this worker's own key.
     Put { slot: Slot, bytes: Vec<u8> },
     /// Blocking delete of `owner`'s loot key (this worker's own, or one it resolves for a dead
@@ -89,6 +90,29 @@ pub enum Command<T> {
     Failpoint(&'static str),
     /// The leader announced the end: gather the results ([`Worker::contribution`]).
     Finish,
+    /// Localized recovery: move a failed worker's stored state into this one's, in one store
+    /// transaction (see [`Settle`]).
+    Settle(Settle),
+}
+
+/// This worker's part in a localized recovery after a failure, each run by its driver as one
+/// store transaction (all of it lands or none; a backup finishes it if this worker dies
+/// midway), so that a second failure at any point neither loses nor doubles a task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settle {
+    /// As the failed worker's buddy: add its checkpoint (pool, counts) to this worker's and
+    /// write its checkpoint back emptied and marked adopted ([`Checkpoint::adopted_by`]), so
+    /// that it is adopted exactly once. [`Worker::with_adopted`] computes both.
+    Adopt { dead: i32 },
+    /// The failed `victim`'s loot key, resolved by its thief when that one lives, else by the
+    /// victim's buddy: its tasks go to the resolver when the victim's checkpoint left them
+    /// out and the thief's state does not hold them ([`Worker::with_loot`]); the key is
+    /// deleted in the same transaction.
+    Loot { victim: i32 },
+    /// This worker's own loot in flight to a `thief` that failed: taken back unless the
+    /// thief's stored checkpoint holds it ([`Worker::with_taken_back`]); the loot key is
+    /// deleted in the same transaction.
+    TakeBack { thief: i32 },
 }
 
 /// Counters of one worker.
@@ -132,6 +156,8 @@ struct Wave {
     busy: u64,
     sent: u64,
     received: u64,
+    /// Whether every answer so far came from a worker with the leader's view of failures.
+    same_view: bool,
 }
 
 /// A loot this worker gave away and that its thief has not acknowledged yet.
@@ -152,8 +178,10 @@ pub struct Worker<'p, P: Problem> {
     steal_counter: u64,
     pending: Option<Pending<P::Task>>,
     asking: Option<i32>,
-    sent: u64,
-    received: u64,
+    /// Loot sent to and received from each worker (by worker id) on the current
+    /// communicator; the termination waves count live workers' only.
+    sent_to: Vec<u64>,
+    received_from: Vec<u64>,
     wave: Option<Wave>,
     waves: u64,
     last_wave: Duration,
@@ -178,8 +206,8 @@ impl<'p, P: Problem> Worker<'p, P> {
             steal_counter: 0,
             pending: None,
             asking: None,
-            sent: 0,
-            received: 0,
+            sent_to: vec![0; workers],
+            received_from: vec![0; workers],
             wave: None,
             waves: 0,
             last_wave: Duration::ZERO,
@@ -218,8 +246,16 @@ impl<'p, P: Problem> Worker<'p, P> {
         self.settings.interval.is_some()
     }
 
-    fn rank(&self) -> i32 {
-        self.live.iter().position(|&w| w == self.me).expect("a live worker") as i32
+    /// Whether this worker leads the termination waves (the first live worker).
+    fn leads(&self) -> bool {
+        self.live.first() == Some(&self.me)
+    }
+
+    /// A digest of the workers this worker knows failed: equal views, equal failed sets.
+    fn view(&self) -> u64 {
+        let workers = self.state.received.len() as i32;
+        let failed = (0..workers).filter(|w| !self.live.contains(w));
+        failed.fold(0xcbf2_9ce4_8422_2325, |h, w| (h ^ (w as u64 + 1)).wrapping_mul(0x100_0000_01b3))
     }
 
     /// The first checkpoint, before any work, and a barrier.
@@ -279,33 +315,34 @@ impl<'p, P: Problem> Worker<'p, P> {
     }
 
     fn ask_for_work(&mut self) -> Commands<P::Task> {
-        let size = self.live.len() as i32;
-        if self.asking.is_some() || size < 2 {
+        let others: Vec<i32> = self.live.iter().copied().filter(|&w| w != self.me).collect();
+        if self.asking.is_some() || others.is_empty() {
             return Vec::new();
         }
-        let mut victim = self.rng.gen_range(0..size - 1);
-        if victim >= self.rank() {
-            victim += 1;
-        }
+        let victim = others[self.rng.gen_range(0..others.len())];
         self.asking = Some(victim);
-        vec![Command::Send { rank: victim, message: PoolMessage::Steal }]
+        vec![Command::Send { to: victim, message: PoolMessage::Steal }]
     }
 
-    /// A message from `source` (a rank of the live set) at time `now`.
+    /// A message from worker `source` at time `now`. Messages from a worker this one knows
+    /// failed change nothing (a late loot of it is resolved through its loot key).
     pub fn on_message(
         &mut self,
         source: i32,
         message: PoolMessage<P::Task>,
         now: Duration,
     ) -> Commands<P::Task> {
+        if !self.live.contains(&source) {
+            return Vec::new();
+        }
         match message {
             PoolMessage::Steal => self.on_steal_request(source, now),
             PoolMessage::Loot(loot) => self.on_loot(source, loot, now),
             PoolMessage::Ack(steal_id) => self.on_ack(steal_id),
             PoolMessage::Probe(id) => {
                 let [busy, sent, received] = self.status();
-                let message = PoolMessage::Status([id, busy, sent, received]);
-                vec![Command::Send { rank: source, message }]
+                let message = PoolMessage::Status([id, busy, sent, received, self.view()]);
+                vec![Command::Send { to: source, message }]
             }
             PoolMessage::Status(words) => {
                 self.on_status(words);
@@ -322,21 +359,20 @@ impl<'p, P: Problem> Worker<'p, P> {
     /// little work.
     fn on_steal_request(&mut self, thief: i32, now: Duration) -> Commands<P::Task> {
         if self.pending.is_some() || self.state.pool.len() < 2 {
-            return vec![Command::Send { rank: thief, message: PoolMessage::Loot(None) }];
+            return vec![Command::Send { to: thief, message: PoolMessage::Loot(None) }];
         }
         let half = self.state.pool.len() / 2;
         let tasks: Vec<P::Task> = self.state.pool.drain(..half).collect();
         self.steal_counter += 1;
         let steal_id = self.steal_counter;
-        let thief_worker = self.live[thief as usize];
-        self.pending = Some(Pending { steal_id, thief: thief_worker, tasks: tasks.clone() });
+        self.pending = Some(Pending { steal_id, thief, tasks: tasks.clone() });
         let mut commands = self.store_pending_loot();
         commands.push(Command::Failpoint("steal_victim_after_loot"));
         commands.extend(self.checkpoint(now));
         commands.push(Command::Failpoint("steal_victim_before_send"));
         let message = PoolMessage::Loot(Some((steal_id, tasks)));
-        commands.push(Command::Send { rank: thief, message });
-        self.sent += 1;
+        commands.push(Command::Send { to: thief, message });
+        self.sent_to[thief as usize] += 1;
         self.counters.steals += 1;
         commands
     }
@@ -365,14 +401,13 @@ impl<'p, P: Problem> Worker<'p, P> {
     ) -> Commands<P::Task> {
         self.asking = None;
         let Some((steal_id, tasks)) = loot else { return Vec::new() };
-        let victim_worker = self.live[victim as usize];
         self.state.pool.extend(tasks);
-        self.state.received[victim_worker as usize] = steal_id;
-        self.received += 1;
+        self.state.received[victim as usize] = steal_id;
+        self.received_from[victim as usize] += 1;
         let mut commands = vec![Command::Failpoint("steal_thief_before_checkpoint")];
         commands.extend(self.checkpoint(now));
         commands.push(Command::Failpoint("steal_thief_before_ack"));
-        commands.push(Command::Send { rank: victim, message: PoolMessage::Ack(steal_id) });
+        commands.push(Command::Send { to: victim, message: PoolMessage::Ack(steal_id) });
         commands
     }
 
@@ -388,26 +423,31 @@ impl<'p, P: Problem> Worker<'p, P> {
         }
     }
 
-    /// (busy, loot sent, loot received); waiting for an acknowledgement counts as busy.
+    /// (busy, loot sent to live workers, loot received from live workers); waiting for an
+    /// acknowledgement counts as busy.
     fn status(&self) -> [u64; 3] {
         let busy = !self.state.pool.is_empty() || self.pending.is_some();
-        [busy as u64, self.sent, self.received]
+        let live_sum = |counts: &[u64]| self.live.iter().map(|&w| counts[w as usize]).sum();
+        [busy as u64, live_sum(&self.sent_to), live_sum(&self.received_from)]
     }
 
-    fn on_status(&mut self, words: [u64; 4]) {
+    fn on_status(&mut self, words: [u64; 5]) {
+        let view = self.view();
         if let Some(wave) = self.wave.as_mut().filter(|w| w.id == words[0]) {
             wave.answers += 1;
             wave.busy += words[1];
             wave.sent += words[2];
             wave.received += words[3];
+            wave.same_view &= words[4] == view;
         }
     }
 
-    /// Termination detection by the leader (rank 0): a wave probes every worker for its
-    /// status; two consecutive waves with no busy worker, every loot sent received, and equal
-    /// counts end the computation, and the leader tells everyone.
+    /// Termination detection by the leader (the first live worker): a wave probes every live
+    /// worker for its status; two consecutive waves with no busy worker, every loot sent
+    /// received, equal counts and every answer from the leader's view of failures end the
+    /// computation, and the leader tells everyone.
     fn termination_wave(&mut self, now: Duration) -> Commands<P::Task> {
-        if self.done || self.rank() != 0 {
+        if self.done || !self.leads() {
             return Vec::new();
         }
         let others = self.live.len() - 1;
@@ -421,10 +461,9 @@ impl<'p, P: Problem> Worker<'p, P> {
     fn start_wave(&mut self, now: Duration) -> Commands<P::Task> {
         self.waves += 1;
         let [busy, sent, received] = self.status();
-        self.wave = Some(Wave { id: self.waves, answers: 0, busy, sent, received });
-        let mut commands: Commands<P::Task> = (1..self.live.len() as i32)
-            .map(|rank| Command::Send { rank, message: PoolMessage::Probe(self.waves) })
-            .collect();
+        self.wave = Some(Wave { id: self.waves, answers: 0, busy, sent, received, same_view: true });
+        let probe = PoolMessage::Probe(self.waves);
+        let mut commands = self.to_others(probe);
         if self.live.len() == 1 {
             commands.extend(self.end_wave(now));
         }
@@ -434,7 +473,7 @@ impl<'p, P: Problem> Worker<'p, P> {
     fn end_wave(&mut self, now: Duration) -> Commands<P::Task> {
         let wave = self.wave.take().expect("a wave in flight");
         self.last_wave = now;
-        let quiet = wave.busy == 0 && wave.sent == wave.received;
+        let quiet = wave.busy == 0 && wave.sent == wave.received && wave.same_view;
         let previous = self.quiet_wave.replace((wave.sent, wave.received));
         if !quiet {
             self.quiet_wave = None;
@@ -443,9 +482,13 @@ impl<'p, P: Problem> Worker<'p, P> {
             return Vec::new();
         }
         self.done = true;
-        (1..self.live.len() as i32)
-            .map(|rank| Command::Send { rank, message: PoolMessage::Done })
-            .collect()
+        self.to_others(PoolMessage::Done)
+    }
+
+    /// `message` to every other live worker.
+    fn to_others(&self, message: PoolMessage<P::Task>) -> Commands<P::Task> {
+        let others = self.live.iter().filter(|&&w| w != self.me);
+        others.map(|&to| Command::Send { to, message: message.clone() }).collect()
     }
 
     /// This worker's part of the final sums: nodes, leaves, depth, tasks, checkpoints, bytes.
@@ -463,7 +506,9 @@ impl<'p, P: Problem> Worker<'p, P> {
             return None;
         }
         self.live = live.to_vec();
-        (self.asking, self.sent, self.received) = (None, 0, 0);
+        self.asking = None;
+        self.sent_to.fill(0);
+        self.received_from.fill(0);
         (self.wave, self.quiet_wave, self.done) = (None, None, false);
         self.last_wave = now;
         let mut commands = self.store_pending_loot();
@@ -505,6 +550,132 @@ impl<'p, P: Problem> Worker<'p, P> {
         commands.extend(plan.delete_loot.iter().map(|&owner| Command::DeleteLoot { owner }));
         commands.push(Command::Sync);
         (commands, plan.adopt)
+    }
+
+    /// Localized recovery: `failed` is every worker the store knows failed. Forgets the newly
+    /// failed ones (a steal request to one, the termination wave in flight) and returns this
+    /// worker's part of the recovery as [`Command::Settle`]s: the adoption and loot of every
+    /// failed worker whose buddy it is now, the loot of a failed victim it was asking, its own
+    /// loot in flight to a failed thief. Every other worker only forgets and keeps working.
+    /// The settles are idempotent: one that finds its work done writes nothing.
+    pub fn on_failures(&mut self, failed: &[i32], now: Duration) -> Commands<P::Task> {
+        let newly: Vec<i32> = failed.iter().copied().filter(|w| self.live.contains(w)).collect();
+        if newly.is_empty() || newly.contains(&self.me) {
+            return Vec::new();
+        }
+        self.live.retain(|w| !newly.contains(w));
+        (self.wave, self.quiet_wave, self.last_wave) = (None, None, now);
+        let mut settles = Vec::new();
+        if let Some(victim) = self.asking.filter(|v| newly.contains(v)) {
+            self.asking = None;
+            settles.push(Settle::Loot { victim });
+        }
+        let workers = self.state.received.len();
+        for dead in (0..workers as i32).filter(|w| !self.live.contains(w)) {
+            if buddy(dead, &self.live, workers) == self.me {
+                settles.push(Settle::Adopt { dead });
+                settles.push(Settle::Loot { victim: dead });
+            }
+        }
+        if let Some(pending) = self.pending.as_ref().filter(|p| !self.live.contains(&p.thief)) {
+            settles.push(Settle::TakeBack { thief: pending.thief });
+        }
+        settles.dedup();
+        let mut commands = Vec::new();
+        for settle in settles {
+            commands.push(Command::Settle(settle));
+            if matches!(settle, Settle::Adopt { .. }) {
+                commands.push(Command::Failpoint("buddy_after_adopting"));
+            }
+        }
+        commands
+    }
+
+    /// For [`Settle::Adopt`]: this worker's state with `dead`'s stored checkpoint (`None`:
+    /// its initial state) added, and that checkpoint emptied; `None` when it was adopted
+    /// already.
+    pub fn with_adopted(
+        &self,
+        dead: i32,
+        theirs: Option<Checkpoint<P::Task>>,
+    ) -> Option<(Checkpoint<P::Task>, Checkpoint<P::Task>)> {
+        let workers = self.state.received.len();
+        let theirs = theirs.unwrap_or_else(|| Checkpoint::initial(self.problem, dead, workers));
+        if theirs.adopted_by.is_some() {
+            return None;
+        }
+        let mut mine = self.state.clone();
+        mine.pool.extend(theirs.pool.iter().copied());
+        mine.counts.add(&theirs.counts);
+        mine.adopted.push(dead);
+        Some((mine, theirs.emptied(self.me)))
+    }
+
+    /// For [`Settle::Loot`]: whether this worker resolves `victim`'s stored `loot` (it is the
+    /// thief, or the thief failed too and this worker is the victim's buddy).
+    pub fn resolves_loot(&self, victim: i32, loot: &Loot<P::Task>) -> bool {
+        let workers = self.state.received.len();
+        loot.thief == self.me
+            || (!self.live.contains(&loot.thief) && buddy(victim, &self.live, workers) == self.me)
+    }
+
+    /// For [`Settle::Loot`]: this worker's state with the tasks of `victim`'s stored `loot`,
+    /// when they are nowhere else: the victim's stored checkpoint (`victims`) left them out
+    /// and the thief's state (this worker's own, or its stored checkpoint `thiefs`) does not
+    /// hold them. `None`: the key only needs deleting.
+    pub fn with_loot(
+        &self,
+        victim: i32,
+        loot: &Loot<P::Task>,
+        victims: Option<&Checkpoint<P::Task>>,
+        thiefs: Option<&Checkpoint<P::Task>>,
+    ) -> Option<Checkpoint<P::Task>> {
+        let left_out = victims.is_some_and(|c| c.last_given >= loot.steal_id);
+        let thief_state = if loot.thief == self.me { Some(&self.state) } else { thiefs };
+        let held = thief_state.is_some_and(|c| c.holds_loot(victim, loot.steal_id));
+        if !left_out || held {
+            return None;
+        }
+        let mut mine = self.state.clone();
+        mine.pool.extend(loot.tasks.iter().copied());
+        mine.received[victim as usize] = loot.steal_id;
+        Some(mine)
+    }
+
+    /// For [`Settle::TakeBack`]: this worker's state with its loot in flight back in its pool
+    /// unless the failed thief's stored checkpoint (`thiefs`) holds it; `None` when no loot is
+    /// in flight.
+    pub fn with_taken_back(
+        &self,
+        thiefs: Option<&Checkpoint<P::Task>>,
+    ) -> Option<Checkpoint<P::Task>> {
+        let pending = self.pending.as_ref()?;
+        let mut mine = self.state.clone();
+        if !thiefs.is_some_and(|c| c.holds_loot(self.me, pending.steal_id)) {
+            mine.pool.extend(pending.tasks.iter().copied());
+            mine.received[self.me as usize] = pending.steal_id;
+        }
+        Some(mine)
+    }
+
+    /// Takes `state` as this worker's state once a settle transaction committed it to the
+    /// store; after [`Settle::TakeBack`] no loot is in flight any more.
+    pub fn settled(&mut self, settle: Settle, state: Checkpoint<P::Task>) {
+        self.state = state;
+        self.counters.checkpoints += 1;
+        if matches!(settle, Settle::TakeBack { .. }) {
+            self.pending = None;
+        }
+    }
+
+    /// Forgets the loot in flight after a [`Settle::TakeBack`] that found it resolved already.
+    pub fn clear_pending(&mut self) {
+        self.pending = None;
+    }
+
+    /// The steal id of this worker's loot in flight, if one is.
+    pub fn pending_steal(&self) -> Option<u64> {
+        self.pending.as_ref().map(|p| p.steal_id)
     }
 
     fn seen(&self, stored: &Stored<P::Task>) -> Vec<Seen> {
@@ -560,10 +731,10 @@ mod tests {
         commands
             .iter()
             .map(|c| match c {
-                Command::Send { rank, message } => {
+                Command::Send { to, message } => {
                     let what = format!("{message:?}");
                     let name = what.split(['(', ' ']).next().unwrap_or_default().to_owned();
-                    format!("send {name} to {rank}")
+                    format!("send {name} to {to}")
                 }
                 Command::Put { slot, .. } => format!("put {slot:?}"),
                 Command::DeleteLoot { owner } => format!("delete loot of {owner}"),
@@ -571,6 +742,7 @@ mod tests {
                 Command::ReadAll => "read".into(),
                 Command::Failpoint(name) => format!("failpoint {name}"),
                 Command::Finish => "finish".into(),
+                Command::Settle(settle) => format!("settle {settle:?}"),
             })
             .collect()
     }
@@ -642,7 +814,9 @@ mod tests {
         let mut leader = worker(0, 0);
         let answer = |leader: &mut Worker<NQueens>, id, busy| {
             for rank in 1..=2 {
-                leader.on_message(rank, PoolMessage::Status([id, busy, 0, 0]), Duration::ZERO);
+                let view = leader.view();
+                let status = PoolMessage::Status([id, busy, 0, 0, view]);
+                leader.on_message(rank, status, Duration::ZERO);
             }
         };
         assert_eq!(leader_tick(&mut leader, 2), ["send Probe to 1", "send Probe to 2"]);
@@ -661,9 +835,10 @@ mod tests {
         for wave in 1..=4u64 {
             leader_tick(&mut leader, ms);
             let busy = u64::from(wave % 2 == 1);
-            leader.on_message(1, PoolMessage::Status([wave, busy, 0, 0]), Duration::ZERO);
-            leader.on_message(2, PoolMessage::Status([wave + 9, 0, 0, 0]), Duration::ZERO);
-            leader.on_message(2, PoolMessage::Status([wave, 0, 0, 0]), Duration::ZERO);
+            let view = leader.view();
+            leader.on_message(1, PoolMessage::Status([wave, busy, 0, 0, view]), Duration::ZERO);
+            leader.on_message(2, PoolMessage::Status([wave + 9, 0, 0, 0, view]), Duration::ZERO);
+            leader.on_message(2, PoolMessage::Status([wave, 0, 0, 0, view]), Duration::ZERO);
             assert!(!leader_tick(&mut leader, ms + 1).contains(&"finish".to_owned()), "{wave}");
             ms += 3;
         }

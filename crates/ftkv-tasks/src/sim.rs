@@ -586,10 +586,8 @@ impl<'p, P: Problem> Sim<'p, P> {
         if !deliverable.is_empty() {
             let k = deliverable[self.rng.gen_range(0..deliverable.len())];
             let flight = self.flights.remove(k);
-            let source = self.workers[i].machine.live().iter().position(|&w| w == flight.from);
-            let source = source.expect("a sender of this epoch") as i32;
             self.trace(i, 0x300 | message_code(&flight.message) | (flight.from as u64) << 4);
-            let commands = self.workers[i].machine.on_message(source, flight.message, now);
+            let commands = self.workers[i].machine.on_message(flight.from, flight.message, now);
             self.workers[i].queue.extend(commands);
             return;
         }
@@ -638,9 +636,8 @@ impl<'p, P: Problem> Sim<'p, P> {
         self.trace(i, command_code(&command));
         let id = self.workers[i].id;
         match command {
-            Command::Send { rank, message } => {
+            Command::Send { to, message } => {
                 self.steals += u64::from(matches!(message, PoolMessage::Loot(Some(_))));
-                let to = self.workers[i].machine.live()[rank as usize];
                 let at = self.now + self.rng.gen_range(0..=self.max_delay);
                 let epoch = self.workers[i].epoch;
                 self.flights.push(Flight { from: id, to, epoch, at, message });
@@ -663,6 +660,9 @@ impl<'p, P: Problem> Sim<'p, P> {
             Command::Finish => {
                 let mine = self.workers[i].machine.contribution();
                 self.join(i, Context::Gather, Kind::Gather, mine);
+            }
+            Command::Settle(settle) => {
+                unreachable!("only localized recovery settles ({settle:?}); this runs global")
             }
         }
     }
@@ -897,7 +897,7 @@ fn message_code<T>(message: &PoolMessage<T>) -> u64 {
 
 fn command_code<T>(command: &Command<T>) -> u64 {
     match command {
-        Command::Send { rank, message } => 0x1000 | message_code(message) << 4 | *rank as u64,
+        Command::Send { to, message } => 0x1000 | message_code(message) << 4 | *to as u64,
         Command::Put { slot, bytes } => 0x2000 | (*slot as u64) << 8 | (bytes.len() as u64 & 0xff),
         Command::DeleteLoot { owner } => 0x3000 | *owner as u64,
         Command::Sync => 0x4000,
@@ -906,6 +906,7 @@ fn command_code<T>(command: &Command<T>) -> u64 {
             0x6000 | POINTS.iter().position(|p| p == name).unwrap_or(0xff) as u64
         }
         Command::Finish => 0x7000,
+        Command::Settle(_) => 0x8000,
     }
 }
 

@@ -21,6 +21,9 @@ pub struct Checkpoint<T> {
     /// Dead workers whose checkpointed state this state includes.
     pub adopted: Vec<i32>,
     pub pool: Vec<T>,
+    /// Set on a failed worker's checkpoint once a localized recovery moved its pool and
+    /// counts to this worker (they are then empty here; the steal bookkeeping stays).
+    pub adopted_by: Option<i32>,
 }
 
 /// Loot in flight from a victim to a thief (stored through [`ftkv::codec`]).
@@ -40,7 +43,26 @@ impl<T: Copy> Checkpoint<T> {
             received: vec![0; workers],
             adopted: Vec::new(),
             pool: if worker == 0 { problem.roots() } else { Vec::new() },
+            adopted_by: None,
         }
+    }
+
+    /// What remains of this (failed worker's) checkpoint once `buddy` adopted it: no tasks,
+    /// no counts, the steal bookkeeping unchanged.
+    pub fn emptied(&self, buddy: i32) -> Self {
+        Checkpoint {
+            counts: Counts::default(),
+            pool: Vec::new(),
+            adopted_by: Some(buddy),
+            received: self.received.clone(),
+            adopted: self.adopted.clone(),
+            last_given: self.last_given,
+        }
+    }
+
+    /// Whether this state holds loot `steal_id` of `victim`.
+    pub fn holds_loot(&self, victim: i32, steal_id: u64) -> bool {
+        self.received.get(victim as usize).is_some_and(|&r| r >= steal_id)
     }
 
     pub fn encode(&self) -> Vec<u8>
@@ -264,6 +286,7 @@ mod tests {
             received: vec![0, 3, 9],
             adopted: vec![2],
             pool: vec![board, board],
+            adopted_by: None,
         };
         let bytes = checkpoint.encode();
         assert_eq!(Checkpoint::decode(&bytes), Some(checkpoint));

@@ -6,6 +6,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use ftkv::fabric::local::LocalCluster;
+use ftkv::Recovery;
 use ftkv_tasks::nqueens::NQueens;
 use ftkv_tasks::pool::{self, Interval, Outcome, PoolConfig};
 use ftkv_tasks::problem::{check_exact, solve_sequential, Reference};
@@ -14,7 +15,12 @@ use ftkv_tasks::problem::{check_exact, solve_sequential, Reference};
 const RUN_BOUND: Duration = Duration::from_secs(60);
 
 fn config(ranks: usize, seed: u64) -> PoolConfig {
+    configured(ranks, seed, Recovery::Global)
+}
+
+fn configured(ranks: usize, seed: u64, recovery: Recovery) -> PoolConfig {
     PoolConfig {
+        recovery,
         copies: 2.min(ranks - 1),
         interval: Some(Interval::Tasks(200)),
         batch: 16,
@@ -32,16 +38,25 @@ fn run_pool(
     kill: Option<(i32, &str, usize)>,
     seed: u64,
 ) -> Vec<Option<Outcome>> {
+    run_pool_with(ranks, n, kill.as_slice(), configured(ranks, seed, Recovery::Global))
+}
+
+/// Like [`run_pool`] with every kill of `kills` armed and the pool configured by `config`.
+fn run_pool_with(
+    ranks: usize,
+    n: u32,
+    kills: &[(i32, &str, usize)],
+    config: PoolConfig,
+) -> Vec<Option<Outcome>> {
     let cluster = LocalCluster::new(ranks);
-    if let Some((victim, point, nth)) = kill {
+    for &(victim, point, nth) in kills {
         cluster.arm(victim, point, nth);
     }
     let (done, result) = mpsc::channel();
     std::thread::spawn(move || {
         let problem = NQueens::new(n).expect("a valid size");
         let outcomes = cluster.run(|fabric| {
-            pool::run(&fabric, &problem, &config(ranks, seed))
-                .expect("the pool ends without an error")
+            pool::run(&fabric, &problem, &config).expect("the pool ends without an error")
         });
         let _ = done.send(outcomes);
     });
@@ -125,4 +140,69 @@ fn the_buddy_killed_after_adopting_hands_the_work_to_the_next() {
         happened += usize::from(killed == [2, 3]);
     }
     assert!(happened >= 1, "worker 2 and then its buddy died in none of 6 runs");
+}
+
+/// The protocol points of the steal and settle protocols, with the pass at which they kill.
+const POINTS: [(&str, usize); 6] = [
+    ("steal_victim_after_loot", 1),
+    ("steal_victim_before_send", 1),
+    ("steal_thief_before_checkpoint", 1),
+    ("steal_thief_before_ack", 1),
+    ("steal_victim_after_loot", 3),
+    ("steal_thief_before_ack", 4),
+];
+
+/// The workers that did not finish.
+fn dead(outcomes: &[Option<Outcome>]) -> Vec<i32> {
+    (0..outcomes.len() as i32).filter(|&r| outcomes[r as usize].is_none()).collect()
+}
+
+#[test]
+fn localized_recovery_is_exact_with_a_worker_killed_at_every_steal_point() {
+    let mut deaths = Vec::new();
+    for (i, (point, nth)) in POINTS.into_iter().enumerate() {
+        for victim in [1, 3] {
+            let config = configured(4, 30 + i as u64, Recovery::Localized);
+            let outcomes = run_pool_with(4, 12, &[(victim, point, nth)], config);
+            let killed = dead(&outcomes);
+            assert_exact(&outcomes, 12, &killed);
+            assert!(killed.is_empty() || killed == [victim], "only planned deaths: {killed:?}");
+            let modes: Vec<Vec<bool>> = outcomes
+                .iter()
+                .flatten()
+                .map(|o| o.stats.recoveries.iter().map(|r| r.localized).collect())
+                .collect();
+            eprintln!("{point}#{nth} kills {victim}: died {killed:?}, localized? {modes:?}");
+            if !killed.is_empty() {
+                let first_localized = modes.iter().all(|m| m.first() == Some(&true));
+                assert!(first_localized, "every survivor recovered locally first: {modes:?}");
+            }
+            deaths.push((point, nth, victim, !killed.is_empty()));
+        }
+    }
+    let reached = deaths.iter().filter(|d| d.3).count();
+    assert!(reached * 2 >= deaths.len(), "too few kills happened: {deaths:?}");
+}
+
+#[test]
+fn localized_recovery_survives_kills_inside_the_settling_transactions() {
+    // Worker 2 dies in its first steal; its buddy, 3, dies inside its adoption's transaction
+    // (or right after it), so the transaction's backup and then worker 4 finish the job.
+    let steps = ["tx_announce", "tx_lock", "tx_commit", "tx_apply", "tx_done", "buddy_after_adopting"];
+    let mut doubles = 0;
+    for (i, step) in steps.into_iter().enumerate() {
+        for seed in 0..2u64 {
+            // Two failures inside one detection window: three copies keep every key.
+            let config = PoolConfig {
+                copies: 3,
+                ..configured(5, 50 + 2 * i as u64 + seed, Recovery::Localized)
+            };
+            let kills = [(2, "steal_thief_before_checkpoint", 1), (3, step, 1)];
+            let outcomes = run_pool_with(5, 12, &kills, config);
+            let killed = dead(&outcomes);
+            assert_exact(&outcomes, 12, &killed);
+            doubles += usize::from(killed == [2, 3]);
+        }
+    }
+    assert!(doubles >= 3, "the double failure happened in only {doubles} of 12 runs");
 }

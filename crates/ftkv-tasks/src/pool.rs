@@ -156,6 +156,8 @@ struct Driver<'p, P: Problem, F: Fabric> {
     ranks: Vec<i32>,
     /// The failed workers this worker's localized recovery has dealt with.
     known_failed: Vec<i32>,
+    /// The failed workers a localized run's end named ([`Command::End`]).
+    ended_failed: Option<Vec<i32>>,
     started: Instant,
     /// Whether this worker took part in the one agreement of the current communicator (at the
     /// end of the computation, or when a recovery starts).
@@ -189,7 +191,12 @@ pub fn run<P: Problem, F: Fabric>(world: &F, problem: &P, config: &PoolConfig) -
     let store = Store::create(world, store_config)?;
     let comm = store.communicator()?;
     let ranks = store.live().to_vec();
-    let settings = Settings { interval: config.interval, batch: config.batch, seed: config.seed };
+    let settings = Settings {
+        interval: config.interval,
+        batch: config.batch,
+        seed: config.seed,
+        localized: config.recovery == Recovery::Localized,
+    };
     let machine = protocol::Worker::new(problem, settings, store.worker(), store.workers());
     let mut driver = Driver {
         machine,
@@ -198,6 +205,7 @@ pub fn run<P: Problem, F: Fabric>(world: &F, problem: &P, config: &PoolConfig) -
         comm,
         ranks,
         known_failed: Vec::new(),
+        ended_failed: None,
         started,
         agreed: false,
         adopted: Vec::new(),
@@ -207,7 +215,10 @@ pub fn run<P: Problem, F: Fabric>(world: &F, problem: &P, config: &PoolConfig) -
     driver.start()?;
     let (total, sums) = driver.work()?;
     let workers = driver.store.workers() as i32;
-    let failed = (0..workers).filter(|w| !driver.machine.live().contains(w)).collect();
+    let failed = match driver.ended_failed.take() {
+        Some(failed) => failed,
+        None => (0..workers).filter(|w| !driver.machine.live().contains(w)).collect(),
+    };
     let k = driver.machine.counters();
     let stats = Stats {
         tasks: k.tasks,
@@ -309,6 +320,10 @@ impl<P: Problem, F: Fabric> Driver<'_, P, F> {
                 Command::Failpoint(name) => self.comm.failpoint(name),
                 Command::Finish => return self.finish().map(Some),
                 Command::Settle(settle) => self.settle(settle)?,
+                Command::End(words, failed) => {
+                    self.ended_failed = Some(failed);
+                    return Ok(Some(sum_contributions(&words)));
+                }
             }
         }
         Ok(None)
@@ -320,10 +335,12 @@ impl<P: Problem, F: Fabric> Driver<'_, P, F> {
 
     /// Sends `message` to worker `to`. With localized recovery a send that fails because `to`
     /// failed is dropped: the failure itself is dealt with once the store reports it.
+    /// The end's total is passed on best effort: every receiver passes it on too.
     fn send(&mut self, to: i32, message: &protocol::PoolMessage<P::Task>) -> Result<()> {
         let rank = self.ranks.iter().position(|&w| w == to).expect("a worker of the communicator");
         match self.comm.send(&codec::encode(message), rank as i32, POOL_TAG) {
             Err(FabricError::ProcFailed { .. }) if self.localized() => Ok(()),
+            Err(_) if matches!(message, protocol::PoolMessage::Total(..)) => Ok(()),
             sent => Ok(sent?),
         }
     }

@@ -45,6 +45,10 @@ pub struct Settings {
     /// Tasks run per tick.
     pub batch: usize,
     pub seed: u64,
+    /// Localized recovery: the end is gathered by messages to the leader ([`PoolMessage::
+    /// Collect`]) instead of a collective [`Command::Finish`], which a communicator with
+    /// failed members cannot complete.
+    pub localized: bool,
 }
 
 /// A message between two workers of the pool (one tag; [`ftkv::codec`] on the wire).
@@ -63,6 +67,14 @@ pub enum PoolMessage<T> {
     Status([u64; 5]),
     /// The computation is over.
     Done,
+    /// Localized recovery's end: the leader, after two quiet waves, asks for every live
+    /// worker's [`Worker::contribution`] (round id).
+    Collect(u64),
+    /// An answer to [`PoolMessage::Collect`]: round id, view, the six contribution words.
+    Contribution(u64, u64, [u64; 6]),
+    /// The summed contributions and the failed workers every contribution's view named; each
+    /// worker that receives it passes it on to the others before it ends.
+    Total([u64; 6], Vec<i32>),
 }
 
 /// One of a worker's two store keys.
@@ -93,6 +105,9 @@ pub enum Command<T> {
     /// Localized recovery: move a failed worker's stored state into this one's, in one store
     /// transaction (see [`Settle`]).
     Settle(Settle),
+    /// Localized recovery's end: the summed contributions (as [`Worker::contribution`]'s
+    /// words) and the failed workers, the same on every survivor.
+    End([u64; 6], Vec<i32>),
 }
 
 /// This worker's part in a localized recovery after a failure, each run by its driver as one
@@ -160,6 +175,13 @@ struct Wave {
     same_view: bool,
 }
 
+/// The leader's collection of contributions at the end of a localized run.
+struct Collection {
+    round: u64,
+    answers: usize,
+    words: Vec<u64>,
+}
+
 /// A loot this worker gave away and that its thief has not acknowledged yet.
 struct Pending<T> {
     steal_id: u64,
@@ -186,6 +208,7 @@ pub struct Worker<'p, P: Problem> {
     waves: u64,
     last_wave: Duration,
     quiet_wave: Option<(u64, u64)>,
+    collection: Option<Collection>,
     done: bool,
     rng: SmallRng,
     last_checkpoint: (Duration, u64),
@@ -212,6 +235,7 @@ impl<'p, P: Problem> Worker<'p, P> {
             waves: 0,
             last_wave: Duration::ZERO,
             quiet_wave: None,
+            collection: None,
             done: false,
             rng: SmallRng::seed_from_u64(settings.seed ^ ((me as u64) << 40)),
             last_checkpoint: (Duration::ZERO, 0),
@@ -253,9 +277,7 @@ impl<'p, P: Problem> Worker<'p, P> {
 
     /// A digest of the workers this worker knows failed: equal views, equal failed sets.
     fn view(&self) -> u64 {
-        let workers = self.state.received.len() as i32;
-        let failed = (0..workers).filter(|w| !self.live.contains(w));
-        failed.fold(0xcbf2_9ce4_8422_2325, |h, w| (h ^ (w as u64 + 1)).wrapping_mul(0x100_0000_01b3))
+        self.failed().into_iter().fold(0xcbf2_9ce4_8422_2325, |h, w| (h ^ (w as u64 + 1)).wrapping_mul(0x100_0000_01b3))
     }
 
     /// The first checkpoint, before any work, and a barrier.
@@ -276,7 +298,7 @@ impl<'p, P: Problem> Worker<'p, P> {
             commands.extend(self.maybe_checkpoint(now));
         }
         commands.extend(self.termination_wave(now));
-        if self.done {
+        if self.done && !self.settings.localized {
             commands.push(Command::Finish);
         }
         commands
@@ -351,6 +373,18 @@ impl<'p, P: Problem> Worker<'p, P> {
             PoolMessage::Done => {
                 self.done = true;
                 Vec::new()
+            }
+            PoolMessage::Collect(round) => {
+                let contribution = self.contribution();
+                let message = PoolMessage::Contribution(round, self.view(), contribution);
+                vec![Command::Send { to: source, message }]
+            }
+            PoolMessage::Contribution(round, view, words) => self.on_contribution(round, view, words),
+            PoolMessage::Total(words, failed) => {
+                let mut commands = self.to_others(PoolMessage::Total(words, failed.clone()));
+                commands.retain(|c| !matches!(c, Command::Send { to, .. } if *to == source));
+                commands.push(Command::End(words, failed));
+                commands
             }
         }
     }
@@ -481,8 +515,64 @@ impl<'p, P: Problem> Worker<'p, P> {
         if !(quiet && previous == Some((wave.sent, wave.received))) {
             return Vec::new();
         }
+        if self.settings.localized {
+            return self.start_collection();
+        }
         self.done = true;
         self.to_others(PoolMessage::Done)
+    }
+
+    fn start_collection(&mut self) -> Commands<P::Task> {
+        self.done = true;
+        let round = self.waves;
+        let words = self.contribution().to_vec();
+        self.collection = Some(Collection { round, answers: 0, words });
+        let commands = self.to_others(PoolMessage::Collect(round));
+        if commands.is_empty() {
+            return self.end_collection();
+        }
+        commands
+    }
+
+    /// A contribution of the current round from a worker with the leader's view counts;
+    /// one with another view means a failure in between: the waves start again.
+    fn on_contribution(&mut self, round: u64, view: u64, words: [u64; 6]) -> Commands<P::Task> {
+        let same_view = view == self.view();
+        let Some(collection) = self.collection.as_mut().filter(|c| c.round == round) else {
+            return Vec::new();
+        };
+        if !same_view {
+            self.restart_waves();
+            return Vec::new();
+        }
+        collection.answers += 1;
+        collection.words.extend(words);
+        if collection.answers + 1 < self.live.len() {
+            return Vec::new();
+        }
+        self.end_collection()
+    }
+
+    fn end_collection(&mut self) -> Commands<P::Task> {
+        let collection = self.collection.take().expect("a collection in flight");
+        let (total, sums) = crate::pool::sum_contributions(&collection.words);
+        let words = [total.nodes, total.leaves, total.max_depth as u64, sums[0], sums[1], sums[2]];
+        let failed = self.failed();
+        let mut commands = self.to_others(PoolMessage::Total(words, failed.clone()));
+        commands.push(Command::End(words, failed));
+        commands
+    }
+
+    /// Forgets the termination state: a failure (or a changed view) makes the leader start
+    /// the waves again.
+    fn restart_waves(&mut self) {
+        (self.wave, self.quiet_wave, self.collection, self.done) = (None, None, None, false);
+    }
+
+    /// The workers this worker knows failed.
+    pub fn failed(&self) -> Vec<i32> {
+        let workers = self.state.received.len() as i32;
+        (0..workers).filter(|w| !self.live.contains(w)).collect()
     }
 
     /// `message` to every other live worker.
@@ -564,7 +654,8 @@ impl<'p, P: Problem> Worker<'p, P> {
             return Vec::new();
         }
         self.live.retain(|w| !newly.contains(w));
-        (self.wave, self.quiet_wave, self.last_wave) = (None, None, now);
+        self.restart_waves();
+        self.last_wave = now;
         let mut settles = Vec::new();
         if let Some(victim) = self.asking.filter(|v| newly.contains(v)) {
             self.asking = None;
@@ -716,7 +807,7 @@ mod tests {
 
     const QUEENS: NQueens = NQueens { n: 6 };
     const SETTINGS: Settings =
-        Settings { interval: Some(Interval::Tasks(1000)), batch: 4, seed: 1 };
+        Settings { interval: Some(Interval::Tasks(1000)), batch: 4, seed: 1, localized: false };
 
     /// Worker `me` of 3 with `tasks` boards in its pool.
     fn worker(me: i32, tasks: usize) -> Worker<'static, NQueens> {
@@ -743,6 +834,7 @@ mod tests {
                 Command::Failpoint(name) => format!("failpoint {name}"),
                 Command::Finish => "finish".into(),
                 Command::Settle(settle) => format!("settle {settle:?}"),
+                Command::End(..) => "end".into(),
             })
             .collect()
     }

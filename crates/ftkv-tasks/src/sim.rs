@@ -288,7 +288,8 @@ impl<'p, P: Problem> Sim<'p, P> {
         } else {
             Interval::Time(Duration::from_micros(rng.gen_range(20..400)))
         };
-        let settings = Settings { interval: Some(interval), batch: rng.gen_range(1..=6), seed };
+        let settings =
+            Settings { interval: Some(interval), batch: rng.gen_range(1..=6), seed, localized: false };
         let max_delay = [0, 2, 10, 60, 300][rng.gen_range(0..5)];
         let kills = rng.gen_range(0..=3usize.min(n - 1));
         // About the actions a worker takes in a failure-free run.
@@ -661,8 +662,8 @@ impl<'p, P: Problem> Sim<'p, P> {
                 let mine = self.workers[i].machine.contribution();
                 self.join(i, Context::Gather, Kind::Gather, mine);
             }
-            Command::Settle(settle) => {
-                unreachable!("only localized recovery settles ({settle:?}); this runs global")
+            Command::Settle(_) | Command::End(..) => {
+                unreachable!("only localized recovery settles and ends by messages")
             }
         }
     }
@@ -892,6 +893,9 @@ fn message_code<T>(message: &PoolMessage<T>) -> u64 {
         PoolMessage::Probe(_) => 5,
         PoolMessage::Status(_) => 6,
         PoolMessage::Done => 7,
+        PoolMessage::Collect(_) => 8,
+        PoolMessage::Contribution(..) => 9,
+        PoolMessage::Total(..) => 10,
     }
 }
 
@@ -907,6 +911,7 @@ fn command_code<T>(command: &Command<T>) -> u64 {
         }
         Command::Finish => 0x7000,
         Command::Settle(_) => 0x8000,
+        Command::End(..) => 0x9000,
     }
 }
 

@@ -173,15 +173,25 @@ fn localized_recovery_is_exact_with_a_worker_killed_at_every_steal_point() {
                 .map(|o| o.stats.recoveries.iter().map(|r| r.localized).collect())
                 .collect();
             eprintln!("{point}#{nth} kills {victim}: died {killed:?}, localized? {modes:?}");
-            if !killed.is_empty() {
-                let first_localized = modes.iter().all(|m| m.first() == Some(&true));
-                assert!(first_localized, "every survivor recovered locally first: {modes:?}");
-            }
+            let only_localized = modes.iter().all(|m| m.iter().all(|&localized| localized));
+            assert!(only_localized, "no survivor stopped for a global recovery: {modes:?}");
+            let noticed = modes.iter().all(|m| m.len() == killed.len());
+            assert!(noticed, "every survivor dealt with each failure once: {modes:?}");
             deaths.push((point, nth, victim, !killed.is_empty()));
         }
     }
     let reached = deaths.iter().filter(|d| d.3).count();
     assert!(reached * 2 >= deaths.len(), "too few kills happened: {deaths:?}");
+}
+
+#[test]
+fn localized_runs_end_exact_without_failures_on_3_to_5_workers() {
+    for ranks in 3..=5 {
+        let config = configured(ranks, 70 + ranks as u64, Recovery::Localized);
+        // Every copy needs a reserve holder besides the owner.
+        let config = PoolConfig { copies: 2.min(ranks - 2), ..config };
+        assert_exact(&run_pool_with(ranks, 8, &[], config), 8, &[]);
+    }
 }
 
 #[test]

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
+use ftkv::Recovery;
 use ftkv_cli::args::{self, Opt};
 use ftkv_cli::{bench_store, chaos, env, launch, probe, rank_failure, tasks};
 
@@ -102,6 +103,8 @@ enum Command {
         seed: u64,
         suspicion_ms: u64,
         watchdog_ms: u64,
+        #[arg(long)]
+        localized: bool,
     },
     /// Which MPI calls report a dead peer: one-sided calls per window kind, and two-sided calls.
     #[command(long_about = PROBE_HELP)]
@@ -348,6 +351,17 @@ struct PoolArgs {
     #[arg(long, default_value = "120", value_parser = args::seconds, value_name = "SECS")]
     #[arg(allow_negative_numbers = true)]
     timeout: Duration,
+    /// How a failure is recovered: `global` (every survivor stops, the store is rebuilt on
+    /// the survivors) or `localized` (the dead worker's buddy and its victims and thieves
+    /// settle its work in store transactions while the others keep working).
+    #[arg(long, value_enum, default_value_t = RecoveryArg::Global)]
+    recovery: RecoveryArg,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum RecoveryArg {
+    Global,
+    Localized,
 }
 
 impl PoolArgs {
@@ -371,6 +385,7 @@ impl PoolArgs {
             timeout: self.timeout,
             stop: None,
             suspicion: None,
+            localized: self.recovery == RecoveryArg::Localized,
         })
     }
 }
@@ -442,9 +457,18 @@ fn run(command: Command) -> Result<()> {
             }
             Ok(())
         }
-        Command::TasksRank { workload, interval, copies, seed, suspicion_ms, watchdog_ms } => {
+        Command::TasksRank {
+            workload,
+            interval,
+            copies,
+            seed,
+            suspicion_ms,
+            watchdog_ms,
+            localized,
+        } => {
             let bounds = (Duration::from_millis(suspicion_ms), Duration::from_millis(watchdog_ms));
-            tasks::rank_main(&workload, &interval, copies, seed, bounds)
+            let recovery = if localized { Recovery::Localized } else { Recovery::Global };
+            tasks::rank_main(&workload, &interval, (copies, recovery), seed, bounds)
         }
         Command::Bench(BenchCommand::Store {
             systems,

@@ -6,6 +6,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
+use ftkv::Recovery;
 use ftkv_mpi::Mpi;
 use ftkv_tasks::nqueens::NQueens;
 use ftkv_tasks::pool::{self, Interval, PoolConfig};
@@ -78,7 +79,7 @@ impl Workload {
 pub fn rank_main(
     workload: &str,
     interval: &str,
-    copies: usize,
+    (copies, recovery): (usize, Recovery),
     seed: u64,
     (suspicion, watchdog): (Duration, Duration),
 ) -> Result<()> {
@@ -93,6 +94,7 @@ pub fn rank_main(
         seed,
         suspicion,
         watchdog,
+        recovery,
         ..PoolConfig::default()
     };
     let outcome = match &workload {
@@ -156,6 +158,8 @@ pub struct Demo {
     /// The suspicion bound, when given; Open MPI's heartbeat detector runs when this or `stop`
     /// is given.
     pub suspicion: Option<Duration>,
+    /// Localized recovery instead of global.
+    pub localized: bool,
 }
 
 /// The suspicion bound when none is given (the store's default).
@@ -237,12 +241,13 @@ pub fn run_demo(exe: &Path, demo: &Demo) -> Result<RunReport> {
         );
     }
     eprintln!(
-        "[demo] {} on {} ranks, {} kills, checkpoint every {}, {} copies, seed {}",
+        "[demo] {} on {} ranks, {} kills, checkpoint every {}, {} copies, {} recovery, seed {}",
         demo.workload.describe(),
         demo.ranks,
         demo.kills,
         demo.interval,
         demo.copies,
+        if demo.localized { "localized" } else { "global" },
         demo.seed
     );
     let report = run_pool_job(exe, demo, true)?;
@@ -255,7 +260,7 @@ pub fn run_demo(exe: &Path, demo: &Demo) -> Result<RunReport> {
 
 /// One pool job with kills as planned by `demo`; `show` prints progress lines.
 fn run_pool_job(exe: &Path, demo: &Demo, show: bool) -> Result<RunReport> {
-    let args = [
+    let mut args = vec![
         "tasks-rank".to_string(),
         demo.workload.as_arg(),
         demo.interval.clone(),
@@ -264,6 +269,9 @@ fn run_pool_job(exe: &Path, demo: &Demo, show: bool) -> Result<RunReport> {
         demo.suspicion().as_millis().to_string(),
         demo.watchdog().as_millis().to_string(),
     ];
+    if demo.localized {
+        args.push("--localized".to_string());
+    }
     let mut launch =
         Launch::new(exe, demo.ranks).args(args).timeout(demo.timeout).transport_from_env();
     if demo.detects_silence() {
@@ -612,6 +620,7 @@ pub fn run_bench(exe: &Path, demo: &Demo, repeat: usize, json: &Path) -> Result<
             let run = Demo {
                 kills: 0,
                 interval: if checkpointing { demo.interval.clone() } else { "off".into() },
+                localized: checkpointing && demo.localized,
                 ..demo.clone()
             };
             let report = run_pool_job(exe, &run, false)?;

@@ -264,7 +264,12 @@ impl<P: Problem, F: Fabric> Driver<'_, P, F> {
             match self.step() {
                 Ok(Some(sums)) => return Ok(sums),
                 Ok(None) => {}
-                Err(e) if e.needs_recovery() => self.recover()?,
+                Err(e) if e.needs_recovery() => {
+                    if self.localized() {
+                        events::emit(PoolEvent::Warning(format!("global recovery after: {e}")));
+                    }
+                    self.recover()?
+                }
                 Err(e) => return Err(e),
             }
         }

@@ -474,8 +474,10 @@ impl<F: Fabric> Store<F> {
         let started = Instant::now();
         let failed = self.health.failed_workers(self.workers);
         self.fence(&failed)?;
-        let next = self.relocated_layout(&failed)?;
-        let (keys_moved, bytes_moved) = self.repair_own_keys(&next)?;
+        let (next, orphaned) = self.relocated_layout(&failed)?;
+        let (own_keys, own_bytes) = self.repair_own_keys(&next)?;
+        let (orphan_keys, orphan_bytes) = self.repair_orphans(&next, &orphaned)?;
+        let (keys_moved, bytes_moved) = (own_keys + orphan_keys, own_bytes + orphan_bytes);
         let moved = next.relocated != self.layout.relocated;
         self.layout = next;
         self.followed = generation;
@@ -487,8 +489,9 @@ impl<F: Fabric> Store<F> {
     }
 
     /// The current windows' layout with the copies of `failed` workers moved down their
-    /// chains, if the failures can be repaired without rebuilding the windows.
-    fn relocated_layout(&self, failed: &[i32]) -> Result<Layout> {
+    /// chains, if the failures can be repaired without rebuilding the windows, and the keys
+    /// of failed owners whose route changes (see [`Store::repair_orphans`]).
+    fn relocated_layout(&self, failed: &[i32]) -> Result<(Layout, Vec<Key>)> {
         let live: Vec<i32> =
             self.layout.live.iter().copied().filter(|w| !failed.contains(w)).collect();
         if !recovery::keeps_quorum(&self.layout.live, &live, &self.hosts) {
@@ -497,14 +500,45 @@ impl<F: Fabric> Store<F> {
         let Some(next) = self.layout.relocate(failed) else {
             return Err(self.escalate("a copy has no live reserve holder left"));
         };
-        let orphaned = self
+        let orphaned: Vec<Key> = self
             .layout
             .keys()
-            .find(|&key| failed.contains(&key.owner) && next.route(key) != self.layout.route(key));
-        if let Some(key) = orphaned {
-            return Err(self.escalate(&format!("key {key} lost a copy and its owner")));
+            .filter(|&key| failed.contains(&key.owner) && next.route(key) != self.layout.route(key))
+            .collect();
+        for &key in &orphaned {
+            if self.first_live_holder(key).is_none() {
+                return Err(self.escalate(&format!("key {key} lost its owner and every copy")));
+            }
         }
-        Ok(next)
+        Ok((next, orphaned))
+    }
+
+    /// The first holder of `key` in the current route not known failed.
+    fn first_live_holder(&self, key: Key) -> Option<i32> {
+        let route = self.layout.route(key)?;
+        route.iter().find(|c| !self.health.is_failed(c.worker)).map(|c| c.worker)
+    }
+
+    /// Copies the newest surviving version of each `orphaned` key (its owner failed, so it
+    /// cannot repair it) to its new holders in `next`, on the one rank that is the key's first
+    /// live holder; returns the keys and bytes this rank moved. A key no live holder has data
+    /// of was never acknowledged (an acknowledged write is on every holder): nothing to move.
+    /// The copy names this rank as its writer: the new holder fenced the failed owner, and
+    /// would void a version that names it.
+    fn repair_orphans(&self, next: &Layout, orphaned: &[Key]) -> Result<(usize, u64)> {
+        let (mut keys, mut bytes) = (0, 0);
+        for &key in orphaned.iter().filter(|&&k| self.first_live_holder(k) == Some(self.me)) {
+            let old = self.route(key)?;
+            let new = next.route(key).ok_or(Error::UnknownOwner(key.owner))?;
+            let targets: Vec<Copy> = new.iter().filter(|c| !old.contains(c)).copied().collect();
+            if let Some(mut newest) = self.newest_surviving(old)? {
+                newest.header.writer = self.me;
+                self.copy_to(&targets, &newest)?;
+                keys += 1;
+                bytes += newest.data.len() as u64 * targets.len() as u64;
+            }
+        }
+        Ok((keys, bytes))
     }
 
     /// Copies the newest surviving version of each own key whose route changes in `next` to

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use common::{acknowledge, within, History};
 use ftkv::fabric::local::{LocalCluster, LocalFabric};
+use ftkv::fabric::Fabric;
 use ftkv::history::{allowed, observe, planned_write, value, Observed, Op};
 use ftkv::layout::{Layout, Shape};
 use ftkv::slot::SlotGeometry;
@@ -303,4 +304,71 @@ fn only_owners_of_lost_copies_move_data() {
         assert!(bytes > 0 || !lost_copy(0), "worker {worker}: its checkpoint's copy moved");
         assert!(seen.repairs.iter().all(|r| r.failed == vec![victim]), "{:?}", seen.repairs);
     }
+}
+
+/// Every survivor calls [`Store::follow`] until it knows `victim` failed, then waits for the
+/// others to have done the same (`arrived` counts them; no store call meanwhile).
+fn follow_until_failed(
+    store: &mut Store<LocalFabric>,
+    victim: i32,
+    arrived: &AtomicUsize,
+    survivors: usize,
+) {
+    while !store.failed().contains(&victim) {
+        store.follow().expect("a localized follow");
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    store.follow().expect("a localized follow");
+    arrived.fetch_add(1, Ordering::AcqRel);
+    while arrived.load(Ordering::Acquire) < survivors {
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+/// Two kills in turn, the second a holder of the first victim's key: that key lost a copy and
+/// its owner, so its first live holder copies it to the new holder. Nobody recovers globally
+/// and every holder of the dead owner's key has its last acknowledged value.
+#[test]
+fn a_dead_owners_key_that_loses_a_copy_is_repaired_by_its_first_live_holder() {
+    let (ranks, copies, first) = (6, 2, 1);
+    let key = Key::new(first, 0);
+    let layout = Layout::with_spares(
+        &(0..ranks as i32).collect::<Vec<_>>(),
+        &vec![0; ranks],
+        Shape { kinds: 2, copies, spares: 1 },
+        SlotGeometry::new(16 << 10),
+        0,
+    );
+    let second = layout.route(key).unwrap()[0].worker;
+    let outcomes = within(60, "two kills in turn".into(), move || {
+        let cluster = LocalCluster::new(ranks);
+        cluster.arm(first, "first_kill", 1);
+        cluster.arm(second, "second_kill", 1);
+        let (after_first, after_second) = (AtomicUsize::new(0), AtomicUsize::new(0));
+        cluster.run(|fabric| {
+            let mut store = Store::create(&fabric, config(copies)).expect("a store");
+            let me = store.worker();
+            store.put(Key::new(me, 0), format!("last of {me}").as_bytes()).expect("a put");
+            store.sync().expect("every put acknowledged");
+            fabric.failpoint("first_kill");
+            follow_until_failed(&mut store, first, &after_first, ranks - 1);
+            fabric.failpoint("second_kill");
+            follow_until_failed(&mut store, second, &after_second, ranks - 2);
+            let repairs: usize = store.take_repairs().iter().map(|r| r.keys_moved).sum();
+            (store.needs_recovery(), store.read_copies(key).expect("copies"), repairs)
+        })
+    });
+    let mut moved = 0;
+    for (worker, outcome) in outcomes.into_iter().enumerate() {
+        let Some((alarmed, copies_held, repairs)) = outcome else {
+            assert!([first, second].contains(&(worker as i32)), "worker {worker} died");
+            continue;
+        };
+        assert!(!alarmed, "worker {worker} needs a global recovery");
+        assert_eq!(copies_held.len(), copies, "worker {worker}: {copies_held:?}");
+        let want = format!("last of {first}").into_bytes();
+        assert!(copies_held.iter().all(|(_, v)| v.as_ref() == Some(&want)), "{copies_held:?}");
+        moved += repairs;
+    }
+    assert!(moved >= 1, "somebody moved the dead owner's key");
 }

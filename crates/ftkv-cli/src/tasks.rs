@@ -204,6 +204,8 @@ pub struct RunReport {
     pub failed: Vec<usize>,
     /// Per recovery seen by the survivors: the slowest survivor's store and total milliseconds.
     pub recoveries: Vec<(f64, f64)>,
+    /// Global recoveries (every survivor stopped), as the survivor that saw most reported.
+    pub global_recoveries: usize,
     /// Ranks that ended themselves as fail-stop failures (a watchdog): none when only killed
     /// ranks failed.
     pub self_ended: Vec<usize>,
@@ -357,6 +359,8 @@ struct Watch {
     expected: Option<u64>,
     recoveries: Vec<Vec<(f64, f64)>>,
     recovered_lines: HashMap<usize, usize>,
+    /// Per rank: its recoveries that stopped every survivor (`mode=global`).
+    global_lines: HashMap<usize, usize>,
     last_shown: Instant,
     pending_output: bool,
 }
@@ -374,6 +378,7 @@ impl Watch {
             expected,
             recoveries: Vec::new(),
             recovered_lines: HashMap::new(),
+            global_lines: HashMap::new(),
             last_shown: Instant::now(),
             pending_output: true,
         }
@@ -405,6 +410,9 @@ impl Watch {
             }
         } else if text.starts_with("recovered") {
             let ms = |key| value(key).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+            if value("mode") == Some("global") {
+                *self.global_lines.entry(rank).or_insert(0) += 1;
+            }
             let seen = self.recovered_lines.entry(rank).or_insert(0);
             let nth = *seen;
             *seen += 1;
@@ -558,6 +566,7 @@ fn result_of(out: &JobOutput, demo: &Demo, watch: &Watch) -> Result<RunReport> {
         killed: watch.killed.clone(),
         kill_ms: watch.kill_ms.clone(),
         recoveries,
+        global_recoveries: watch.global_lines.values().copied().max().unwrap_or(0),
         self_ended: out.self_ended(demo.ranks),
         matches_published: None,
         stopped: watch.stopped_rank(),
@@ -585,12 +594,13 @@ fn print_verdict(demo: &Demo, r: &RunReport) {
         _ => println!("published: none for these parameters"),
     }
     println!(
-        "killed ranks {:?} at {:?} ms; failed ranks as the survivors agreed {:?}; ranks that ended themselves {:?}; recoveries (slowest survivor, store ms / total ms): {:?}",
+        "killed ranks {:?} at {:?} ms; failed ranks as the survivors agreed {:?}; ranks that ended themselves {:?}; recoveries (slowest survivor, store ms / total ms): {:?}; global recoveries: {}",
         r.killed,
         r.kill_ms.iter().map(|m| m.round()).collect::<Vec<_>>(),
         r.failed,
         r.self_ended,
-        r.recoveries
+        r.recoveries,
+        r.global_recoveries
     );
     if let (Some(rank), Some(stop), Some(resume)) = (r.stopped, r.stop_ms, r.resume_ms) {
         let result =

@@ -8,11 +8,39 @@ use ftkv_cli::launch::{output_within, JobOutput, Launch};
 
 const FTKV: &str = env!("CARGO_BIN_EXE_ftkv");
 
+/// Every survivor's recoveries were localized (at least `at_least` each) and none global.
+fn assert_only_localized(out: &JobOutput, ranks: usize, killed: &[usize], at_least: usize) {
+    for rank in (0..ranks).filter(|r| !killed.contains(r)) {
+        let lines = out.rank_lines(rank);
+        let recovered: Vec<&String> = lines.iter().filter(|l| l.starts_with("recovered")).collect();
+        let global = recovered.iter().filter(|l| l.contains("mode=global")).count();
+        assert_eq!(global, 0, "rank {rank} recovered globally:\n{}", out.transcript());
+        assert!(
+            recovered.len() >= at_least,
+            "rank {rank}: {} localized recoveries:\n{}",
+            recovered.len(),
+            out.transcript()
+        );
+    }
+}
+
 /// Runs `workload` on `ranks` workers with `failpoints` armed and returns the job's output.
 fn pool_job(workload: &str, ranks: usize, copies: usize, failpoints: &str) -> JobOutput {
-    let args = ["tasks-rank", workload, "20ms", &copies.to_string(), "7", "10000", "2000"];
+    pool_job_with(workload, ranks, copies, failpoints, &[])
+}
+
+/// [`pool_job`] with `extra` arguments to the ranks (`--localized`).
+fn pool_job_with(
+    workload: &str,
+    ranks: usize,
+    copies: usize,
+    failpoints: &str,
+    extra: &[&str],
+) -> JobOutput {
+    let copies = copies.to_string();
+    let args = ["tasks-rank", workload, "20ms", &copies, "7", "10000", "2000"];
     let launch = Launch::new(FTKV, ranks)
-        .args(args)
+        .args(args.iter().chain(extra).copied())
         .env("FTKV_FAILPOINT", failpoints)
         .timeout(Duration::from_secs(90))
         .transport_from_env();
@@ -124,4 +152,43 @@ fn t1_is_exact_after_two_random_kills() {
     assert!(stdout.contains("4130071 nodes, 3305118 leaves"), "{stdout}");
     assert!(stdout.contains("MATCH") && !stdout.contains("MISMATCH"), "{stdout}");
     assert_eq!(stderr.matches("SIGKILL rank").count(), 2, "two kills:\n{stderr}");
+}
+
+/// Localized recovery with 1, 2 and 3 workers killed at protocol points, some of them while
+/// they settle a failed worker's work in store transactions: exact, and nobody stops for a
+/// global recovery.
+#[test]
+fn localized_recovery_is_exact_with_one_two_and_three_kills() {
+    let cases: [(&str, &[usize]); 4] = [
+        ("steal_victim_before_send@0#1", &[0]),
+        ("steal_thief_before_ack@1#1;buddy_after_adopting@2#1", &[1, 2]),
+        ("steal_thief_before_checkpoint@3#1;tx_commit@4#1", &[3, 4]),
+        (
+            "steal_thief_before_checkpoint@1#1;tx_apply@2#1;steal_victim_after_loot@5#2",
+            &[1, 2, 5],
+        ),
+    ];
+    for (failpoints, killed) in cases {
+        // 13-Queens runs long enough for every planned kill to come.
+        let out = pool_job_with("queens:13", 7, 3, failpoints, &["--localized"]);
+        assert_exact(&out, 7, killed, None, 73_712);
+        // Failures noticed together are dealt with in one localized recovery.
+        assert_only_localized(&out, 7, killed, 1);
+    }
+}
+
+#[test]
+fn t1_is_exact_after_three_random_kills_with_localized_recovery() {
+    let mut cmd = Command::new(FTKV);
+    cmd.args(["demo", "-n", "8", "--kills", "3", "--seed", "5", "--recovery", "localized"]);
+    cmd.args(["--timeout", "90"]);
+    let _alone = ftkv_cli::launch::job_slot();
+    let out = output_within(cmd, Duration::from_secs(150)).expect("the demo ends in time");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "demo failed:\n{stdout}\n{stderr}");
+    assert!(stdout.contains("4130071 nodes, 3305118 leaves"), "{stdout}");
+    assert!(stdout.contains("MATCH") && !stdout.contains("MISMATCH"), "{stdout}");
+    assert_eq!(stderr.matches("SIGKILL rank").count(), 3, "three kills:\n{stderr}");
+    assert!(stdout.contains("global recoveries: 0"), "{stdout}\n{stderr}");
 }

@@ -100,6 +100,28 @@ fn a_demo_over_three_hosts_with_two_kills_matches_and_no_process_ends_itself() {
     assert_no_leftovers(pid, &ranks, &shm_before);
 }
 
+/// The pool's localized recovery across hosts: two workers SIGKILLed by PID, the survivors
+/// settle their work while the others keep stealing over TCP, and nobody stops for a global
+/// recovery.
+#[test]
+fn a_localized_demo_over_three_hosts_with_two_kills_matches_without_a_global_recovery() {
+    let _slot = job_slot();
+    let shm_before = shm_segments();
+    let args = ["demo", "--nodes", "3", "-n", "6", "--kills", "2", "--copies", "2"];
+    let localized = ["--recovery", "localized", "--seed", "3"];
+    let driver = start(&[&args[..], &localized, &["--tree", "T1", "--timeout", "120"]].concat());
+    let pid = driver.id();
+    let ranks = wait_for_ranks(&driver, "tasks-rank", 6);
+    let (status, stdout, stderr) = wait_bounded(driver, Duration::from_secs(180));
+    assert!(status.success(), "the demo failed:\n{stdout}\n{stderr}");
+    assert!(stdout.contains("-> MATCH"), "{stdout}");
+    assert_eq!(list_after(&stdout, "killed ranks").len(), 2, "{stdout}\n{stderr}");
+    assert!(stdout.contains("global recoveries: 0"), "{stdout}\n{stderr}");
+    let ended = list_after(&stdout, "ranks that ended themselves");
+    assert_eq!(ended, Vec::<usize>::new(), "{stdout}\n{stderr}");
+    assert_no_leftovers(pid, &ranks, &shm_before);
+}
+
 /// What a driver run ended with: its status, output and the PIDs of its ranks.
 struct Ended {
     status: std::process::ExitStatus,
@@ -114,10 +136,10 @@ struct Ended {
 const DAEMON_LOST: &str = "PRTE has lost communication with a remote daemon";
 
 /// Both ranks of one host SIGKILLed at the same moment, 2 s into the deep tree (T3L), while
-/// the pool checkpoints and steals across hosts.
-fn kill_one_hosts_ranks_during_a_demo() -> Ended {
+/// the pool checkpoints and steals across hosts; `extra` arguments to the demo.
+fn kill_one_hosts_ranks_during_a_demo(extra: &[&str]) -> Ended {
     let args = ["demo", "--nodes", "3", "-n", "6", "--kills", "0", "--copies", "2"];
-    let driver = start(&[&args[..], &["--tree", "T3L", "--timeout", "150"]].concat());
+    let driver = start(&[&args[..], &["--tree", "T3L", "--timeout", "150"], extra].concat());
     let pid = driver.id();
     let ranks = wait_for_ranks(&driver, "tasks-rank", 6);
     std::thread::sleep(Duration::from_millis(2000));
@@ -137,13 +159,28 @@ fn kill_one_hosts_ranks_during_a_demo() -> Ended {
 /// once, and a second one fails the test.
 #[test]
 fn all_ranks_of_one_host_killed_at_once_lose_nothing() {
+    let (stdout, _) = kill_one_hosts_ranks_and_check(&[]);
+    assert!(!stdout.contains("global recoveries: 0"), "the store recovered globally: {stdout}");
+}
+
+/// The same with localized recovery: both workers' buddies settle their work in transactions
+/// while the other host's workers keep working; nobody stops for a global recovery.
+#[test]
+fn all_ranks_of_one_host_killed_at_once_are_settled_locally() {
+    let (stdout, stderr) = kill_one_hosts_ranks_and_check(&["--recovery", "localized"]);
+    assert!(stdout.contains("global recoveries: 0"), "{stdout}\n{stderr}");
+}
+
+/// Kills one host's ranks during a demo run with `extra` arguments; checks the exact result,
+/// the agreed failures and that no process was left behind. The demo's stdout and stderr.
+fn kill_one_hosts_ranks_and_check(extra: &[&str]) -> (String, String) {
     let _slot = job_slot();
     let shm_before = shm_segments();
-    let mut run = kill_one_hosts_ranks_during_a_demo();
+    let mut run = kill_one_hosts_ranks_during_a_demo(extra);
     assert_no_leftovers(run.pid, &run.ranks, &shm_before);
     if !run.status.success() && run.stderr.contains(DAEMON_LOST) {
         eprintln!("the runtime lost a daemon and ended the job; once more:\n{}", run.stderr);
-        run = kill_one_hosts_ranks_during_a_demo();
+        run = kill_one_hosts_ranks_during_a_demo(extra);
         assert_no_leftovers(run.pid, &run.ranks, &shm_before);
     }
     let Ended { status, stdout, stderr, .. } = run;
@@ -157,6 +194,7 @@ fn all_ranks_of_one_host_killed_at_once_lose_nothing() {
     let ended = list_after(&stdout, "ranks that ended themselves");
     assert_eq!(ended, Vec::<usize>::new(), "{stdout}\n{stderr}");
     assert!(stderr.contains("failed without a kill of this driver's"), "{stderr}");
+    (stdout, stderr)
 }
 
 /// A worker on one of 3 hosts SIGSTOPped for 12 s with a 5 s suspicion bound: the puts of the

@@ -505,7 +505,8 @@ fn rank_errors(out: &JobOutput) -> String {
 fn tail(out: &JobOutput) -> String {
     let text = out.transcript();
     let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(40)..].join("\n")
+    let status = out.status.map_or("no exit status".to_owned(), |s| s.to_string());
+    format!("{}\n[mpirun: {status} after {:?}]", lines[lines.len().saturating_sub(40)..].join("\n"), out.elapsed)
 }
 
 /// The `result` line of `rank`, if it printed one.

@@ -220,9 +220,17 @@ fn an_interrupted_driver_ends_its_job_and_leaves_no_shared_memory() {
 /// T1 on 4 ranks with one worker SIGSTOPped for `stop` seconds under a `suspicion` second
 /// bound, within 90 s: the demo's report, stdout and stderr.
 fn demo_with_a_stop(stop: &str, suspicion: &str) -> (serde_json::Value, String, String) {
+    demo_with_a_stop_and(stop, suspicion, &[])
+}
+
+fn demo_with_a_stop_and(
+    stop: &str,
+    suspicion: &str,
+    extra: &[&str],
+) -> (serde_json::Value, String, String) {
     let args = ["-n", "4", "--kills", "0", "--copies", "2", "--tree", "T1", "--timeout", "60"];
     let stopped = ["--stop", stop, "--suspicion", suspicion];
-    common::demo_report(&[&args[..], &stopped[..]].concat(), Duration::from_secs(90))
+    common::demo_report(&[&args[..], &stopped[..], extra].concat(), Duration::from_secs(90))
 }
 
 /// A worker SIGSTOPped for 8 s with a 3 s suspicion bound: Open MPI's heartbeat detector
@@ -233,6 +241,16 @@ fn a_worker_stopped_past_the_suspicion_bound_is_left_behind_and_ends_once_resume
     let _slot = job_slot();
     let (report, stdout, stderr) = demo_with_a_stop("8", "3");
     common::assert_left_behind_while_stopped(&report, &stdout, &stderr, true);
+}
+
+/// The same with the pool's localized recovery: the stopped worker's buddy adopts its work
+/// while the others keep working, and nobody stops for a global recovery.
+#[test]
+fn a_worker_stopped_past_the_suspicion_bound_is_settled_locally() {
+    let _slot = job_slot();
+    let (report, stdout, stderr) = demo_with_a_stop_and("8", "3", &["--recovery", "localized"]);
+    common::assert_left_behind_while_stopped(&report, &stdout, &stderr, true);
+    assert_eq!(report["global_recoveries"], 0, "{stdout}\n{stderr}");
 }
 
 /// A worker SIGSTOPped for 1 s, well under the 4 s suspicion bound, is only slow: nobody is

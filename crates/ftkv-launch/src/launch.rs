@@ -806,10 +806,12 @@ pub fn with_start_retries<T>(
 const START_FAILURE: &str = "The PMIx server's listener thread failed to start";
 
 impl JobOutput {
-    /// Whether `mpirun` failed to start its runtime, so that no rank ever ran.
+    /// Whether `mpirun` failed to start its runtime, so that no rank ever ran: its start-up
+    /// failure message, or a job that ended without a word from any rank or from `mpirun`.
     pub fn never_started(&self) -> bool {
         let joined = self.stderr.split_whitespace().collect::<Vec<_>>().join(" ");
-        self.by_rank.is_empty() && joined.contains(START_FAILURE)
+        let silent = self.stderr.trim().is_empty() && self.untagged.iter().all(|l| l.is_empty());
+        self.by_rank.is_empty() && !self.timed_out && (joined.contains(START_FAILURE) || silent)
     }
 }
 
@@ -911,5 +913,22 @@ mod tests {
         assert_eq!(out.rank_value(2, "x"), Some("1"));
         assert_eq!(out.rank_value(2, "size"), Some("4"));
         assert_eq!(out.rank_value(1, "x"), None);
+    }
+
+    #[test]
+    fn a_job_without_a_word_from_any_rank_or_mpirun_never_started() {
+        let parse = |stdout: &str, stderr: &str, timed_out| {
+            JobOutput::parse(stdout, stderr.into(), None, timed_out, Duration::ZERO)
+        };
+        let table = [
+            ("silent", parse("", "", false), true),
+            ("start-up failure", parse("", START_FAILURE, false), true),
+            ("a rank spoke", parse("[1,0]<stdout>: pid=1\n", "", false), false),
+            ("mpirun complained", parse("", "mpirun: bad option", false), false),
+            ("hung silently", parse("", "", true), false),
+        ];
+        for (case, out, want) in table {
+            assert_eq!(out.never_started(), want, "{case}");
+        }
     }
 }

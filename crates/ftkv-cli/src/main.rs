@@ -319,6 +319,12 @@ enum BenchCommand {
         #[arg(long, default_value_t = 5, value_parser = args::at_least(1usize))]
         #[arg(allow_negative_numbers = true)]
         repeat: usize,
+        /// Also runs with this many workers SIGKILLed, with global and with localized
+        /// recovery, and compares the task rate of the workers not involved in a recovery
+        /// in the 400 ms after the first kill with the 400 ms before it.
+        #[arg(long, default_value_t = 0, value_parser = args::at_least(0usize))]
+        #[arg(allow_negative_numbers = true)]
+        kills: usize,
         /// Where the comparison goes: both variants' times, checkpoints and medians.
         #[arg(long, default_value = "results/bench_uts.json", value_name = "FILE")]
         json: PathBuf,
@@ -525,8 +531,9 @@ fn run(command: Command) -> Result<()> {
             let systems: Vec<&str> = systems.split(',').collect();
             ftkv_cli::bench::store_rank_main(&systems, writers, &sizes, millis, copies)
         }
-        Command::Bench(BenchCommand::Uts { pool, repeat, json }) => {
-            tasks::run_bench(&exe()?, &pool.demo(None)?, repeat, &json)
+        Command::Bench(BenchCommand::Uts { pool, repeat, kills, json }) => {
+            let demo = pool.demo(Some(kills))?;
+            tasks::run_bench(&exe()?, &tasks::Demo { kills: 0, ..demo }, (repeat, kills), &json)
         }
         Command::Probe { json, hang_after, cases } => run_probe(json, hang_after, &cases),
         Command::Ping { ranks, count } => {

@@ -206,6 +206,9 @@ pub struct RunReport {
     pub recoveries: Vec<(f64, f64)>,
     /// Global recoveries (every survivor stopped), as the survivor that saw most reported.
     pub global_recoveries: usize,
+    /// The task rate of the survivors that adopted nothing, in the [`RATE_WINDOW`] after the
+    /// first kill over the one before it (`None` without a kill or progress around it).
+    pub uninvolved_rate_ratio: Option<f64>,
     /// Ranks that ended themselves as fail-stop failures (a watchdog): none when only killed
     /// ranks failed.
     pub self_ended: Vec<usize>,
@@ -346,6 +349,20 @@ impl Stop {
     }
 }
 
+/// How long before and after a kill the task rates of uninvolved workers are compared.
+pub const RATE_WINDOW: Duration = Duration::from_millis(400);
+
+/// Tasks run by job time `t` (ms), interpolated between progress lines; `None` outside them.
+fn tasks_at(series: &[(f64, u64)], t: f64) -> Option<f64> {
+    let after = series.iter().position(|&(at, _)| at >= t)?;
+    let (t1, n1) = series[after];
+    if after == 0 {
+        return (t1 == t).then_some(n1 as f64);
+    }
+    let (t0, n0) = series[after - 1];
+    Some(n0 as f64 + (n1 as f64 - n0 as f64) * (t - t0) / (t1 - t0))
+}
+
 /// The driver's view of the job: pids, progress, planned and done kills, recoveries.
 struct Watch {
     stop: Option<Stop>,
@@ -353,6 +370,10 @@ struct Watch {
     result_at: Option<Duration>,
     pids: HashMap<usize, u32>,
     tasks: HashMap<usize, u64>,
+    /// Per rank: (job ms, tasks run) of each progress line.
+    series: HashMap<usize, Vec<(f64, u64)>>,
+    /// Ranks that adopted a failed worker's checkpoint in some recovery.
+    adopters: Vec<usize>,
     plan: Vec<f64>,
     killed: Vec<usize>,
     kill_ms: Vec<f64>,
@@ -372,6 +393,8 @@ impl Watch {
             result_at: None,
             pids: HashMap::new(),
             tasks: HashMap::new(),
+            series: HashMap::new(),
+            adopters: Vec::new(),
             plan,
             killed: Vec::new(),
             kill_ms: Vec::new(),
@@ -382,6 +405,20 @@ impl Watch {
             last_shown: Instant::now(),
             pending_output: true,
         }
+    }
+
+    /// See [`RunReport::uninvolved_rate_ratio`].
+    fn uninvolved_rate_ratio(&self, survivors: &[usize]) -> Option<f64> {
+        let t0 = *self.kill_ms.first()?;
+        let w = RATE_WINDOW.as_secs_f64() * 1e3;
+        let (mut before, mut during) = (0.0, 0.0);
+        for rank in survivors.iter().filter(|r| !self.adopters.contains(r)) {
+            let series = self.series.get(rank)?;
+            let at = |t| tasks_at(series, t);
+            before += at(t0)? - at(t0 - w)?;
+            during += at(t0 + w)? - at(t0)?;
+        }
+        (before > 0.0).then(|| during / before)
     }
 
     fn stopped_rank(&self) -> Option<usize> {
@@ -407,9 +444,14 @@ impl Watch {
         } else if text.starts_with("progress") {
             if let Some(tasks) = value("tasks").and_then(|t| t.parse().ok()) {
                 self.tasks.insert(rank, tasks);
+                let at = elapsed.as_secs_f64() * 1e3;
+                self.series.entry(rank).or_default().push((at, tasks));
             }
         } else if text.starts_with("recovered") {
             let ms = |key| value(key).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+            if !text.contains("adopted=[]") && !self.adopters.contains(&rank) {
+                self.adopters.push(rank);
+            }
             if value("mode") == Some("global") {
                 *self.global_lines.entry(rank).or_insert(0) += 1;
             }
@@ -506,7 +548,11 @@ fn tail(out: &JobOutput) -> String {
     let text = out.transcript();
     let lines: Vec<&str> = text.lines().collect();
     let status = out.status.map_or("no exit status".to_owned(), |s| s.to_string());
-    format!("{}\n[mpirun: {status} after {:?}]", lines[lines.len().saturating_sub(40)..].join("\n"), out.elapsed)
+    format!(
+        "{}\n[mpirun: {status} after {:?}]",
+        lines[lines.len().saturating_sub(40)..].join("\n"),
+        out.elapsed
+    )
 }
 
 /// The `result` line of `rank`, if it printed one.
@@ -568,6 +614,7 @@ fn result_of(out: &JobOutput, demo: &Demo, watch: &Watch) -> Result<RunReport> {
         kill_ms: watch.kill_ms.clone(),
         recoveries,
         global_recoveries: watch.global_lines.values().copied().max().unwrap_or(0),
+        uninvolved_rate_ratio: watch.uninvolved_rate_ratio(&survivors),
         self_ended: out.self_ended(demo.ranks),
         matches_published: None,
         stopped: watch.stopped_rank(),
@@ -622,8 +669,14 @@ fn print_verdict(demo: &Demo, r: &RunReport) {
 }
 
 /// `ftkv bench uts`: the same tree failure-free without and with checkpointing, `repeat` times
-/// each, alternating; the ratio of the medians is the checkpointing overhead.
-pub fn run_bench(exe: &Path, demo: &Demo, repeat: usize, json: &Path) -> Result<()> {
+/// each, alternating; the ratio of the medians is the checkpointing overhead. With `kills`,
+/// also [`recovery_rows`].
+pub fn run_bench(
+    exe: &Path,
+    demo: &Demo,
+    (repeat, kills): (usize, usize),
+    json: &Path,
+) -> Result<()> {
     let mut plain = Vec::new();
     let mut checkpointed = Vec::new();
     for i in 0..repeat {
@@ -659,10 +712,11 @@ pub fn run_bench(exe: &Path, demo: &Demo, repeat: usize, json: &Path) -> Result<
         demo.interval
     );
     println!("overhead: {:.3}x ({:+.1} %)", on / off, (on / off - 1.0) * 100.0);
+    let recovery = if kills > 0 { recovery_rows(exe, demo, repeat, kills)? } else { Vec::new() };
     let result = serde_json::json!({
         "workload": demo.workload.describe(), "ranks": demo.ranks, "copies": demo.copies,
         "interval": demo.interval, "off_ms": off, "on_ms": on, "ratio": on / off,
-        "runs_off": plain, "runs_on": checkpointed,
+        "runs_off": plain, "runs_on": checkpointed, "recovery": recovery,
     });
     if let Some(dir) = json.parent() {
         std::fs::create_dir_all(dir)?;
@@ -690,4 +744,74 @@ fn says_why_it_ended(line: &str) -> bool {
         || line.contains("I have been reported dead")
         || line.contains("*** Process received signal")
         || line.contains("] Signal: ")
+}
+
+/// One recovery mode of `ftkv bench uts --kills`: the medians over its runs.
+#[derive(Debug, Clone, Serialize)]
+pub struct RecoveryRow {
+    pub mode: &'static str,
+    pub runs: Vec<RunReport>,
+    pub median_ms: f64,
+    /// Median over the runs of [`RunReport::uninvolved_rate_ratio`].
+    pub median_rate_ratio: Option<f64>,
+    /// Median over the runs of the slowest survivor's first recovery (ms).
+    pub median_recovery_ms: Option<f64>,
+}
+
+/// Runs the tree with `kills` workers SIGKILLed, `repeat` times with global and with
+/// localized recovery (alternating), and prints the task rate of the workers that adopted
+/// nothing in the [`RATE_WINDOW`] after the first kill over the one before it.
+fn recovery_rows(exe: &Path, demo: &Demo, repeat: usize, kills: usize) -> Result<Vec<RecoveryRow>> {
+    let mut rows: Vec<(bool, Vec<RunReport>)> = vec![(false, Vec::new()), (true, Vec::new())];
+    for i in 0..repeat {
+        for (localized, runs) in rows.iter_mut() {
+            let run =
+                Demo { kills, localized: *localized, seed: demo.seed + i as u64, ..demo.clone() };
+            let report = run_pool_job(exe, &run, false)?;
+            ensure!(report.matches_published != Some(false), "wrong result: {report:?}");
+            eprintln!(
+                "[bench uts {}/{repeat}] {} recovery, {kills} kills: {:.1} ms, rate ratio {:?}, recoveries {:?}",
+                i + 1,
+                if *localized { "localized" } else { "global" },
+                report.wall_ms,
+                report.uninvolved_rate_ratio,
+                report.recoveries
+            );
+            runs.push(report);
+        }
+    }
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        (!v.is_empty()).then(|| v[v.len() / 2])
+    };
+    println!(
+        "\n| recovery | median ms | uninvolved rate during/before | first recovery ms | runs |"
+    );
+    println!("|---|---|---|---|---|");
+    let mut out = Vec::new();
+    for (localized, runs) in rows {
+        let row = RecoveryRow {
+            mode: if localized { "localized" } else { "global" },
+            median_ms: median(runs.iter().map(|r| r.wall_ms).collect()).unwrap_or(0.0),
+            median_rate_ratio: median(
+                runs.iter().filter_map(|r| r.uninvolved_rate_ratio).collect(),
+            ),
+            median_recovery_ms: median(
+                runs.iter().filter_map(|r| r.recoveries.first()).map(|r| r.1).collect(),
+            ),
+            runs,
+        };
+        let show =
+            |v: Option<f64>, digits: usize| v.map_or("-".into(), |v| format!("{v:.digits$}"));
+        println!(
+            "| {} | {:.1} | {} | {} | {} |",
+            row.mode,
+            row.median_ms,
+            show(row.median_rate_ratio, 2),
+            show(row.median_recovery_ms, 1),
+            row.runs.len()
+        );
+        out.push(row);
+    }
+    Ok(out)
 }

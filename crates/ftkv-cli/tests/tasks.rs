@@ -163,10 +163,7 @@ fn localized_recovery_is_exact_with_one_two_and_three_kills() {
         ("steal_victim_before_send@0#1", &[0]),
         ("steal_thief_before_ack@1#1;buddy_after_adopting@2#1", &[1, 2]),
         ("steal_thief_before_checkpoint@3#1;tx_commit@4#1", &[3, 4]),
-        (
-            "steal_thief_before_checkpoint@1#1;tx_apply@2#1;steal_victim_after_loot@5#2",
-            &[1, 2, 5],
-        ),
+        ("steal_thief_before_checkpoint@1#1;tx_apply@2#1;steal_victim_after_loot@5#2", &[1, 2, 5]),
     ];
     for (failpoints, killed) in cases {
         // 13-Queens runs long enough for every planned kill to come.

@@ -277,7 +277,9 @@ impl<'p, P: Problem> Worker<'p, P> {
 
     /// A digest of the workers this worker knows failed: equal views, equal failed sets.
     fn view(&self) -> u64 {
-        self.failed().into_iter().fold(0xcbf2_9ce4_8422_2325, |h, w| (h ^ (w as u64 + 1)).wrapping_mul(0x100_0000_01b3))
+        self.failed()
+            .into_iter()
+            .fold(0xcbf2_9ce4_8422_2325, |h, w| (h ^ (w as u64 + 1)).wrapping_mul(0x100_0000_01b3))
     }
 
     /// The first checkpoint, before any work, and a barrier.
@@ -379,7 +381,9 @@ impl<'p, P: Problem> Worker<'p, P> {
                 let message = PoolMessage::Contribution(round, self.view(), contribution);
                 vec![Command::Send { to: source, message }]
             }
-            PoolMessage::Contribution(round, view, words) => self.on_contribution(round, view, words),
+            PoolMessage::Contribution(round, view, words) => {
+                self.on_contribution(round, view, words)
+            }
             PoolMessage::Total(words, failed) => {
                 let mut commands = self.to_others(PoolMessage::Total(words, failed.clone()));
                 commands.retain(|c| !matches!(c, Command::Send { to, .. } if *to == source));
@@ -495,7 +499,8 @@ impl<'p, P: Problem> Worker<'p, P> {
     fn start_wave(&mut self, now: Duration) -> Commands<P::Task> {
         self.waves += 1;
         let [busy, sent, received] = self.status();
-        self.wave = Some(Wave { id: self.waves, answers: 0, busy, sent, received, same_view: true });
+        self.wave =
+            Some(Wave { id: self.waves, answers: 0, busy, sent, received, same_view: true });
         let probe = PoolMessage::Probe(self.waves);
         let mut commands = self.to_others(probe);
         if self.live.len() == 1 {

@@ -288,8 +288,12 @@ impl<'p, P: Problem> Sim<'p, P> {
         } else {
             Interval::Time(Duration::from_micros(rng.gen_range(20..400)))
         };
-        let settings =
-            Settings { interval: Some(interval), batch: rng.gen_range(1..=6), seed, localized: false };
+        let settings = Settings {
+            interval: Some(interval),
+            batch: rng.gen_range(1..=6),
+            seed,
+            localized: false,
+        };
         let max_delay = [0, 2, 10, 60, 300][rng.gen_range(0..5)];
         let kills = rng.gen_range(0..=3usize.min(n - 1));
         // About the actions a worker takes in a failure-free run.

@@ -198,7 +198,8 @@ fn localized_runs_end_exact_without_failures_on_3_to_5_workers() {
 fn localized_recovery_survives_kills_inside_the_settling_transactions() {
     // Worker 2 dies in its first steal; its buddy, 3, dies inside its adoption's transaction
     // (or right after it), so the transaction's backup and then worker 4 finish the job.
-    let steps = ["tx_announce", "tx_lock", "tx_commit", "tx_apply", "tx_done", "buddy_after_adopting"];
+    let steps =
+        ["tx_announce", "tx_lock", "tx_commit", "tx_apply", "tx_done", "buddy_after_adopting"];
     let mut doubles = 0;
     for (i, step) in steps.into_iter().enumerate() {
         for seed in 0..2u64 {

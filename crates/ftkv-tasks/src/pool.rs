@@ -11,19 +11,30 @@
 //! without the loot, then sends; the thief checkpoints the loot before it acknowledges; the
 //! victim deletes the loot key on the acknowledgement.
 //!
-//! **Recovery**: any failure makes every survivor revoke the pool's communicator and call
-//! [`Store::recover`]; each then writes a fresh checkpoint, reads every worker's checkpoint and
-//! loot key, and applies its part of [`crate::state::plan`]: a dead worker's buddy adopts its
-//! checkpoint, in-flight loot goes to exactly one side. A failure during any of this starts it
-//! again; adoption and loot resolution are recorded in the checkpoints, so they happen once.
+//! **Global recovery** ([`Recovery::Global`]): any failure makes every survivor revoke the
+//! pool's communicator and call [`Store::recover`]; each then writes a fresh checkpoint, reads
+//! every worker's checkpoint and loot key, and applies its part of [`crate::state::plan`]: a
+//! dead worker's buddy adopts its checkpoint, in-flight loot goes to exactly one side. A
+//! failure during any of this starts it again; adoption and loot resolution are recorded in
+//! the checkpoints, so they happen once.
 //!
-//! **Termination**: the leader (rank 0) probes every worker for (busy, loot sent, loot
-//! received) in waves of point-to-point messages; two consecutive waves with no busy worker and
-//! equal counts end the computation. The survivors then gather the results and agree that
-//! every one of them has them. Each pool communicator sees exactly one agreement per worker: at
-//! the end, or, for a worker that starts a recovery first, right after it revoked the pool and
-//! store communicators (so that nobody waits in the agreement for a worker that waits
-//! elsewhere).
+//! **Localized recovery** ([`Recovery::Localized`]): nobody stops and the communicator keeps
+//! its dead members. Before each step a worker compares the store's failed set with the one it
+//! dealt with; a change runs its part ([`protocol::Worker::on_failures`]): as a buddy it moves
+//! a dead worker's stored checkpoint into its own, as a thief or buddy it resolves a dead
+//! victim's loot key, as a victim it takes back loot its dead thief never checkpointed, each
+//! in one [`Store::transaction`] ([`Settle`]). Every other worker only forgets the dead one.
+//! A store that cannot repair a failure locally sends everyone down the global path.
+//!
+//! **Termination**: the leader (the first live worker) probes every live worker for (busy,
+//! loot sent to and received from live workers, view of the failed set) in waves of
+//! point-to-point messages; two consecutive waves with no busy worker, equal counts and one
+//! view end the computation. With global recovery the survivors then gather the results and
+//! agree that every one of them has them. Each pool communicator sees exactly one agreement per
+//! worker: at the end, or, for a worker that starts a recovery first, right after it revoked
+//! the pool and store communicators (so that nobody waits in the agreement for a worker that
+//! waits elsewhere). With localized recovery the leader collects the contributions by messages
+//! and sends the total, which every receiver passes on before it ends.
 
 use std::time::{Duration, Instant};
 
@@ -483,11 +494,7 @@ impl<P: Problem, F: Fabric> Driver<'_, P, F> {
 
     /// The stored loot of failed `victim` when this worker resolves it (its bytes, decoded),
     /// with the stored checkpoint of its thief when that one failed too.
-    #[allow(clippy::type_complexity)]
-    fn loot_to_resolve(
-        &mut self,
-        victim: i32,
-    ) -> Result<Option<(Vec<u8>, Loot<P::Task>, Option<Checkpoint<P::Task>>)>> {
+    fn loot_to_resolve(&mut self, victim: i32) -> Result<Option<LootToResolve<P::Task>>> {
         let Some(bytes) = self.store.get(Self::key(victim, Slot::Loot))? else { return Ok(None) };
         let loot = Loot::decode(&bytes).ok_or(PoolError::Corrupt("loot"))?;
         if !self.machine.resolves_loot(victim, &loot) {
@@ -628,6 +635,10 @@ pub fn sum_contributions(words: &[u64]) -> Sums {
     }
     (total, sums)
 }
+
+/// A failed victim's stored loot: its bytes, decoded, and the stored checkpoint of its thief
+/// when that one failed too.
+type LootToResolve<T> = (Vec<u8>, Loot<T>, Option<Checkpoint<T>>);
 
 /// What a [`Settle`] transaction needs besides the values it reads.
 enum SettlePlan<T> {

@@ -217,6 +217,10 @@ pub struct Worker<'p, P: Problem> {
 
 type Commands<T> = Vec<Command<T>>;
 
+/// An adoption's two new checkpoints: the buddy's with the failed worker's state added, and
+/// the failed worker's emptied.
+pub type Adoption<T> = (Checkpoint<T>, Checkpoint<T>);
+
 impl<'p, P: Problem> Worker<'p, P> {
     /// Worker `me` of `workers`, all alive, in its initial state.
     pub fn new(problem: &'p P, settings: Settings, me: i32, workers: usize) -> Self {
@@ -694,7 +698,7 @@ impl<'p, P: Problem> Worker<'p, P> {
         &self,
         dead: i32,
         theirs: Option<Checkpoint<P::Task>>,
-    ) -> Option<(Checkpoint<P::Task>, Checkpoint<P::Task>)> {
+    ) -> Option<Adoption<P::Task>> {
         let workers = self.state.received.len();
         let theirs = theirs.unwrap_or_else(|| Checkpoint::initial(self.problem, dead, workers));
         if theirs.adopted_by.is_some() {

@@ -198,6 +198,11 @@ pub fn run<P: Problem, F: Fabric>(world: &F, problem: &P, config: &PoolConfig) -
         }
         store_config = store_config.localized().with_transactions();
         store_config.max_value = 24 << 20;
+        // Enough reserve holders per copy for every key's chain to reach every other worker
+        // (at most 4 per copy): failures then fall back to global recovery only when a key
+        // loses every copy.
+        let others = (world.size() as usize).saturating_sub(1);
+        store_config.spares = others.div_ceil(config.copies.max(1)).saturating_sub(1).clamp(1, 4);
     }
     let store = Store::create(world, store_config)?;
     let comm = store.communicator()?;
@@ -361,16 +366,21 @@ impl<P: Problem, F: Fabric> Driver<'_, P, F> {
         }
     }
 
-    /// The next message, if one arrived. With localized recovery an any-source receive that
-    /// fails for a failure this rank has not acknowledged acknowledges it and tries again.
+    /// The next message, if one arrived. With localized recovery a receive that fails for a
+    /// failure (an any-source probe while a failure is not acknowledged, or a message whose
+    /// sender died before it fully arrived) acknowledges the failures and tries again, a few
+    /// times; a message of a failed sender is dropped (the machine ignores those anyway).
     fn receive(&mut self) -> Result<Option<ftkv::fabric::Message>> {
-        match self.comm.try_receive() {
-            Err(FabricError::ProcFailed { .. }) if self.localized() => {
-                self.comm.failed_ranks()?;
-                Ok(self.comm.try_receive()?)
+        const ATTEMPTS: usize = 4;
+        for _ in 0..ATTEMPTS {
+            match self.comm.try_receive() {
+                Err(FabricError::ProcFailed { .. }) if self.localized() => {
+                    self.comm.failed_ranks()?;
+                }
+                received => return Ok(received?),
             }
-            received => Ok(received?),
         }
+        Ok(None)
     }
 
     /// Localized recovery: hands the failures the store learned of since the last look to the

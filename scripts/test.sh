@@ -35,8 +35,9 @@ step "simulated transactions: 1000 seeded runs, coordinator and backup kills at 
 target/release/ftkv sim --model txn --runs 1000 --seed 100001
 step "real-MPI tests over btl self,tcp"
 FTKV_TEST_BTL=tcp cargo test --release -p ftkv-cli --test mpi_layer --test store --test tasks
-step "real-MPI store and task tests over 3 simulated hosts"
+step "real-MPI store and task tests over 3 simulated hosts, and the C example"
 FTKV_NODES=3 cargo test --release -p ftkv-cli --test store --test tasks
+FTKV_NODES=3 cargo test --release -p ftkv-capi --test c_example
 step "chaos: 10 runs, 6 ranks, 2 copies, 1 kill each"
 target/release/ftkv chaos --runs 10 --ranks 6 --copies 2 --kills 1 --seed 1
 step "chaos across 3 simulated hosts: 4 runs, 6 ranks, 2 copies, 1 kill each"

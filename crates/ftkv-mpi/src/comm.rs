@@ -57,7 +57,7 @@ impl Comm {
         Ok(Comm { raw, owned: false, rank, size, runtime })
     }
 
-    fn owned(raw: ffi::MPI_Comm, runtime: Arc<Runtime>) -> Result<Comm> {
+    pub(crate) fn owned(raw: ffi::MPI_Comm, runtime: Arc<Runtime>) -> Result<Comm> {
         let (rank, size) = query_rank_size(raw)?;
         Ok(Comm { raw, owned: true, rank, size, runtime })
     }

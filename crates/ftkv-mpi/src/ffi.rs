@@ -70,6 +70,8 @@ extern "C" {
         provided: *mut c_int,
     ) -> c_int;
     pub fn MPI_Finalize() -> c_int;
+    pub fn MPI_Initialized(flag: *mut c_int) -> c_int;
+    pub fn MPI_Query_thread(provided: *mut c_int) -> c_int;
     pub fn MPI_Wtime() -> c_double;
     pub fn MPI_Get_processor_name(name: *mut c_char, len: *mut c_int) -> c_int;
     pub fn MPI_Error_class(code: c_int, class: *mut c_int) -> c_int;

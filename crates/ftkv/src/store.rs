@@ -140,6 +140,22 @@ impl<F: Fabric> Store<F> {
     ///
     /// Every member learns every member's host id here, once: placement spreads each key's
     /// copies over hosts other than its owner's, now and after every recovery.
+    ///
+    /// # Example
+    ///
+    /// Three ranks (threads of the in-process fabric here; `ftkv_mpi::Comm` under `mpirun`)
+    /// create a store whose keys each have 2 copies:
+    ///
+    /// ```
+    /// use ftkv::fabric::local::LocalCluster;
+    /// use ftkv::{Config, Store};
+    ///
+    /// let workers = LocalCluster::new(3).run(|fabric| {
+    ///     let store = Store::create(&fabric, Config::new(["checkpoint"], 2)).unwrap();
+    ///     store.workers()
+    /// });
+    /// assert_eq!(workers, vec![Some(3); 3]);
+    /// ```
     pub fn create(comm: &F, config: Config) -> Result<Store<F>> {
         let workers = comm.size() as usize;
         let geometry = SlotGeometry::new(config.max_value);
@@ -252,6 +268,20 @@ impl<F: Fabric> Store<F> {
     /// A key that a recovery reported lost (every holder died) is restored by its owner's next
     /// acknowledged put or delete: the write goes to the key's new holders, and from then on
     /// gets return it again.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use ftkv::fabric::local::LocalCluster;
+    /// use ftkv::{Config, Key, Store};
+    ///
+    /// LocalCluster::new(3).run(|fabric| {
+    ///     let mut store = Store::create(&fabric, Config::new(["checkpoint"], 2)).unwrap();
+    ///     let mine = store.own_key("checkpoint").unwrap();
+    ///     store.put(mine, b"state 1").unwrap(); // both copies hold it now
+    ///     assert!(store.put(Key::new((mine.owner + 1) % 3, 0), b"x").is_err(), "not ours");
+    /// });
+    /// ```
     pub fn put(&mut self, key: Key, value: &[u8]) -> Result<()> {
         self.check_own(key)?;
         self.check_value(value)?;
@@ -262,6 +292,21 @@ impl<F: Fabric> Store<F> {
     }
 
     /// Deletes this worker's own `key`; same completion and failure semantics as [`Store::put`].
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use ftkv::fabric::local::LocalCluster;
+    /// use ftkv::{Config, Store};
+    ///
+    /// LocalCluster::new(3).run(|fabric| {
+    ///     let mut store = Store::create(&fabric, Config::new(["loot"], 2)).unwrap();
+    ///     let mine = store.own_key("loot").unwrap();
+    ///     store.put(mine, b"tasks").unwrap();
+    ///     store.delete(mine).unwrap();
+    ///     assert_eq!(store.get(mine).unwrap(), None);
+    /// });
+    /// ```
     pub fn delete(&mut self, key: Key) -> Result<()> {
         self.check_own(key)?;
         let version = self.next_own_version(key);
@@ -274,6 +319,26 @@ impl<F: Fabric> Store<F> {
     /// writing its victim's data). The application guarantees a single writer per key at a time;
     /// the first handed write reads the key's current version from its holders. Like
     /// [`Store::put`], it restores a key reported lost.
+    ///
+    /// # Example
+    ///
+    /// Worker 1 writes worker 0's key after worker 0 handed it over (one writer at a time):
+    ///
+    /// ```
+    /// use ftkv::fabric::local::LocalCluster;
+    /// use ftkv::{Config, Key, Store};
+    ///
+    /// LocalCluster::new(3).run(|fabric| {
+    ///     let mut store = Store::create(&fabric, Config::new(["loot"], 2)).unwrap();
+    ///     let key = Key::new(0, 0);
+    ///     if store.worker() == 1 {
+    ///         store.put_handed(key, b"taken over").unwrap();
+    ///         assert_eq!(store.get(key).unwrap().as_deref(), Some(&b"taken over"[..]));
+    ///         store.delete_handed(key).unwrap();
+    ///         assert_eq!(store.get(key).unwrap(), None);
+    ///     }
+    /// });
+    /// ```
     pub fn put_handed(&mut self, key: Key, value: &[u8]) -> Result<()> {
         self.check_key(key)?;
         self.check_value(value)?;
@@ -291,6 +356,26 @@ impl<F: Fabric> Store<F> {
     /// The newest committed value of `key` on any live holder, `None` if it was deleted or never
     /// written. Reads with one-sided gets (the holders are not interrupted); used in recovery.
     /// [`Error::KeyLost`] if no copy survived the last recovery and nobody wrote it since.
+    ///
+    /// # Example
+    ///
+    /// Every worker reads every other worker's key once all wrote (a barrier in between):
+    ///
+    /// ```
+    /// use ftkv::fabric::local::LocalCluster;
+    /// use ftkv::{Config, Key, Store};
+    ///
+    /// LocalCluster::new(3).run(|fabric| {
+    ///     let mut store = Store::create(&fabric, Config::new(["checkpoint"], 2)).unwrap();
+    ///     let me = store.worker();
+    ///     store.put(Key::new(me, 0), format!("from {me}").as_bytes()).unwrap();
+    ///     store.sync().unwrap();
+    ///     for owner in 0..3 {
+    ///         let value = store.get(Key::new(owner, 0)).unwrap();
+    ///         assert_eq!(value, Some(format!("from {owner}").into_bytes()));
+    ///     }
+    /// });
+    /// ```
     pub fn get(&mut self, key: Key) -> Result<Option<Vec<u8>>> {
         Ok(self.read_versioned(key)?.1)
     }
@@ -639,6 +724,34 @@ impl<F: Fabric> Store<F> {
     /// keys' copies ([`Recovery::Localized`]); every put, delete and get does the same first.
     /// For a worker that makes no store call for a while after a failure. A no-op with global
     /// recovery or when nothing new failed.
+    ///
+    /// # Example
+    ///
+    /// With localized recovery the survivors keep going; an owner whose key lost a copy moves
+    /// it to a reserve holder (here at its `follow`), and `take_repairs` reports it:
+    ///
+    /// ```
+    /// use ftkv::fabric::{local::LocalCluster, Fabric};
+    /// use ftkv::{Config, Key, Store};
+    ///
+    /// let cluster = LocalCluster::new(5);
+    /// cluster.arm(3, "written", 1);
+    /// let moved = cluster.run(|fabric| {
+    ///     let config = Config::new(["checkpoint"], 2).localized();
+    ///     let mut store = Store::create(&fabric, config).unwrap();
+    ///     store.put(Key::new(store.worker(), 0), b"state").unwrap();
+    ///     store.sync().unwrap();
+    ///     fabric.failpoint("written");
+    ///     while !store.failed().contains(&3) {
+    ///         std::thread::sleep(std::time::Duration::from_millis(1));
+    ///     }
+    ///     store.follow().unwrap();
+    ///     assert!(!store.needs_recovery(), "no global recovery");
+    ///     store.take_repairs().iter().map(|r| r.keys_moved).sum::<usize>()
+    /// });
+    /// let moved: usize = moved.into_iter().flatten().sum();
+    /// assert_eq!(moved, 2, "the two keys with a copy on worker 3 moved");
+    /// ```
     pub fn follow(&mut self) -> Result<()> {
         if self.config.recovery == Recovery::Global {
             return self.ensure_healthy();
@@ -745,6 +858,18 @@ impl<F: Fabric> Store<F> {
     /// survivors and an error on others (ULFM reports failures per process). Those that got `Ok`
     /// learn of the failure at a later store call; an application that counts rounds of
     /// barriers must agree on its round after a recovery (or use `MPIX_Comm_agree` itself).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use ftkv::fabric::local::LocalCluster;
+    /// use ftkv::{Config, Store};
+    ///
+    /// LocalCluster::new(3).run(|fabric| {
+    ///     let mut store = Store::create(&fabric, Config::new(["checkpoint"], 2)).unwrap();
+    ///     store.sync().unwrap(); // every live worker got here
+    /// });
+    /// ```
     pub fn sync(&mut self) -> Result<()> {
         self.ensure_healthy()?;
         self.comm.barrier().map_err(|e| self.failure(e))
@@ -772,6 +897,34 @@ impl<F: Fabric> Store<F> {
     /// two recoveries lose no acknowledged write. Every survivor must call it once it saw
     /// [`Error::RecoveryNeeded`] (or [`Store::needs_recovery`]); a rank that does not, hangs the
     /// others' recovery until it does.
+    ///
+    /// # Example
+    ///
+    /// Worker 2 dies after its put was acknowledged; the survivors notice, recover, and read
+    /// its last value back:
+    ///
+    /// ```
+    /// use ftkv::fabric::{local::LocalCluster, Fabric};
+    /// use ftkv::{Config, Key, Store};
+    ///
+    /// let cluster = LocalCluster::new(4);
+    /// cluster.arm(2, "after_put", 1); // worker 2 dies at this named point
+    /// let outcomes = cluster.run(|fabric| {
+    ///     let mut store = Store::create(&fabric, Config::new(["checkpoint"], 2)).unwrap();
+    ///     let me = store.worker();
+    ///     store.put(Key::new(me, 0), format!("last of {me}").as_bytes()).unwrap();
+    ///     fabric.failpoint("after_put");
+    ///     while !store.needs_recovery() {
+    ///         std::thread::sleep(std::time::Duration::from_millis(1));
+    ///     }
+    ///     let report = store.recover().unwrap();
+    ///     assert_eq!(report.failed, vec![2]);
+    ///     assert_eq!(store.failed(), vec![2]);
+    ///     store.get(Key::new(2, 0)).unwrap()
+    /// });
+    /// assert!(outcomes[2].is_none(), "worker 2 died");
+    /// assert_eq!(outcomes[0], Some(Some(b"last of 2".to_vec())));
+    /// ```
     pub fn recover(&mut self) -> Result<RecoveryReport> {
         let started = Instant::now();
         self.detector = None;

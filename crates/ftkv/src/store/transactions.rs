@@ -34,6 +34,39 @@ impl<F: Fabric> Store<F> {
     /// recovery. Keys a transaction writes must not also be written by plain puts (their
     /// versions would not be ordered); reads outside transactions are not isolated from them.
     /// A global recovery frees every lock.
+    ///
+    /// # Example
+    ///
+    /// Worker 0 moves worker 1's value into its own key atomically, on the condition that
+    /// worker 1's key still holds it:
+    ///
+    /// ```
+    /// use ftkv::fabric::local::LocalCluster;
+    /// use ftkv::txn::{Expect, Outcome, Txn};
+    /// use ftkv::{Config, Key, Store};
+    ///
+    /// LocalCluster::new(4).run(|fabric| {
+    ///     let config = Config::new(["work"], 2).localized().with_transactions();
+    ///     let mut store = Store::create(&fabric, config).unwrap();
+    ///     let (mine, theirs) = (Key::new(0, 0), Key::new(1, 0));
+    ///     if store.worker() == 1 {
+    ///         store.put(theirs, b"tasks").unwrap();
+    ///     }
+    ///     store.sync().unwrap();
+    ///     if store.worker() == 0 {
+    ///         let txn = Txn {
+    ///             conditions: vec![(theirs, Expect::Value(Some(b"tasks".to_vec())))],
+    ///             writes: vec![(mine, Some(b"tasks".to_vec())), (theirs, None)],
+    ///             ..Txn::default()
+    ///         };
+    ///         let outcome = store.transaction(&txn, |_| Vec::new()).unwrap();
+    ///         assert!(matches!(outcome, Outcome::Committed { .. }));
+    ///         assert_eq!(store.get(theirs).unwrap(), None);
+    ///         let again = store.transaction(&txn, |_| Vec::new()).unwrap();
+    ///         assert!(matches!(again, Outcome::Aborted { .. }), "the condition no longer holds");
+    ///     }
+    /// });
+    /// ```
     pub fn transaction(
         &mut self,
         txn: &Txn,

@@ -670,7 +670,7 @@ fn print_verdict(demo: &Demo, r: &RunReport) {
 
 /// `ftkv bench uts`: the same tree failure-free without and with checkpointing, `repeat` times
 /// each, alternating; the ratio of the medians is the checkpointing overhead. With `kills`,
-/// also [`recovery_rows`].
+/// also runs it with kills under global and localized recovery (see `recovery_rows`).
 pub fn run_bench(
     exe: &Path,
     demo: &Demo,

@@ -8,7 +8,7 @@ use anyhow::{bail, ensure, Context, Result};
 use serde::Serialize;
 
 use crate::bench::{checkpoint_workload, WorkloadResult};
-use crate::peers::{self, EtcdClient, RespClient, ETCD_PORTS, REDIS_PORTS};
+use crate::peers::{self, EtcdClient, RedisClient, ETCD_PORTS, REDIS_PORTS};
 use crate::stats::Histogram;
 use ftkv_launch::launch::{field, Launch};
 
@@ -298,7 +298,7 @@ fn peer_writer(
     let keys = keys(writer, size);
     match system {
         System::Redis => {
-            let mut client = RespClient::connect(REDIS_PORTS[0])?;
+            let mut client = RedisClient::connect(REDIS_PORTS[0])?;
             let result = checkpoint_workload(size, until, |kind, value| match value {
                 Some(v) => client.set_and_wait(&keys[kind as usize], v),
                 None => client.del_and_wait(&keys[kind as usize]),
@@ -323,7 +323,7 @@ fn peer_writer(
 fn verify_redis(keys: &[Vec<u8>; 2], result: &WorkloadResult) -> Result<bool> {
     let mut ok = true;
     for port in REDIS_PORTS {
-        let mut c = RespClient::connect(port)?;
+        let mut c = RedisClient::connect(port)?;
         ok &= c.get(&keys[0])?.as_deref() == Some(&result.last_checkpoint[..]);
         ok &= c.get(&keys[1])?.is_some() == result.loot_present;
     }

@@ -5,8 +5,6 @@
 //! Every server is a child process whose PID is registered; [`Servers`] kills them on drop, and
 //! a Ctrl-C handler kills every registered server before the process exits.
 
-use std::io::{BufRead, BufReader, BufWriter, Read, Write};
-use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
@@ -163,17 +161,17 @@ pub fn start_redis() -> Result<Servers> {
     }
     servers.scratch.push(dir);
     wait_until("redis replication", Duration::from_secs(20), &mut servers, || {
-        let info = RespClient::connect(REDIS_PORTS[0]).and_then(|mut c| c.info_replication());
+        let info = RedisClient::connect(REDIS_PORTS[0]).and_then(|mut c| c.info_replication());
         info.is_ok_and(|i| i.contains("connected_slaves:2"))
             && REDIS_PORTS[1..].iter().all(|&p| {
-                RespClient::connect(p)
+                RedisClient::connect(p)
                     .and_then(|mut c| c.info_replication())
                     .is_ok_and(|i| i.contains("master_link_status:up"))
             })
     })?;
     wait_until("redis WAIT acknowledgements", Duration::from_secs(20), &mut servers, || {
         let start = Instant::now();
-        let written = RespClient::connect(REDIS_PORTS[0])
+        let written = RedisClient::connect(REDIS_PORTS[0])
             .and_then(|mut c| c.set_and_wait(b"ftkv-warm-up", b"1"));
         written.is_ok() && start.elapsed() < Duration::from_millis(20)
     })?;
@@ -191,122 +189,49 @@ fn scratch_dir(name: &str) -> Result<PathBuf> {
     Ok(dir)
 }
 
-/// A minimal RESP client: one connection, pipelined commands, values written without copies.
-pub struct RespClient {
-    reader: BufReader<TcpStream>,
-    writer: BufWriter<TcpStream>,
+/// A Redis connection (the `redis` crate, synchronous), with the two calls the benchmark makes:
+/// a write followed by `WAIT` for both replicas in one round trip, and a read.
+pub struct RedisClient {
+    connection: redis::Connection,
 }
 
-/// A RESP reply.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Reply {
-    Status(String),
-    Error(String),
-    Integer(i64),
-    Bulk(Option<Vec<u8>>),
-    Array(Vec<Reply>),
-}
-
-impl RespClient {
-    pub fn connect(port: u16) -> Result<RespClient> {
-        let stream = TcpStream::connect(("127.0.0.1", port))
+impl RedisClient {
+    pub fn connect(port: u16) -> Result<RedisClient> {
+        let client = redis::Client::open(format!("redis://127.0.0.1:{port}/"))?;
+        let connection = client
+            .get_connection_with_timeout(Duration::from_secs(10))
             .with_context(|| format!("connecting to redis on {port}"))?;
-        stream.set_nodelay(true)?;
-        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-        Ok(RespClient {
-            reader: BufReader::new(stream.try_clone()?),
-            writer: BufWriter::with_capacity(64 << 10, stream),
-        })
-    }
-
-    /// Queues one command (not sent until [`RespClient::flush`]).
-    pub fn queue(&mut self, args: &[&[u8]]) -> Result<()> {
-        write!(self.writer, "*{}\r\n", args.len())?;
-        for arg in args {
-            write!(self.writer, "${}\r\n", arg.len())?;
-            self.writer.write_all(arg)?;
-            self.writer.write_all(b"\r\n")?;
-        }
-        Ok(())
-    }
-
-    pub fn flush(&mut self) -> Result<()> {
-        Ok(self.writer.flush()?)
-    }
-
-    pub fn read_reply(&mut self) -> Result<Reply> {
-        let mut line = String::new();
-        self.reader.read_line(&mut line)?;
-        let line = line.trim_end_matches("\r\n");
-        let (kind, rest) = line.split_at(line.len().min(1));
-        Ok(match kind {
-            "+" => Reply::Status(rest.to_string()),
-            "-" => Reply::Error(rest.to_string()),
-            ":" => Reply::Integer(rest.parse()?),
-            "$" => {
-                let len: i64 = rest.parse()?;
-                if len < 0 {
-                    Reply::Bulk(None)
-                } else {
-                    let mut data = vec![0u8; len as usize + 2];
-                    self.reader.read_exact(&mut data)?;
-                    data.truncate(len as usize);
-                    Reply::Bulk(Some(data))
-                }
-            }
-            "*" => {
-                let n: i64 = rest.parse()?;
-                Reply::Array((0..n.max(0)).map(|_| self.read_reply()).collect::<Result<_>>()?)
-            }
-            _ => bail!("bad RESP reply {line:?}"),
-        })
-    }
-
-    /// One command, sent and answered.
-    pub fn call(&mut self, args: &[&[u8]]) -> Result<Reply> {
-        self.queue(args)?;
-        self.flush()?;
-        self.read_reply()
+        connection.set_read_timeout(Some(Duration::from_secs(10)))?;
+        Ok(RedisClient { connection })
     }
 
     fn info_replication(&mut self) -> Result<String> {
-        match self.call(&[b"INFO", b"replication"])? {
-            Reply::Bulk(Some(text)) => Ok(String::from_utf8_lossy(&text).into_owned()),
-            other => bail!("INFO replication: {other:?}"),
-        }
+        Ok(redis::cmd("INFO").arg("replication").query(&mut self.connection)?)
     }
 
-    /// `SET key value` and `WAIT 2 timeout` in one round trip; fails unless both replicas
-    /// acknowledged.
+    /// `SET key value` and `WAIT 2 5000` pipelined; fails unless both replicas acknowledged.
     pub fn set_and_wait(&mut self, key: &[u8], value: &[u8]) -> Result<()> {
-        self.queue(&[b"SET", key, value])?;
-        self.queue(&[b"WAIT", b"2", b"5000"])?;
-        self.flush()?;
-        self.expect_replicated("SET")
+        let mut pipe = redis::pipe();
+        pipe.cmd("SET").arg(key).arg(value).ignore();
+        self.wait_for_replicas(pipe, "SET")
     }
 
-    /// `DEL key` and `WAIT 2 timeout` in one round trip.
+    /// `DEL key` and `WAIT 2 5000` pipelined.
     pub fn del_and_wait(&mut self, key: &[u8]) -> Result<()> {
-        self.queue(&[b"DEL", key])?;
-        self.queue(&[b"WAIT", b"2", b"5000"])?;
-        self.flush()?;
-        self.expect_replicated("DEL")
+        let mut pipe = redis::pipe();
+        pipe.cmd("DEL").arg(key).ignore();
+        self.wait_for_replicas(pipe, "DEL")
     }
 
-    fn expect_replicated(&mut self, op: &str) -> Result<()> {
-        let first = self.read_reply()?;
-        ensure!(!matches!(first, Reply::Error(_)), "{op}: {first:?}");
-        match self.read_reply()? {
-            Reply::Integer(n) if n >= 2 => Ok(()),
-            other => bail!("{op}: WAIT answered {other:?}, not 2 replicas"),
-        }
+    fn wait_for_replicas(&mut self, mut pipe: redis::Pipeline, op: &str) -> Result<()> {
+        pipe.cmd("WAIT").arg(2).arg(5000);
+        let (replicas,): (i64,) = pipe.query(&mut self.connection)?;
+        ensure!(replicas >= 2, "{op}: WAIT answered {replicas}, not 2 replicas");
+        Ok(())
     }
 
     pub fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        match self.call(&[b"GET", key])? {
-            Reply::Bulk(value) => Ok(value),
-            other => bail!("GET: {other:?}"),
-        }
+        Ok(redis::cmd("GET").arg(key).query(&mut self.connection)?)
     }
 }
 

@@ -8,6 +8,8 @@ use anyhow::{bail, ensure, Context, Result};
 use serde::Serialize;
 
 use crate::bench::{checkpoint_workload, WorkloadResult};
+use plotters::prelude::*;
+
 use crate::peers::{self, EtcdClient, RedisClient, ETCD_PORTS, REDIS_PORTS};
 use crate::stats::Histogram;
 use ftkv_launch::launch::{field, Launch};
@@ -34,12 +36,12 @@ impl System {
         }
     }
 
-    fn color(self) -> &'static str {
+    fn rgb(self) -> RGBColor {
         match self {
-            System::Ftkv => "#d62728",
-            System::RawRma => "#7f7f7f",
-            System::Redis => "#1f77b4",
-            System::Etcd => "#2ca02c",
+            System::Ftkv => RGBColor(0xd6, 0x27, 0x28),
+            System::RawRma => RGBColor(0x7f, 0x7f, 0x7f),
+            System::Redis => RGBColor(0x1f, 0x77, 0xb4),
+            System::Etcd => RGBColor(0x2c, 0xa0, 0x2c),
         }
     }
 }
@@ -445,8 +447,8 @@ fn write_outputs(bench: &StoreBench, rows: &[Row], ratios: &[Ratios]) -> Result<
     let path = bench.json.clone().unwrap_or_else(|| bench.out_dir.join("bench_store.json"));
     std::fs::write(&path, serde_json::to_string_pretty(&json)? + "\n")?;
     let writers = bench.writers[0];
-    let throughput = svg_plot(rows, writers, "writes/s", |r| r.writes_per_s);
-    let latency = svg_plot(rows, writers, "p50 latency (µs)", |r| r.p50_us);
+    let throughput = svg_plot(rows, writers, "writes/s", |r| r.writes_per_s)?;
+    let latency = svg_plot(rows, writers, "p50 latency (µs)", |r| r.p50_us)?;
     std::fs::write(bench.out_dir.join("bench_store_throughput.svg"), throughput)?;
     std::fs::write(bench.out_dir.join("bench_store_latency.svg"), latency)?;
     eprintln!(
@@ -456,67 +458,121 @@ fn write_outputs(bench: &StoreBench, rows: &[Row], ratios: &[Ratios]) -> Result<
     Ok(())
 }
 
-/// A log-log line plot of `metric` against value size, one line per system, for `writers`.
-pub fn svg_plot(rows: &[Row], writers: usize, label: &str, metric: fn(&Row) -> f64) -> String {
-    let (w, h, left, bottom, top, right) = (640.0, 400.0, 70.0, 50.0, 30.0, 130.0);
+/// A log-log line plot of `metric` against value size, one line per system, for `writers`
+/// (SVG, drawn with plotters).
+pub fn svg_plot(
+    rows: &[Row],
+    writers: usize,
+    label: &str,
+    metric: fn(&Row) -> f64,
+) -> Result<String> {
     let points: Vec<&Row> =
         rows.iter().filter(|r| r.writers == writers && metric(r) > 0.0).collect();
-    if points.is_empty() {
-        return format!(
-            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\"></svg>\n"
-        );
-    }
-    let logs = |f: &dyn Fn(&Row) -> f64| {
-        let v: Vec<f64> = points.iter().map(|r| f(r).log10()).collect();
-        (v.iter().cloned().fold(f64::MAX, f64::min), v.iter().cloned().fold(f64::MIN, f64::max))
-    };
-    let (x0, x1) = logs(&|r| r.size as f64);
-    let (y0, y1) = logs(&|r| metric(r));
-    let (y0, y1) = (y0.floor(), y1.ceil().max(y0.floor() + 1.0));
-    let x = |v: f64| left + (v.log10() - x0) / (x1 - x0).max(1e-9) * (w - left - right);
-    let y = |v: f64| h - bottom - (v.log10() - y0) / (y1 - y0) * (h - bottom - top);
-    let mut svg = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n\
-         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
-         <text x=\"{left}\" y=\"18\">{label} vs value size ({writers} writers, 3 copies)</text>\n"
-    );
-    for decade in (y0 as i32)..=(y1 as i32) {
-        let v = 10f64.powi(decade);
-        svg += &format!(
-            "<line x1=\"{left}\" x2=\"{}\" y1=\"{yy:.1}\" y2=\"{yy:.1}\" stroke=\"#ddd\"/><text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">1e{decade}</text>\n",
-            w - right,
-            left - 6.0,
-            y(v) + 4.0,
-            yy = y(v)
-        );
-    }
-    let mut sizes: Vec<usize> = points.iter().map(|r| r.size).collect();
-    sizes.sort_unstable();
-    sizes.dedup();
-    for s in &sizes {
-        svg += &format!(
-            "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n",
-            x(*s as f64),
-            h - bottom + 18.0,
-            size_name(*s)
-        );
-    }
-    for (i, system) in System::ALL.iter().enumerate() {
-        let mut line: Vec<&&Row> = points.iter().filter(|r| r.system == *system).collect();
-        if line.is_empty() {
-            continue;
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (640, 400)).into_drawing_area();
+        root.fill(&WHITE).map_err(plot_error)?;
+        if points.is_empty() {
+            root.present().map_err(plot_error)?;
+            drop(root);
+            return Ok(svg);
         }
-        line.sort_by_key(|r| r.size);
-        let coords: Vec<String> =
-            line.iter().map(|r| format!("{:.1},{:.1}", x(r.size as f64), y(metric(r)))).collect();
-        svg += &format!(
-            "<polyline fill=\"none\" stroke=\"{c}\" stroke-width=\"2\" points=\"{}\"/>\n<text x=\"{}\" y=\"{}\" fill=\"{c}\">{}</text>\n",
-            coords.join(" "),
-            w - right + 10.0,
-            top + 20.0 + 18.0 * i as f64,
-            system.name(),
-            c = system.color()
-        );
+        let range = |f: &dyn Fn(&Row) -> f64| {
+            let v = points.iter().map(|r| f(r));
+            let (lo, hi) = v.fold((f64::MAX, f64::MIN), |(lo, hi), x| (lo.min(x), hi.max(x)));
+            (lo / 1.5)..(hi * 1.5)
+        };
+        let caption = format!("{label} vs value size ({writers} writers, 3 copies)");
+        let mut chart = ChartBuilder::on(&root)
+            .caption(caption, ("sans-serif", 16))
+            .margin(10)
+            .x_label_area_size(40)
+            .y_label_area_size(70)
+            .build_cartesian_2d(size_range(&points), range(&metric).log_scale())
+            .map_err(plot_error)?;
+        chart
+            .configure_mesh()
+            .x_desc("value size")
+            .y_desc(label)
+            .x_label_formatter(&|log2| size_name(2f64.powf(*log2).round() as usize))
+            .draw()
+            .map_err(plot_error)?;
+        for system in System::ALL {
+            let mut line: Vec<&&Row> = points.iter().filter(|r| r.system == system).collect();
+            if line.is_empty() {
+                continue;
+            }
+            line.sort_by_key(|r| r.size);
+            let color = system.rgb();
+            let series = line.iter().map(|r| ((r.size as f64).log2(), metric(r)));
+            chart
+                .draw_series(LineSeries::new(series, color.stroke_width(2)))
+                .map_err(plot_error)?
+                .label(system.name())
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color));
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()
+            .map_err(plot_error)?;
+        root.present().map_err(plot_error)?;
     }
-    svg + "</svg>\n"
+    Ok(svg)
+}
+
+/// The x axis: log2 of the value sizes, half a step beyond the smallest and largest.
+fn size_range(points: &[&Row]) -> std::ops::Range<f64> {
+    let sizes = points.iter().map(|r| (r.size as f64).log2());
+    let (lo, hi) = sizes.fold((f64::MAX, f64::MIN), |(lo, hi), x| (lo.min(x), hi.max(x)));
+    (lo - 0.5)..(hi + 0.5)
+}
+
+fn plot_error(e: impl std::fmt::Display) -> anyhow::Error {
+    anyhow::anyhow!("drawing the plot: {e}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(system: System, size: usize, writes_per_s: f64) -> Row {
+        Row {
+            system,
+            writers: 2,
+            size,
+            writes: 10,
+            writes_per_s,
+            mib_per_s: 0.0,
+            p50_us: 1.0,
+            p99_us: 2.0,
+            p999_us: 3.0,
+            verified: true,
+        }
+    }
+
+    #[test]
+    fn the_plot_has_one_labelled_line_per_system_measured() {
+        let rows = [
+            row(System::Ftkv, 1 << 10, 90_000.0),
+            row(System::Ftkv, 1 << 20, 9_000.0),
+            row(System::Redis, 1 << 10, 500.0),
+            row(System::Redis, 1 << 20, 40.0),
+        ];
+        let svg = svg_plot(&rows, 2, "writes/s", |r| r.writes_per_s).expect("a plot");
+        assert!(svg.starts_with("<svg"), "{svg}");
+        let line_of = |system: System| {
+            let RGBColor(r, g, b) = system.rgb();
+            format!("stroke=\"#{r:02X}{g:02X}{b:02X}\" stroke-width=\"2\" points=")
+        };
+        assert!(svg.contains(&line_of(System::Ftkv)), "ftkv's line: {svg}");
+        assert!(svg.contains(&line_of(System::Redis)), "redis's line: {svg}");
+        assert!(!svg.contains(&line_of(System::Etcd)), "etcd was not measured: {svg}");
+        for text in ["ftkv", "redis", "KiB", "MiB", "writes/s vs value size"] {
+            assert!(svg.contains(text), "no {text:?} in {svg}");
+        }
+        let empty = svg_plot(&rows, 8, "writes/s", |r| r.writes_per_s).expect("a plot");
+        assert!(empty.starts_with("<svg") && !empty.contains(&line_of(System::Ftkv)), "{empty}");
+    }
 }

@@ -105,10 +105,12 @@ impl Campaign {
     }
 }
 
-/// Runs the campaign, one `mpirun` job per run, printing a progress line per run.
+/// Runs the campaign, one `mpirun` job per run, printing a line per run (above a progress
+/// bar on a terminal).
 pub fn run(exe: &std::path::Path, campaign: &Campaign) -> Result<Summary> {
     campaign.validate()?;
     let mut summary = Summary::default();
+    let progress = ftkv_launch::progress::Progress::new("chaos", Some(campaign.runs as u64));
     for run in 0..campaign.runs {
         let seed = campaign.seed.wrapping_add(run as u64);
         let (result, restarts) = run_once(exe, campaign, seed)?;
@@ -129,15 +131,16 @@ pub fn run(exe: &std::path::Path, campaign: &Campaign) -> Result<Summary> {
         summary.keys_lost_in_recovery += result.lost_in_recovery;
         let failed = result.failed(campaign.copies);
         summary.failed_runs += failed as usize;
-        eprintln!("[chaos {:>3}/{}] seed={seed} {}", run + 1, campaign.runs, result.line());
+        progress.line(&format!("{:>3}/{} seed={seed} {}", run + 1, campaign.runs, result.line()));
+        progress.advance_to(run as u64 + 1);
         if failed || result.fail_stops > 0 || result.stuck {
-            eprintln!("{}", result.transcript_tail);
+            progress.line(&result.transcript_tail);
             if let Some(dir) = &campaign.transcripts {
                 let path = dir.join(format!("seed-{seed}.txt"));
                 std::fs::create_dir_all(dir)
                     .and_then(|()| std::fs::write(&path, &result.transcript))
                     .with_context(|| format!("writing {}", path.display()))?;
-                eprintln!("  transcript: {}", path.display());
+                progress.line(&format!("  transcript: {}", path.display()));
             }
         }
     }

@@ -18,6 +18,7 @@ use serde::Serialize;
 
 use crate::args::{self, Opt};
 use crate::launch::{field, kill_random_rank, JobOutput, Launch};
+use crate::progress::Progress;
 
 /// What the pool computes: a UTS tree (the reference's flags or a sample name) or N-Queens.
 #[derive(Debug, Clone, PartialEq)]
@@ -310,7 +311,8 @@ fn watch_pool_job(launch: &Launch, demo: &Demo, show: bool) -> Result<(JobOutput
     let mut job = launch.spawn()?;
     let mut rng = SmallRng::seed_from_u64(demo.seed);
     let expected = demo.workload.published().and_then(|(nodes, leaves)| nodes.or(Some(leaves)));
-    let mut watch = Watch::new(plan_kills(&mut rng, demo.kills), expected);
+    let progress = if show { Progress::new("demo", expected) } else { Progress::plain("demo") };
+    let mut watch = Watch::new(plan_kills(&mut rng, demo.kills), expected, progress);
     watch.stop = demo.stop.map(|length| Stop::planned(&mut rng, length));
     while job.is_running() || watch.pending_output {
         let line = job.next_line(Duration::from_millis(5));
@@ -384,10 +386,12 @@ struct Watch {
     global_lines: HashMap<usize, usize>,
     last_shown: Instant,
     pending_output: bool,
+    /// A bar on a terminal, plain `[demo]` lines otherwise.
+    progress: Progress,
 }
 
 impl Watch {
-    fn new(plan: Vec<f64>, expected: Option<u64>) -> Watch {
+    fn new(plan: Vec<f64>, expected: Option<u64>, progress: Progress) -> Watch {
         Watch {
             stop: None,
             result_at: None,
@@ -404,6 +408,7 @@ impl Watch {
             global_lines: HashMap::new(),
             last_shown: Instant::now(),
             pending_output: true,
+            progress,
         }
     }
 
@@ -433,10 +438,10 @@ impl Watch {
                 self.stop.as_ref().is_some_and(|s| s.done.is_some() && s.resumed.is_none());
             if still_stopped {
                 let stopped = self.stopped_rank().expect("a stopped rank");
-                eprintln!(
-                    "[demo] {:>6.2} s: the survivors' result, rank {stopped} still stopped: {text}",
+                self.progress.line(&format!(
+                    "{:>6.2} s: the survivors' result, rank {stopped} still stopped: {text}",
                     elapsed.as_secs_f64()
-                );
+                ));
             }
         }
         if let Some(pid) = text.strip_prefix("pid=").and_then(|p| p.trim().parse().ok()) {
@@ -479,14 +484,15 @@ impl Watch {
             return Ok(());
         }
         let Some(victim) = kill_random_rank(&self.pids, &self.killed, rng)? else {
-            eprintln!("[demo] the chosen rank had already exited; its kill is dropped");
+            self.progress.line("the chosen rank had already exited; its kill is dropped");
             self.plan.truncate(self.killed.len());
             return Ok(());
         };
         self.tasks.remove(&victim);
         self.killed.push(victim);
         self.kill_ms.push(job.elapsed().as_secs_f64() * 1e3);
-        eprintln!("[demo] {:>6.2} s: SIGKILL rank {victim}", job.elapsed().as_secs_f64());
+        let at = job.elapsed().as_secs_f64();
+        self.progress.line(&format!("{at:>6.2} s: SIGKILL rank {victim}"));
         Ok(())
     }
 
@@ -508,12 +514,14 @@ impl Watch {
                 signal(self.pids[&rank], "-STOP")?;
                 stop.done = Some((rank, job.elapsed()));
                 self.tasks.remove(&rank);
-                eprintln!("[demo] {:>6.2} s: SIGSTOP rank {rank}", job.elapsed().as_secs_f64());
+                let at = job.elapsed().as_secs_f64();
+                self.progress.line(&format!("{at:>6.2} s: SIGSTOP rank {rank}"));
             }
             (Some((rank, at)), None) if job.elapsed() >= at + stop.length => {
                 signal(self.pids[&rank], "-CONT")?;
                 stop.resumed = Some(job.elapsed());
-                eprintln!("[demo] {:>6.2} s: SIGCONT rank {rank}", job.elapsed().as_secs_f64());
+                let at = job.elapsed().as_secs_f64();
+                self.progress.line(&format!("{at:>6.2} s: SIGCONT rank {rank}"));
             }
             _ => {}
         }
@@ -527,14 +535,15 @@ impl Watch {
         self.last_shown = Instant::now();
         let done: u64 = self.tasks.values().sum();
         let rate = done as f64 / elapsed.as_secs_f64().max(1e-3) / 1e6;
-        eprintln!(
-            "[demo] {:>6.2} s: {:.2} M tasks on live workers ({rate:.2} M/s), kills {}/{}, recoveries {}",
+        let message = format!(
+            "{:>6.2} s: {:.2} M tasks on live workers ({rate:.2} M/s), kills {}/{}, recoveries {}",
             elapsed.as_secs_f64(),
             done as f64 / 1e6,
             self.killed.len(),
             self.plan.len(),
             self.recoveries.len()
         );
+        self.progress.update(done, &message);
     }
 }
 
@@ -679,6 +688,7 @@ pub fn run_bench(
 ) -> Result<()> {
     let mut plain = Vec::new();
     let mut checkpointed = Vec::new();
+    let progress = Progress::new("bench uts", Some(2 * repeat as u64));
     for i in 0..repeat {
         for (checkpointing, times) in [(false, &mut plain), (true, &mut checkpointed)] {
             let run = Demo {
@@ -689,15 +699,16 @@ pub fn run_bench(
             };
             let report = run_pool_job(exe, &run, false)?;
             ensure!(report.matches_published != Some(false), "wrong result: {report:?}");
-            eprintln!(
-                "[bench uts {}/{repeat}] checkpointing {}: {:.1} ms, {} checkpoints, {:.2} MiB",
+            progress.line(&format!(
+                "{}/{repeat} checkpointing {}: {:.1} ms, {} checkpoints, {:.2} MiB",
                 i + 1,
                 if checkpointing { "on " } else { "off" },
                 report.wall_ms,
                 report.checkpoints,
                 report.store_bytes as f64 / (1 << 20) as f64
-            );
+            ));
             times.push(report);
+            progress.advance_to(2 * i as u64 + 1 + u64::from(checkpointing));
         }
     }
     let median = |runs: &[RunReport]| {
@@ -763,21 +774,23 @@ pub struct RecoveryRow {
 /// nothing in the [`RATE_WINDOW`] after the first kill over the one before it.
 fn recovery_rows(exe: &Path, demo: &Demo, repeat: usize, kills: usize) -> Result<Vec<RecoveryRow>> {
     let mut rows: Vec<(bool, Vec<RunReport>)> = vec![(false, Vec::new()), (true, Vec::new())];
+    let progress = Progress::new("bench uts", Some(2 * repeat as u64));
     for i in 0..repeat {
         for (localized, runs) in rows.iter_mut() {
             let run =
                 Demo { kills, localized: *localized, seed: demo.seed + i as u64, ..demo.clone() };
             let report = run_pool_job(exe, &run, false)?;
             ensure!(report.matches_published != Some(false), "wrong result: {report:?}");
-            eprintln!(
-                "[bench uts {}/{repeat}] {} recovery, {kills} kills: {:.1} ms, rate ratio {:?}, recoveries {:?}",
+            progress.line(&format!(
+                "{}/{repeat} {} recovery, {kills} kills: {:.1} ms, rate ratio {:?}, recoveries {:?}",
                 i + 1,
                 if *localized { "localized" } else { "global" },
                 report.wall_ms,
                 report.uninvolved_rate_ratio,
                 report.recoveries
-            );
+            ));
             runs.push(report);
+            progress.advance_to(2 * i as u64 + 1 + u64::from(*localized));
         }
     }
     let median = |mut v: Vec<f64>| {

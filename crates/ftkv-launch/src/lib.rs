@@ -9,3 +9,4 @@ pub mod cluster;
 pub mod env;
 pub mod interrupt;
 pub mod launch;
+pub mod progress;

@@ -57,6 +57,9 @@ struct PutRatio {
     size: usize,
     ftkv_over_raw_p50: f64,
     ftkv_over_two_sided_p50: f64,
+    /// `put_async`'s return over the blocking put, and its waited-for total over the blocking.
+    async_returned_over_put_p50: Option<f64>,
+    async_waited_over_put_p50: Option<f64>,
 }
 
 fn ratios(rows: &[PutRow]) -> Vec<PutRatio> {
@@ -73,6 +76,8 @@ fn ratios(rows: &[PutRow]) -> Vec<PutRatio> {
                 size,
                 ftkv_over_raw_p50: ftkv / p50("raw_rma", size)?,
                 ftkv_over_two_sided_p50: ftkv / p50("two_sided", size)?,
+                async_returned_over_put_p50: p50("ftkv_async_returned", size).map(|a| a / ftkv),
+                async_waited_over_put_p50: p50("ftkv_async_waited", size).map(|a| a / ftkv),
             })
         })
         .collect()
@@ -98,6 +103,7 @@ pub fn put_rank_main(
         let mut raw = raw_put(&world, copies, size, iterations)?;
         let mut two_sided = two_sided_put(&world, copies, size, iterations)?;
         let mut bitmap = store_put(&world, copies, size, iterations, Detection::Bitmap)?;
+        let (mut returned, mut waited) = store_put_async(&world, copies, size, iterations)?;
         let mut ping = match spans_hosts {
             false => Some(store_put(&world, copies, size, iterations, Detection::Ping)?),
             true => None,
@@ -106,6 +112,8 @@ pub fn put_rank_main(
             rows.push(report("raw_rma", size, &mut raw));
             rows.push(report("two_sided", size, &mut two_sided));
             rows.push(report("ftkv_bitmap", size, &mut bitmap));
+            rows.push(report("ftkv_async_returned", size, &mut returned));
+            rows.push(report("ftkv_async_waited", size, &mut waited));
             match ping.as_mut() {
                 Some(ping) => rows.push(report("ftkv_ping", size, ping)),
                 None => println!("mode=ftkv_ping size={size} skipped=spans_hosts"),
@@ -274,6 +282,35 @@ fn store_put(
     }
     store.sync()?;
     Ok(samples)
+}
+
+/// `Store::put_async` (bitmap detection): per put, the time until it returned (the first copy
+/// complete, the others handed to the replicator thread) and until its handle's `wait`
+/// returned (every copy complete), with nothing computed in between.
+fn store_put_async(
+    world: &Comm,
+    copies: usize,
+    size: usize,
+    iterations: usize,
+) -> Result<(Vec<Duration>, Vec<Duration>)> {
+    let mut config = Config::new(["checkpoint"], copies);
+    config.max_value = size;
+    config.initial_capacity = size;
+    let mut store = Store::create(world, config)?;
+    let key = Key::new(store.worker(), 0);
+    let data = vec![7u8; size];
+    store.sync()?;
+    let mut returned = Vec::with_capacity(iterations);
+    let mut waited = Vec::with_capacity(iterations);
+    for _ in 0..iterations {
+        let start = Instant::now();
+        let pending = store.put_async(key, &data)?;
+        returned.push(start.elapsed());
+        pending.wait()?;
+        waited.push(start.elapsed());
+    }
+    store.sync()?;
+    Ok((returned, waited))
 }
 
 /// The rank side of `ftkv bench detect`: after a barrier the last rank SIGKILLs itself; rank 0

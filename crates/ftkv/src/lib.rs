@@ -58,4 +58,4 @@ pub mod txn_log;
 
 pub use error::{Error, Result};
 pub use key::{Config, Detection, Key, Recovery, CROSS_HOST_WATCHDOG, TX_RECORD_KIND};
-pub use store::{DefaultFabric, RecoveryReport, RepairReport, Store};
+pub use store::{DefaultFabric, PendingPut, RecoveryReport, RepairReport, Store};

@@ -52,7 +52,10 @@ pub struct RepairReport {
 /// the store to global recovery.
 const LOCALIZED_ATTEMPTS: usize = 8;
 
+mod asynchronous;
 mod transactions;
+
+pub use asynchronous::PendingPut;
 
 /// A window of an earlier epoch, kept until a recovery commits.
 struct Retained<W> {
@@ -126,6 +129,8 @@ pub struct Store<F: Fabric = DefaultFabric> {
     transactions: u32,
     /// Failed coordinators whose open transaction this worker resolved as their backup.
     resolved_coordinators: Vec<i32>,
+    /// The thread that writes the other copies of [`Store::put_async`]s (started by the first).
+    replicator: Option<asynchronous::Replicator<F::Window>>,
 }
 
 impl<F: Fabric> Store<F> {
@@ -202,6 +207,7 @@ impl<F: Fabric> Store<F> {
             repairs: Vec::new(),
             transactions: 0,
             resolved_coordinators: Vec::new(),
+            replicator: None,
         };
         store.start_detector()?;
         Ok(store)
@@ -527,6 +533,13 @@ impl<F: Fabric> Store<F> {
         if self.config.detection == Detection::Ping {
             self.ping_all(route)?;
         }
+        self.put_to(route, header, data)?;
+        self.ensure_alive(route)
+    }
+
+    /// Header and data of one version to the version's half on each of `targets`, complete at
+    /// every target when it returns.
+    fn put_to(&self, route: &[Copy], header: Header, data: &[u8]) -> Result<()> {
         let encoded = header.encode();
         let half = self.geometry.half_offset(header.version) as i64;
         let window = self.window.as_ref().ok_or(Error::Closed)?.window();
@@ -543,8 +556,7 @@ impl<F: Fabric> Store<F> {
             Ok(())
         });
         self.health.leave_call();
-        issued.map_err(|e| self.failure(e))?;
-        self.ensure_alive(route)
+        issued.map_err(|e| self.failure(e))
     }
 
     /// Localized recovery: brings the routes up to the failures the detector published and

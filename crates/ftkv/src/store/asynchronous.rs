@@ -1,0 +1,198 @@
+//! [`Store::put_async`]: a put that returns once its first copy is complete at its holder,
+//! while a replicator thread writes the other copies; [`PendingPut::wait`] (or dropping the
+//! handle) waits for them.
+
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use super::Store;
+use crate::error::{Error, Result};
+use crate::fabric::{Fabric, FabricError, FabricResult, FabricWindow, RmaOps};
+use crate::fence::Fencer;
+use crate::key::{Key, Recovery};
+use crate::layout::Copy;
+use crate::slot::{Header, HEADER_LEN};
+
+/// One version's other copies, for the replicator thread.
+struct Job<W> {
+    window: Arc<Fencer<W>>,
+    targets: Vec<Copy>,
+    half: i64,
+    header: [u8; HEADER_LEN],
+    data: Arc<[u8]>,
+    done: mpsc::SyncSender<FabricResult<()>>,
+}
+
+/// The thread that writes the copies after the first of each asynchronous put, one job at a
+/// time, and reports each job's completion.
+pub(crate) struct Replicator<W> {
+    jobs: Option<mpsc::Sender<Job<W>>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl<W: FabricWindow> Replicator<W> {
+    fn start() -> Result<Replicator<W>> {
+        let (jobs, queue) = mpsc::channel::<Job<W>>();
+        let thread = std::thread::Builder::new()
+            .name("ftkv-replicator".into())
+            .spawn(move || {
+                for job in queue {
+                    let written = write_copies(&job);
+                    let _ = job.done.send(written);
+                }
+            })
+            .map_err(|e| Error::RecoveryFailed(format!("starting the replicator thread: {e}")))?;
+        Ok(Replicator { jobs: Some(jobs), thread: Some(thread) })
+    }
+}
+
+impl<W> Drop for Replicator<W> {
+    fn drop(&mut self) {
+        self.jobs = None;
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn write_copies<W: FabricWindow>(job: &Job<W>) -> FabricResult<()> {
+    job.window.window().scope(|s| {
+        for copy in &job.targets {
+            s.put(copy.rank, copy.disp + job.half + HEADER_LEN as i64, &job.data)?;
+            s.put(copy.rank, copy.disp + job.half, &job.header)?;
+        }
+        Ok(())
+    })
+}
+
+/// A put of [`Store::put_async`] whose first copy is complete and whose other copies are being
+/// written. It borrows the store: the program computes meanwhile, then waits.
+///
+/// [`PendingPut::wait`] returns what [`Store::put`] would have: `Ok` once every copy holds the
+/// value. Dropping the handle waits too; an error then surfaces at the store's next call (the
+/// failure stays known), so call `wait` to see it here.
+#[must_use = "the other copies are complete only once the handle is waited for or dropped"]
+pub struct PendingPut<'s, F: Fabric> {
+    store: &'s mut Store<F>,
+    key: Key,
+    header: Header,
+    data: Arc<[u8]>,
+    rest: Option<mpsc::Receiver<FabricResult<()>>>,
+    waited: bool,
+}
+
+impl<F: Fabric> PendingPut<'_, F> {
+    /// Waits until every copy holds the value.
+    ///
+    /// Completion and failure as [`Store::put`]: `Ok` means every holder has the new version.
+    /// With localized recovery a holder that failed meanwhile is replaced and the whole write
+    /// goes again to the new routes before this returns.
+    pub fn wait(mut self) -> Result<()> {
+        self.finish()
+    }
+
+    fn finish(&mut self) -> Result<()> {
+        if std::mem::replace(&mut self.waited, true) {
+            return Ok(());
+        }
+        let rest = self.rest.take().map(|done| {
+            done.recv().unwrap_or_else(|_| {
+                Err(FabricError::Other { op: "put_async", msg: "the replicator ended".into() })
+            })
+        });
+        let store = &mut *self.store;
+        let written = match rest {
+            Some(Err(e)) => Err(store.failure(e)),
+            _ => store.route(self.key).and_then(|route| store.ensure_alive(route)),
+        };
+        match written {
+            Err(e) if e.needs_recovery() && store.config.recovery == Recovery::Localized => {
+                store.write(self.key, self.header, &self.data)?;
+            }
+            written => written?,
+        }
+        store.acked[self.key.kind as usize] = self.header.version;
+        if !store.lost.is_empty() {
+            store.lost.retain(|&k| k != self.key);
+        }
+        Ok(())
+    }
+}
+
+impl<F: Fabric> Drop for PendingPut<'_, F> {
+    /// Waits, unless the thread is unwinding (a killed rank of the in-process fabric, a bug):
+    /// then the store is not touched again.
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = self.finish();
+        }
+    }
+}
+
+impl<F: Fabric> Store<F> {
+    /// Writes `value` under this worker's own `key` like [`Store::put`], but returns once the
+    /// first copy is complete at its holder; the other copies are issued to a replicator
+    /// thread. The returned handle waits for them ([`PendingPut::wait`], or when dropped).
+    ///
+    /// Completion: `Ok(handle)` means the first holder has the new version. Failure: as
+    /// [`Store::put`]. What a failure can lose: until the handle is waited for, the new version
+    /// may be on the first holder only; if the owner dies then, a recovery reads it back when
+    /// that holder survives, the previous version otherwise (never a mix). After `wait`
+    /// returned `Ok`, the guarantee is the blocking put's.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use ftkv::fabric::local::LocalCluster;
+    /// use ftkv::{Config, Store};
+    ///
+    /// LocalCluster::new(4).run(|fabric| {
+    ///     let mut store = Store::create(&fabric, Config::new(["checkpoint"], 3)).unwrap();
+    ///     let mine = store.own_key("checkpoint").unwrap();
+    ///     let pending = store.put_async(mine, b"state 1").unwrap();
+    ///     // ... compute the next state while the other two copies are written ...
+    ///     pending.wait().unwrap();
+    ///     assert!(store.read_copies(mine).unwrap().iter().all(|(_, v)| v.as_deref() == Some(&b"state 1"[..])));
+    /// });
+    /// ```
+    pub fn put_async(&mut self, key: Key, value: &[u8]) -> Result<PendingPut<'_, F>> {
+        self.check_own(key)?;
+        self.check_value(value)?;
+        if self.config.recovery == Recovery::Localized {
+            self.follow_failures()?;
+        }
+        self.ensure_healthy()?;
+        self.ensure_not_suspended();
+        let version = self.next_own_version(key);
+        let header = Header::for_value(value, version, self.epoch, self.me);
+        let route = self.route(key)?;
+        self.ensure_alive(route)?;
+        let (first, others) = route.split_at(1.min(route.len()));
+        let others = others.to_vec();
+        self.put_to(first, header, value)?;
+        let data: Arc<[u8]> = Arc::from(value);
+        let rest =
+            if others.is_empty() { None } else { Some(self.replicate(others, header, &data)?) };
+        Ok(PendingPut { store: self, key, header, data, rest, waited: false })
+    }
+
+    /// Hands the copies to `targets` to the replicator thread (started on first use).
+    fn replicate(
+        &mut self,
+        targets: Vec<Copy>,
+        header: Header,
+        data: &Arc<[u8]>,
+    ) -> Result<mpsc::Receiver<FabricResult<()>>> {
+        let window = self.window.clone().ok_or(Error::Closed)?;
+        if self.replicator.is_none() {
+            self.replicator = Some(Replicator::start()?);
+        }
+        let jobs = self.replicator.as_ref().and_then(|r| r.jobs.as_ref()).ok_or(Error::Closed)?;
+        let (done, finished) = mpsc::sync_channel(1);
+        let half = self.geometry.half_offset(header.version) as i64;
+        let job = Job { window, targets, half, header: header.encode(), data: data.clone(), done };
+        jobs.send(job).map_err(|_| Error::RecoveryFailed("the replicator thread ended".into()))?;
+        Ok(finished)
+    }
+}

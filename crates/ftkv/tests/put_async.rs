@@ -1,0 +1,68 @@
+//! `Store::put_async` on the in-process fabric: the first copy is complete when it returns, every
+//! copy once the handle is waited for, and an owner that dies before waiting leaves a value a
+//! recovery reads back (here the new one: its first holder survives). Bounded by a timeout.
+
+mod common;
+
+use common::within;
+use ftkv::fabric::local::LocalCluster;
+use ftkv::fabric::Fabric;
+use ftkv::{Config, Key, Store};
+
+fn value(owner: i32, version: u32) -> Vec<u8> {
+    let mut v = format!("{owner}:{version}:").into_bytes();
+    v.resize(512 + (version as usize * 37) % 3000, b'a' + (version % 26) as u8);
+    v
+}
+
+#[test]
+fn every_copy_holds_the_last_value_once_waited_for() {
+    let outcomes = within(60, "asynchronous puts".into(), || {
+        LocalCluster::new(4).run(|fabric| {
+            let mut store = Store::create(&fabric, Config::new(["checkpoint"], 3)).unwrap();
+            let me = store.worker();
+            let key = Key::new(me, 0);
+            for version in 1..=40 {
+                let pending = store.put_async(key, &value(me, version)).unwrap();
+                if version % 2 == 0 {
+                    pending.wait().unwrap();
+                } else {
+                    drop(pending);
+                }
+            }
+            store.sync().unwrap();
+            (0..4).all(|owner| {
+                let copies = store.read_copies(Key::new(owner, 0)).unwrap();
+                copies.len() == 3
+                    && copies.iter().all(|(_, v)| v.as_deref() == Some(&value(owner, 40)[..]))
+            })
+        })
+    });
+    assert_eq!(outcomes, vec![Some(true); 4], "every worker saw every key's 3 copies current");
+}
+
+#[test]
+fn an_owner_killed_before_waiting_leaves_its_new_value_on_the_first_holder() {
+    let outcomes = within(60, "a kill before the wait".into(), || {
+        let cluster = LocalCluster::new(5);
+        cluster.arm(1, "before_wait", 1);
+        cluster.run(|fabric| {
+            let mut store = Store::create(&fabric, Config::new(["checkpoint"], 2)).unwrap();
+            let me = store.worker();
+            store.put(Key::new(me, 0), &value(me, 1)).unwrap();
+            store.sync().unwrap();
+            let pending = store.put_async(Key::new(me, 0), &value(me, 2)).unwrap();
+            fabric.failpoint("before_wait");
+            pending.wait().unwrap();
+            while !store.needs_recovery() {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            store.recover().unwrap();
+            store.get(Key::new(1, 0)).unwrap()
+        })
+    });
+    assert!(outcomes[1].is_none(), "worker 1 died");
+    for (worker, outcome) in outcomes.iter().enumerate().filter(|(w, _)| *w != 1) {
+        assert_eq!(outcome.as_ref().unwrap().as_deref(), Some(&value(1, 2)[..]), "worker {worker}");
+    }
+}

@@ -105,22 +105,43 @@ pub fn rank_main(
         }
     };
     let t = outcome.total;
-    let failed: Vec<String> = outcome.failed.iter().map(|w| w.to_string()).collect();
-    println!(
-        "result nodes={} leaves={} depth={} tasks={} checkpoints={} store_bytes={} failed={} ms={:.1}",
-        t.nodes,
-        t.leaves,
-        t.max_depth,
-        outcome.tasks,
-        outcome.checkpoints,
-        outcome.store_bytes,
-        if failed.is_empty() { "-".to_owned() } else { failed.join(",") },
-        outcome.elapsed.as_secs_f64() * 1e3
-    );
+    let result = RankResult {
+        nodes: t.nodes,
+        leaves: t.leaves,
+        depth: t.max_depth as u64,
+        tasks: outcome.tasks,
+        checkpoints: outcome.checkpoints,
+        store_bytes: outcome.store_bytes,
+        failed: outcome.failed.iter().map(|&w| w as usize).collect(),
+        ms: outcome.elapsed.as_secs_f64() * 1e3,
+    };
+    println!("{}", crate::launch::report_line("result", &result));
     println!("done=yes");
     drop(world);
     mpi.finalize_bounded(Duration::from_secs(3))?;
     Ok(())
+}
+
+/// What a surviving worker reports at the end (a `result {json}` line): the whole
+/// computation's result, the survivors' sums, the failed workers as the survivors agreed, and
+/// its own run time. Every survivor's is the same but for `ms`.
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+pub struct RankResult {
+    pub nodes: u64,
+    pub leaves: u64,
+    pub depth: u64,
+    pub tasks: u64,
+    pub checkpoints: u64,
+    pub store_bytes: u64,
+    pub failed: Vec<usize>,
+    pub ms: f64,
+}
+
+impl RankResult {
+    /// Whether two survivors report the same computation (everything but their time).
+    fn agrees_with(&self, other: &RankResult) -> bool {
+        RankResult { ms: 0.0, ..self.clone() } == RankResult { ms: 0.0, ..other.clone() }
+    }
 }
 
 /// A checkpoint interval: `100ms` (or a bare number of milliseconds), `5000tasks`, or `off`
@@ -452,12 +473,12 @@ impl Watch {
                 let at = elapsed.as_secs_f64() * 1e3;
                 self.series.entry(rank).or_default().push((at, tasks));
             }
-        } else if text.starts_with("recovered") {
-            let ms = |key| value(key).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-            if !text.contains("adopted=[]") && !self.adopters.contains(&rank) {
+        } else if let Some(info) = text.strip_prefix("recovered ") {
+            let Ok(info) = serde_json::from_str::<pool::RecoveryInfo>(info) else { return };
+            if !info.adopted.is_empty() && !self.adopters.contains(&rank) {
                 self.adopters.push(rank);
             }
-            if value("mode") == Some("global") {
+            if !info.localized {
                 *self.global_lines.entry(rank).or_insert(0) += 1;
             }
             let seen = self.recovered_lines.entry(rank).or_insert(0);
@@ -466,7 +487,7 @@ impl Watch {
             if self.recoveries.len() <= nth {
                 self.recoveries.push(Vec::new());
             }
-            self.recoveries[nth].push((ms("store_ms"), ms("total_ms")));
+            self.recoveries[nth].push((info.store_ms, info.total_ms));
         }
     }
 
@@ -564,37 +585,40 @@ fn tail(out: &JobOutput) -> String {
     )
 }
 
-/// The `result` line of `rank`, if it printed one.
-fn result_line(out: &JobOutput, rank: usize) -> Option<&String> {
-    out.rank_lines(rank).iter().find(|l| l.starts_with("result "))
+/// The result `rank` reported, if it reported one.
+fn result_of_rank(out: &JobOutput, rank: usize) -> Result<Option<RankResult>> {
+    out.rank_report(rank, "result")
 }
 
-/// Every survivor's `result` line must agree; the report takes it. Survivors are the ranks
-/// that neither this driver killed nor the survivors agreed had failed.
+/// Every survivor's result must agree; the report takes it. Survivors are the ranks that
+/// neither this driver killed nor the survivors agreed had failed.
 fn result_of(out: &JobOutput, demo: &Demo, watch: &Watch) -> Result<RunReport> {
-    let failed = out.agreed_failed(demo.ranks, "result ");
+    let mut failed = Vec::new();
+    for rank in 0..demo.ranks {
+        failed.extend(result_of_rank(out, rank)?.map(|r| r.failed).unwrap_or_default());
+    }
+    failed.sort_unstable();
+    failed.dedup();
     let stopped = watch.stopped_rank();
     let dead = |r: &usize| watch.killed.contains(r) || failed.contains(r) || stopped == Some(*r);
     let survivors: Vec<usize> = (0..demo.ranks).filter(|r| !dead(r)).collect();
     let mut results = Vec::new();
     for &rank in &survivors {
-        let Some(line) = result_line(out, rank) else {
+        let Some(result) = result_of_rank(out, rank)? else {
             bail!("{}survivor {rank} reported no result:\n{}", rank_errors(out), tail(out));
         };
-        results.push(line.clone());
+        results.push(result);
     }
     ensure!(!results.is_empty(), "no rank reported a result:\n{}{}", rank_errors(out), tail(out));
     if let Some(rank) = stopped.filter(|r| failed.contains(r)) {
         ensure!(
-            result_line(out, rank).is_none(),
+            result_of_rank(out, rank)?.is_none(),
             "rank {rank}, declared failed while stopped, reported a result: it rejoined"
         );
     }
-    let without_time = |l: &String| l.split(" ms=").next().unwrap_or_default().to_string();
-    let agreed = results.windows(2).all(|w| without_time(&w[0]) == without_time(&w[1]));
+    let agreed = results.windows(2).all(|w| w[0].agrees_with(&w[1]));
     ensure!(agreed, "survivors disagree: {results:?}");
-    let num =
-        |key: &str| field(&results[0], key).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    let first = &results[0];
     let recoveries = watch
         .recoveries
         .iter()
@@ -612,13 +636,13 @@ fn result_of(out: &JobOutput, demo: &Demo, watch: &Watch) -> Result<RunReport> {
     }
     Ok(RunReport {
         failed,
-        nodes: num("nodes") as u64,
-        leaves: num("leaves") as u64,
-        depth: num("depth") as u64,
-        tasks: num("tasks") as u64,
-        checkpoints: num("checkpoints") as u64,
-        store_bytes: num("store_bytes") as u64,
-        wall_ms: num("ms"),
+        nodes: first.nodes,
+        leaves: first.leaves,
+        depth: first.depth,
+        tasks: first.tasks,
+        checkpoints: first.checkpoints,
+        store_bytes: first.store_bytes,
+        wall_ms: first.ms,
         killed: watch.killed.clone(),
         kill_ms: watch.kill_ms.clone(),
         recoveries,

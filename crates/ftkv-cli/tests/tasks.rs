@@ -5,15 +5,16 @@ use std::process::Command;
 use std::time::Duration;
 
 use ftkv_cli::launch::{output_within, JobOutput, Launch};
+use ftkv_cli::tasks::RankResult;
+use ftkv_tasks::pool::RecoveryInfo;
 
 const FTKV: &str = env!("CARGO_BIN_EXE_ftkv");
 
 /// Every survivor's recoveries were localized (at least `at_least` each) and none global.
 fn assert_only_localized(out: &JobOutput, ranks: usize, killed: &[usize], at_least: usize) {
     for rank in (0..ranks).filter(|r| !killed.contains(r)) {
-        let lines = out.rank_lines(rank);
-        let recovered: Vec<&String> = lines.iter().filter(|l| l.starts_with("recovered")).collect();
-        let global = recovered.iter().filter(|l| l.contains("mode=global")).count();
+        let recovered: Vec<RecoveryInfo> = out.rank_reports(rank, "recovered").expect("JSON");
+        let global = recovered.iter().filter(|r| !r.localized).count();
         assert_eq!(global, 0, "rank {rank} recovered globally:\n{}", out.transcript());
         assert!(
             recovered.len() >= at_least,
@@ -53,7 +54,7 @@ fn pool_job_with(
 /// failpoints.
 fn assert_exact(out: &JobOutput, ranks: usize, killed: &[usize], nodes: Option<u64>, leaves: u64) {
     for rank in 0..ranks {
-        let result = out.rank_lines(rank).iter().find(|l| l.starts_with("result ")).cloned();
+        let result: Option<RankResult> = out.rank_report(rank, "result").expect("JSON");
         if killed.contains(&rank) {
             assert!(result.is_none(), "rank {rank} should have died:\n{}", out.transcript());
             let fired = format!("fired on rank {rank}");
@@ -66,14 +67,12 @@ fn assert_exact(out: &JobOutput, ranks: usize, killed: &[usize], nodes: Option<u
         }
         let result =
             result.unwrap_or_else(|| panic!("rank {rank}: no result\n{}", out.transcript()));
-        let field = |key: &str| -> u64 {
-            let word = ftkv_cli::launch::field(&result, key);
-            word.and_then(|v| v.parse().ok()).expect("a numeric field")
-        };
-        assert_eq!(field("leaves"), leaves, "rank {rank}: {result}\n{}", out.transcript());
+        assert_eq!(result.leaves, leaves, "rank {rank}: {result:?}\n{}", out.transcript());
         if let Some(nodes) = nodes {
-            assert_eq!(field("nodes"), nodes, "rank {rank}: {result}");
+            assert_eq!(result.nodes, nodes, "rank {rank}: {result:?}");
         }
+        let failed: Vec<usize> = killed.to_vec();
+        assert_eq!(result.failed, failed, "rank {rank}'s agreed failures: {result:?}");
     }
 }
 

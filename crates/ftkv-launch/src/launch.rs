@@ -746,6 +746,32 @@ impl JobOutput {
         failed
     }
 
+    /// Rank `rank`'s reports of `kind`, in order: its stdout lines `kind {json}` (as
+    /// [`report_line`] writes them), each parsed into `T`; `Err` names a line that does not.
+    pub fn rank_reports<T: serde::de::DeserializeOwned>(
+        &self,
+        rank: usize,
+        kind: &str,
+    ) -> Result<Vec<T>> {
+        let prefix = format!("{kind} {{");
+        let lines = self.rank_lines(rank).iter().filter(|l| l.starts_with(&prefix));
+        lines
+            .map(|l| {
+                serde_json::from_str(&l[kind.len() + 1..])
+                    .with_context(|| format!("rank {rank}'s {kind} report {l:?}"))
+            })
+            .collect()
+    }
+
+    /// Rank `rank`'s first report of `kind` ([`JobOutput::rank_reports`]), if it made one.
+    pub fn rank_report<T: serde::de::DeserializeOwned>(
+        &self,
+        rank: usize,
+        kind: &str,
+    ) -> Result<Option<T>> {
+        Ok(self.rank_reports(rank, kind)?.into_iter().next())
+    }
+
     /// The stderr lines of rank `rank`, without Open MPI's `[1,rank]<stderr>:` tag.
     pub fn own_stderr(&self, rank: usize) -> impl Iterator<Item = &str> {
         let tag = format!("[1,{rank}]<stderr>:");
@@ -813,6 +839,13 @@ impl JobOutput {
         let silent = self.stderr.trim().is_empty() && self.untagged.iter().all(|l| l.is_empty());
         self.by_rank.is_empty() && !self.timed_out && (joined.contains(START_FAILURE) || silent)
     }
+}
+
+/// A report line of `kind` for a driver to read back with [`JobOutput::rank_reports`]:
+/// `kind {json}` (serde's JSON of `value`, on one line).
+pub fn report_line<T: serde::Serialize>(kind: &str, value: &T) -> String {
+    let json = serde_json::to_string(value).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"));
+    format!("{kind} {json}")
 }
 
 /// The value `v` of the first `key=v` word in `line` (ranks report their results this way).
@@ -913,6 +946,29 @@ mod tests {
         assert_eq!(out.rank_value(2, "x"), Some("1"));
         assert_eq!(out.rank_value(2, "size"), Some("4"));
         assert_eq!(out.rank_value(1, "x"), None);
+    }
+
+    #[test]
+    fn reports_are_read_back_as_json_by_kind_and_rank() {
+        #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+        struct Done {
+            failed: Vec<usize>,
+            ms: f64,
+        }
+        let line = report_line("result", &Done { failed: vec![3], ms: 1.5 });
+        assert_eq!(line, r#"result {"failed":[3],"ms":1.5}"#);
+        let stdout = format!(
+            "[1,1]<stdout>: {line}\n[1,1]<stdout>: result nodes=4\n[1,2]<stdout>: result {{bad\n"
+        );
+        let out = JobOutput::parse(&stdout, String::new(), None, false, Duration::ZERO);
+        let done: Option<Done> = out.rank_report(1, "result").unwrap();
+        assert_eq!(
+            done,
+            Some(Done { failed: vec![3], ms: 1.5 }),
+            "key=value lines are not reports"
+        );
+        assert_eq!(out.rank_report::<Done>(0, "result").unwrap(), None);
+        assert!(out.rank_report::<Done>(2, "result").is_err(), "a broken report is an error");
     }
 
     #[test]

@@ -35,15 +35,10 @@ impl fmt::Display for PoolEvent {
                 write!(f, "progress tasks={tasks} nodes={nodes}")
             }
             PoolEvent::Recovering => write!(f, "recovering"),
-            PoolEvent::Recovered(info) => write!(
-                f,
-                "recovered failed={:?} adopted={:?} store_ms={:.1} total_ms={:.1} mode={}",
-                info.failed,
-                info.adopted,
-                info.store_ms,
-                info.total_ms,
-                if info.localized { "localized" } else { "global" }
-            ),
+            PoolEvent::Recovered(info) => {
+                let json = serde_json::to_string(info).map_err(|_| fmt::Error)?;
+                write!(f, "recovered {json}")
+            }
             PoolEvent::Warning(what) => write!(f, "ftkv-tasks: {what}"),
         }
     }

@@ -121,7 +121,7 @@ impl PoolError {
 type Result<T> = std::result::Result<T, PoolError>;
 
 /// A recovery as one worker saw it.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct RecoveryInfo {
     /// Whether only this worker's part was done while the others worked on (localized) or
     /// every survivor stopped for the store's global recovery.

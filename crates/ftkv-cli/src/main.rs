@@ -631,12 +631,15 @@ fn run_chaos(campaign: &chaos::Campaign, json: Option<PathBuf>) -> Result<()> {
 enum SimModel {
     /// The store's global recovery (`ftkv::sim`).
     Store,
-    /// The task pool (`ftkv_tasks::sim`).
+    /// The task pool with global recovery (`ftkv_tasks::sim`).
     Pool,
+    /// The task pool with localized recovery: settles as atomic transactions, the end gathered
+    /// by messages (`ftkv_tasks::sim`, `Mode::Localized`).
+    PoolLocalized,
     /// Multi-key transactions with coordinator kills at every step (`ftkv::sim_txn`; worker
     /// threads scheduled by the seed, not virtual time).
     Txn,
-    /// The store and the pool, `--runs` scenarios each.
+    /// The store and the pool (global and localized), `--runs` scenarios each.
     All,
 }
 
@@ -649,7 +652,7 @@ fn run_sim(model: SimModel, seed: u64, runs: u64, trace: bool) -> Result<()> {
         anyhow::ensure!(!trace, "--trace is not available for --model txn");
         return run_txn_sim(seed, runs, started);
     }
-    if model != SimModel::Pool {
+    if matches!(model, SimModel::Store | SimModel::All) {
         if trace {
             for seed in seed..end {
                 let (report, steps) = ftkv::sim::run_traced(seed);
@@ -662,25 +665,33 @@ fn run_sim(model: SimModel, seed: u64, runs: u64, trace: bool) -> Result<()> {
         failing.extend(store_failing.into_iter().map(|r| ("store", r)));
         digests.push(digest);
     }
-    if model != SimModel::Store {
+    use ftkv_tasks::sim::Mode;
+    let pools = [
+        (SimModel::Pool, Mode::Global, "pool"),
+        (SimModel::PoolLocalized, Mode::Localized, "pool-localized"),
+    ];
+    for (pool_model, mode, name) in pools {
+        if model != pool_model && model != SimModel::All {
+            continue;
+        }
         if trace {
             for seed in seed..end {
-                let run = ftkv_tasks::sim::run_traced(seed);
-                println!("pool seed={seed} {}", run.report.scenario);
+                let run = ftkv_tasks::sim::run_traced(seed, mode);
+                println!("{name} seed={seed} {}", run.report.scenario);
                 run.log.iter().for_each(|step| println!("  {step}"));
             }
         }
-        let pool = ftkv_tasks::sim::campaign(seed, runs);
+        let pool = ftkv_tasks::sim::campaign_in(seed, runs, mode);
         let kills: Vec<String> = pool.kills.iter().map(|(at, n)| format!("{at}: {n}")).collect();
         println!(
-            "pool runs={runs} violations={} digest={:016x} steals={} recoveries={} kills={{{}}}",
+            "{name} runs={runs} violations={} digest={:016x} steals={} recoveries={} kills={{{}}}",
             pool.failing.len(),
             pool.digest,
             pool.steals,
             pool.rejoins,
             kills.join(", ")
         );
-        failing.extend(pool.failing.into_iter().map(|r| ("pool", r)));
+        failing.extend(pool.failing.into_iter().map(|r| (name, r)));
         digests.push(pool.digest);
     }
     for (model, report) in &failing {

@@ -209,6 +209,9 @@ pub struct Worker<'p, P: Problem> {
     last_wave: Duration,
     quiet_wave: Option<(u64, u64)>,
     collection: Option<Collection>,
+    /// Failed workers a global recovery's plan dealt with (adopted and their loot resolved,
+    /// without emptying their checkpoints): a later localized recovery leaves them alone.
+    settled_globally: Vec<i32>,
     done: bool,
     rng: SmallRng,
     last_checkpoint: (Duration, u64),
@@ -240,6 +243,7 @@ impl<'p, P: Problem> Worker<'p, P> {
             last_wave: Duration::ZERO,
             quiet_wave: None,
             collection: None,
+            settled_globally: Vec::new(),
             done: false,
             rng: SmallRng::seed_from_u64(settings.seed ^ ((me as u64) << 40)),
             last_checkpoint: (Duration::ZERO, 0),
@@ -605,6 +609,7 @@ impl<'p, P: Problem> Worker<'p, P> {
             return None;
         }
         self.live = live.to_vec();
+        self.settled_globally = self.failed();
         self.asking = None;
         self.sent_to.fill(0);
         self.received_from.fill(0);
@@ -671,7 +676,8 @@ impl<'p, P: Problem> Worker<'p, P> {
             settles.push(Settle::Loot { victim });
         }
         let workers = self.state.received.len();
-        for dead in (0..workers as i32).filter(|w| !self.live.contains(w)) {
+        let unsettled = |w: &i32| !self.live.contains(w) && !self.settled_globally.contains(w);
+        for dead in (0..workers as i32).filter(unsettled) {
             if buddy(dead, &self.live, workers) == self.me {
                 settles.push(Settle::Adopt { dead });
                 settles.push(Settle::Loot { victim: dead });

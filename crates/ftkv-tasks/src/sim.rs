@@ -1,7 +1,9 @@
 //! A deterministic simulator of the work-stealing pool: every worker's
 //! [`protocol::Worker`] runs on one seeded scheduler with virtual time, against a simulated
-//! fabric and store, with the driver loop of [`crate::pool`] (recovery: revoke, the one
-//! agreement per communicator, the store's recovery, rejoin). One seed fixes the problem (a UTS
+//! fabric and store, with the driver loop of [`crate::pool`] (global recovery: revoke, the one
+//! agreement per communicator, the store's recovery, rejoin; localized recovery
+//! ([`Mode::Localized`]): each worker's settles on noticing a death, run as atomic
+//! transactions, and the end gathered by messages). One seed fixes the problem (a UTS
 //! tree or an N-Queens board), the workers, the interleaving, message delays and every fault,
 //! so a failing seed replays exactly.
 //!
@@ -33,7 +35,8 @@ use rand::{Rng, SeedableRng};
 use crate::nqueens::NQueens;
 use crate::pool::{sum_contributions, Sums};
 use crate::problem::{check_exact, solve_sequential, Problem, Reference};
-use crate::protocol::{self, Command, Interval, PoolMessage, Settings, Slot, Stored};
+use crate::protocol::{self, Command, Interval, PoolMessage, Settings, Settle, Slot, Stored};
+use crate::state::Loot;
 use crate::uts::{self, Counts};
 
 /// Virtual microseconds after which the watchdog ends a worker whose put never returns.
@@ -82,19 +85,35 @@ pub struct Campaign {
 
 /// Runs the scenario of `seed`.
 pub fn run(seed: u64) -> RunReport {
-    simulate_seed(seed, false).report
+    simulate_seed(seed, false, Mode::Global).report
 }
 
 /// Runs the scenario of `seed`, with one line per step in [`PoolRun::log`].
-pub fn run_traced(seed: u64) -> PoolRun {
-    simulate_seed(seed, true)
+pub fn run_traced(seed: u64, mode: Mode) -> PoolRun {
+    simulate_seed(seed, true, mode)
+}
+
+/// How the simulated pool recovers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Revoke, the one agreement, the store's recovery, rejoin ([`crate::pool`]'s global path).
+    Global,
+    /// [`protocol::Worker::on_failures`] on each worker once it notices a death, its settles
+    /// run atomically on the simulated store (the transactions' own protocol is simulated by
+    /// `ftkv::sim_txn`), and the end gathered by messages ([`Command::End`]).
+    Localized,
 }
 
 /// Runs `runs` scenarios from `first_seed` on; the summary digest combines every run's.
 pub fn campaign(first_seed: u64, runs: u64) -> Campaign {
+    campaign_in(first_seed, runs, Mode::Global)
+}
+
+/// [`campaign`] with the pool recovering as `mode` says.
+pub fn campaign_in(first_seed: u64, runs: u64, mode: Mode) -> Campaign {
     let mut summary = Campaign { runs, digest: 0x9e37_79b9_7f4a_7c15, ..Campaign::default() };
     for seed in first_seed..first_seed + runs {
-        let run = simulate_seed(seed, false);
+        let run = simulate_seed(seed, false, mode);
         summary.digest = mix(summary.digest, run.report.digest);
         for kill in run.kills {
             *summary.kills.entry(kill).or_insert(0) += 1;
@@ -108,7 +127,7 @@ pub fn campaign(first_seed: u64, runs: u64) -> Campaign {
     summary
 }
 
-fn simulate_seed(seed: u64, log: bool) -> PoolRun {
+fn simulate_seed(seed: u64, log: bool, mode: Mode) -> PoolRun {
     let mut rng = SmallRng::seed_from_u64(seed);
     if rng.gen_bool(0.5) {
         let params = uts::Params {
@@ -117,16 +136,22 @@ fn simulate_seed(seed: u64, log: bool) -> PoolRun {
             ..uts::Params::default()
         };
         let name = format!("UTS geometric depth {} root {}", params.depth, params.root_id);
-        simulate(&params, name, seed, rng, log)
+        simulate(&params, name, (seed, mode), rng, log)
     } else {
         let problem = NQueens { n: rng.gen_range(6..=8) };
-        simulate(&problem, format!("{}-Queens", problem.n), seed, rng, log)
+        simulate(&problem, format!("{}-Queens", problem.n), (seed, mode), rng, log)
     }
 }
 
-fn simulate<P: Problem>(problem: &P, name: String, seed: u64, rng: SmallRng, log: bool) -> PoolRun {
+fn simulate<P: Problem>(
+    problem: &P,
+    name: String,
+    (seed, mode): (u64, Mode),
+    rng: SmallRng,
+    log: bool,
+) -> PoolRun {
     let expected = solve_sequential(problem);
-    let mut sim = Sim::new(problem, name, seed, rng, expected.nodes);
+    let mut sim = Sim::new(problem, name, (seed, mode), rng, expected.nodes);
     if log {
         sim.log = Some(Vec::new());
     }
@@ -201,6 +226,8 @@ enum Phase {
     /// Inside a put that never returns, until the watchdog's deadline.
     Stalled(u64),
     Done(Sums),
+    /// A localized run's end: the total and the failed workers it named (a bit per worker).
+    Ended(Sums, u64),
     Failed,
     Dead,
 }
@@ -255,6 +282,7 @@ struct Flight<T> {
 }
 
 struct Sim<'p, P: Problem> {
+    mode: Mode,
     rng: SmallRng,
     scenario: String,
     now: u64,
@@ -281,7 +309,13 @@ struct Sim<'p, P: Problem> {
 
 impl<'p, P: Problem> Sim<'p, P> {
     /// The scenario of `seed` on a problem of `nodes` tasks.
-    fn new(problem: &'p P, name: String, seed: u64, mut rng: SmallRng, nodes: u64) -> Self {
+    fn new(
+        problem: &'p P,
+        name: String,
+        (seed, mode): (u64, Mode),
+        mut rng: SmallRng,
+        nodes: u64,
+    ) -> Self {
         let n = rng.gen_range(2..=6usize);
         let interval = if rng.gen_bool(0.5) {
             Interval::Tasks(rng.gen_range(3..40))
@@ -292,7 +326,7 @@ impl<'p, P: Problem> Sim<'p, P> {
             interval: Some(interval),
             batch: rng.gen_range(1..=6),
             seed,
-            localized: false,
+            localized: mode == Mode::Localized,
         };
         let max_delay = [0, 2, 10, 60, 300][rng.gen_range(0..5)];
         let kills = rng.gen_range(0..=3usize.min(n - 1));
@@ -317,8 +351,8 @@ impl<'p, P: Problem> Sim<'p, P> {
             .filter(|(w, _)| !armed.contains_key(w));
         let slow = rng.gen_bool(0.3).then(|| rng.gen_range(0..n as i32));
         let scenario = format!(
-            "{name}, {n} workers, batch {}, {interval:?}, delay ≤ {max_delay} µs, kills \
-             {armed:?}, stalled put {stall:?}, slow {slow:?}",
+            "{name}, {n} workers, {mode:?} recovery, batch {}, {interval:?}, delay ≤ \
+             {max_delay} µs, kills {armed:?}, stalled put {stall:?}, slow {slow:?}",
             settings.batch
         );
         let workers = (0..n as i32)
@@ -346,6 +380,7 @@ impl<'p, P: Problem> Sim<'p, P> {
             })
             .collect();
         Sim {
+            mode,
             rng,
             scenario,
             now: 0,
@@ -453,7 +488,17 @@ impl<'p, P: Problem> Sim<'p, P> {
 
     fn must_recover(&self, i: usize) -> bool {
         let w = &self.workers[i];
-        self.epochs[w.epoch].revoked || w.notice.is_some_and(|t| t <= self.now)
+        let noticed = w.notice.is_some_and(|t| t <= self.now);
+        self.epochs[w.epoch].revoked || (noticed && self.mode == Mode::Global)
+    }
+
+    /// Localized: a death this worker noticed and has not handed to its machine yet (it does
+    /// between two command lists, as the driver does before each step).
+    fn must_settle(&self, i: usize) -> bool {
+        let w = &self.workers[i];
+        self.mode == Mode::Localized
+            && w.queue.is_empty()
+            && w.notice.is_some_and(|t| t <= self.now)
     }
 
     /// The messages worker `i` may receive now: from each sender of its epoch, the oldest.
@@ -477,12 +522,15 @@ impl<'p, P: Problem> Sim<'p, P> {
     fn can_act(&self, i: usize) -> bool {
         let w = &self.workers[i];
         match w.phase {
-            Phase::Dead | Phase::Done(_) | Phase::Failed | Phase::Stalled(_) => false,
+            Phase::Dead | Phase::Done(_) | Phase::Ended(..) | Phase::Failed | Phase::Stalled(_) => {
+                false
+            }
             Phase::Waiting { kind, epoch, call, .. } => self.completes(kind, epoch, call),
             Phase::Working => {
                 !w.queue.is_empty()
                     || w.rejoining
                     || self.must_recover(i)
+                    || self.must_settle(i)
                     || w.parked_until <= self.now
                     || !self.deliverable(i).is_empty()
             }
@@ -500,7 +548,9 @@ impl<'p, P: Problem> Sim<'p, P> {
         let absent_alive = members.iter().any(|m| self.alive(*m) && !c.joined.contains_key(m));
         let absent_dead = members.iter().any(|m| !self.alive(*m) && !c.joined.contains_key(m));
         let regular = matches!(kind, Kind::Sync | Kind::Gather);
-        !absent_alive || (regular && (absent_dead || self.epochs[epoch].revoked))
+        // The localized pool's only barrier (before any work) waits for the live members.
+        let fails = regular && self.mode == Mode::Global;
+        !absent_alive || (fails && (absent_dead || self.epochs[epoch].revoked))
     }
 
     fn maybe_kill_a_waiting_worker(&mut self) {
@@ -533,6 +583,9 @@ impl<'p, P: Problem> Sim<'p, P> {
         self.kills.push(why);
         self.workers[i].phase = Phase::Dead;
         self.workers[i].kill = None;
+        if self.mode == Mode::Localized {
+            self.land_or_drop_in_flight(self.workers[i].id);
+        }
         for j in 0..self.workers.len() {
             if !self.alive(self.workers[j].id) {
                 continue;
@@ -572,6 +625,9 @@ impl<'p, P: Problem> Sim<'p, P> {
     }
 
     fn work(&mut self, i: usize) {
+        if self.must_settle(i) {
+            return self.notice_failures(i);
+        }
         if self.must_recover(i) {
             self.interrupt_write(i);
             self.trace(i, 0x100);
@@ -666,8 +722,10 @@ impl<'p, P: Problem> Sim<'p, P> {
                 let mine = self.workers[i].machine.contribution();
                 self.join(i, Context::Gather, Kind::Gather, mine);
             }
-            Command::Settle(_) | Command::End(..) => {
-                unreachable!("only localized recovery settles and ends by messages")
+            Command::Settle(settle) => self.settle(i, settle),
+            Command::End(words, failed) => {
+                let mask = failed.iter().fold(0u64, |m, &w| m | 1 << w);
+                self.workers[i].phase = Phase::Ended(sum_contributions(&words), mask);
             }
         }
     }
@@ -686,7 +744,11 @@ impl<'p, P: Problem> Sim<'p, P> {
             };
             armed && w.id != self.workers[i].id && !matches!(w.phase, Phase::Dead)
         });
-        if let Some(h) = holder {
+        if let Some(h) = holder.filter(|_| self.mode == Mode::Localized) {
+            // The localized store moves the copy to a reserve holder; the put completes.
+            self.trace(h, 0xdead_0005);
+            self.die(h, "holder of another's put");
+        } else if let Some(h) = holder {
             self.trace(h, 0xdead_0005);
             self.die(h, "holder of another's put");
             self.maybe_in_flight(i, slot, Some(bytes));
@@ -714,6 +776,87 @@ impl<'p, P: Problem> Sim<'p, P> {
         let cell = self.store.entry((id, slot)).or_default();
         cell.value = Some(bytes);
         cell.in_flight = None;
+    }
+
+    /// Localized: worker `i` hands every death it knows of to its machine and queues its part
+    /// of the recovery (counted as recovering, for kills armed in a recovery).
+    fn notice_failures(&mut self, i: usize) {
+        let dead: Vec<i32> =
+            self.workers.iter().filter(|w| !self.alive(w.id)).map(|w| w.id).collect();
+        let now = Duration::from_micros(self.now);
+        let w = &mut self.workers[i];
+        w.notice = None;
+        w.recovery_actions.get_or_insert(0);
+        let commands = w.machine.on_failures(&dead, now);
+        self.rejoins += u64::from(!commands.is_empty());
+        self.trace(i, 0x600 | commands.len() as u64);
+        self.workers[i].queue.extend(commands);
+    }
+
+    /// Localized: a dead worker's write that its death interrupted lands or not, once, the
+    /// same for every later reader (the store reads the newest version on any live holder).
+    fn land_or_drop_in_flight(&mut self, id: i32) {
+        for slot in [Slot::Checkpoint, Slot::Loot] {
+            let lands = self.rng.gen_bool(0.5);
+            if let Some(cell) = self.store.get_mut(&(id, slot)) {
+                if let Some(value) = cell.in_flight.take() {
+                    if lands {
+                        cell.value = value;
+                    }
+                }
+            }
+        }
+    }
+
+    fn stored<T: serde::de::DeserializeOwned>(&self, owner: i32, slot: Slot) -> Option<T> {
+        let bytes = self.store.get(&(owner, slot))?.value.as_ref()?;
+        ftkv::codec::decode(bytes)
+    }
+
+    fn set(&mut self, owner: i32, slot: Slot, value: Option<Vec<u8>>) {
+        self.store.entry((owner, slot)).or_default().value = value;
+    }
+
+    /// One [`Settle`] as one atomic transaction on the simulated store (as [`crate::pool`]
+    /// runs it through `Store::transaction`).
+    fn settle(&mut self, i: usize, settle: Settle) {
+        let me = self.workers[i].id;
+        let new = match settle {
+            Settle::Adopt { dead } => {
+                let theirs = self.stored(dead, Slot::Checkpoint);
+                let adoption = self.workers[i].machine.with_adopted(dead, theirs);
+                adoption.map(|(mine, emptied)| {
+                    self.set(dead, Slot::Checkpoint, Some(emptied.encode()));
+                    mine
+                })
+            }
+            Settle::Loot { victim } => {
+                let Some(loot) = self.stored::<Loot<P::Task>>(victim, Slot::Loot) else { return };
+                let machine = &self.workers[i].machine;
+                if !machine.resolves_loot(victim, &loot) {
+                    return;
+                }
+                let victims = self.stored(victim, Slot::Checkpoint);
+                let thiefs = (loot.thief != me).then(|| self.stored(loot.thief, Slot::Checkpoint));
+                let new =
+                    machine.with_loot(victim, &loot, victims.as_ref(), thiefs.flatten().as_ref());
+                self.set(victim, Slot::Loot, None);
+                new
+            }
+            Settle::TakeBack { thief } => {
+                let thiefs = self.stored(thief, Slot::Checkpoint);
+                let new = self.workers[i].machine.with_taken_back(thiefs.as_ref());
+                self.set(me, Slot::Loot, None);
+                if new.is_none() {
+                    self.workers[i].machine.clear_pending();
+                }
+                new
+            }
+        };
+        if let Some(state) = new {
+            self.set(me, Slot::Checkpoint, Some(state.encode()));
+            self.workers[i].machine.settled(settle, state);
+        }
     }
 
     fn read_all(&mut self, i: usize) {
@@ -775,7 +918,7 @@ impl<'p, P: Problem> Sim<'p, P> {
         self.trace(i, 0x500 | (kind as u64) << 4);
         match context {
             Context::Sync => {
-                if self.regular_succeeds(key) {
+                if self.mode == Mode::Localized || self.regular_succeeds(key) {
                     self.workers[i].phase = Phase::Working;
                 } else {
                     self.start_recovery(i);
@@ -868,6 +1011,10 @@ impl<'p, P: Problem> Sim<'p, P> {
                     let failed = (0..self.workers.len() as i32).filter(|x| !live.contains(x));
                     results.push((w.id, sums, failed.collect()));
                 }
+                Phase::Ended(sums, mask) => {
+                    let failed = (0..self.workers.len() as i32).filter(|x| mask & 1 << x != 0);
+                    results.push((w.id, sums, failed.collect()));
+                }
                 other => self.violations.push(format!("worker {} ends in {other:?}", w.id)),
             }
         }
@@ -928,6 +1075,15 @@ mod tests {
         let failing = campaign(1, 300).failing;
         let shown = ftkv::sim::first_failing(&failing);
         assert!(failing.is_empty(), "{} failing seeds, e.g.\n{shown}", failing.len());
+    }
+
+    #[test]
+    fn seeded_localized_pool_runs_stay_exact_and_recover_locally() {
+        let run = campaign_in(1, 300, Mode::Localized);
+        let shown = ftkv::sim::first_failing(&run.failing);
+        assert!(run.failing.is_empty(), "{} failing seeds, e.g.\n{shown}", run.failing.len());
+        assert!(run.rejoins > 100, "workers settled failures in only {} runs' steps", run.rejoins);
+        assert!(run.kills.keys().any(|k| *k == "buddy_after_adopting"), "{:?}", run.kills);
     }
 
     #[test]

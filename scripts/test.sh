@@ -29,7 +29,7 @@ cargo test --release -p ftkv -p ftkv-tasks --no-default-features
 cargo clippy -p ftkv -p ftkv-tasks --no-default-features --all-targets --quiet -- -D warnings
 step "unit, scenario and real-MPI tests"
 cargo test --workspace --release
-step "simulated store recoveries and pool runs: 10000 seeded scenarios each, kills at any step (no MPI)"
+step "simulated store recoveries and pool runs (global and localized): 10000 seeded scenarios each, kills at any step (no MPI)"
 target/release/ftkv sim --runs 10000 --seed 1
 step "simulated transactions: 1000 seeded runs, coordinator and backup kills at every step (no MPI)"
 target/release/ftkv sim --model txn --runs 1000 --seed 100001

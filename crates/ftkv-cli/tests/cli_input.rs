@@ -312,7 +312,8 @@ fn the_bench_summary_names_exactly_its_subcommands() {
     assert_eq!(named, existing, "the bench summary: {summary:?}");
 }
 
-/// `ftkv sim` needs no MPI: it runs the seeded store and pool simulations, prints the summary
+/// `ftkv sim` needs no MPI: it runs the seeded store and pool simulations (the pool with global
+/// and with localized recovery), prints the summary
 /// line, and the same arguments give the same digest.
 #[test]
 fn sim_runs_without_mpi_and_replays_its_digest() {
@@ -324,11 +325,15 @@ fn sim_runs_without_mpi_and_replays_its_digest() {
         assert!(line.starts_with(&format!("runs={runs} violations=0 digest=")), "{line}");
         line.split_whitespace().nth(2).expect("the digest").to_owned()
     };
-    assert_eq!(summary("--seed 5", 600), summary("--seed 5", 600));
-    assert_ne!(summary("--seed 5", 600), summary("--seed 6", 600));
+    // All models: the store, the pool with global and with localized recovery.
+    assert_eq!(summary("--seed 5", 900), summary("--seed 5", 900));
+    assert_ne!(summary("--seed 5", 900), summary("--seed 6", 900));
+    let localized = summary("--seed 5 --model pool-localized", 300);
+    assert_eq!(localized, summary("--seed 5 --model pool-localized", 300));
     let pool = summary("--seed 5 --model pool", 300);
     assert_eq!(pool, summary("--seed 5 --model pool", 300));
     assert_ne!(pool, summary("--seed 5 --model store", 300));
+    assert_ne!(pool, localized, "the localized pool is another model");
     let out = output_within(ftkv("sim --runs 0"), BOUND).unwrap();
     assert!(!out.status.success(), "0 runs is refused");
 }

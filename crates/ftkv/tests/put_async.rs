@@ -51,9 +51,15 @@ fn an_owner_killed_before_waiting_leaves_its_new_value_on_the_first_holder() {
             let me = store.worker();
             store.put(Key::new(me, 0), &value(me, 1)).unwrap();
             store.sync().unwrap();
-            let pending = store.put_async(Key::new(me, 0), &value(me, 2)).unwrap();
-            fabric.failpoint("before_wait");
-            pending.wait().unwrap();
+            // A survivor that gets here after worker 1 died, or whose own key has a copy on
+            // worker 1, learns of the failure from its own put.
+            let written = store.put_async(Key::new(me, 0), &value(me, 2)).and_then(|pending| {
+                fabric.failpoint("before_wait");
+                pending.wait()
+            });
+            if let Err(e) = written {
+                assert!(e.needs_recovery(), "{e}");
+            }
             while !store.needs_recovery() {
                 std::thread::sleep(std::time::Duration::from_millis(1));
             }

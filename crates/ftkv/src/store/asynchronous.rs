@@ -132,8 +132,8 @@ impl<F: Fabric> Drop for PendingPut<'_, F> {
 
 impl<F: Fabric> Store<F> {
     /// Writes `value` under this worker's own `key` like [`Store::put`], but returns once the
-    /// first copy is complete at its holder; the other copies are issued to a replicator
-    /// thread. The returned handle waits for them ([`PendingPut::wait`], or when dropped).
+    /// first copy (on this host when a holder is here) is complete at its holder; the other
+    /// copies are issued to a replicator thread. The returned handle waits for them ([`PendingPut::wait`], or when dropped).
     ///
     /// Completion: `Ok(handle)` means the first holder has the new version. Failure: as
     /// [`Store::put`]. What a failure can lose: until the handle is waited for, the new version
@@ -168,7 +168,13 @@ impl<F: Fabric> Store<F> {
         let header = Header::for_value(value, version, self.epoch, self.me);
         let route = self.route(key)?;
         self.ensure_alive(route)?;
-        let (first, others) = route.split_at(1.min(route.len()));
+        let mut copies = route.to_vec();
+        // The first copy on this host when there is one: shared memory returns soonest.
+        let my_host = self.hosts[self.me as usize];
+        if let Some(local) = copies.iter().position(|c| self.hosts[c.worker as usize] == my_host) {
+            copies.swap(0, local);
+        }
+        let (first, others) = copies.split_at(1.min(copies.len()));
         let others = others.to_vec();
         self.put_to(first, header, value)?;
         let data: Arc<[u8]> = Arc::from(value);

@@ -266,14 +266,7 @@ fn store_put(
     iterations: usize,
     detection: Detection,
 ) -> Result<Vec<Duration>> {
-    let mut config = Config::new(["checkpoint"], copies);
-    config.max_value = size;
-    config.initial_capacity = size;
-    config.detection = detection;
-    let mut store = Store::create(world, config)?;
-    let key = Key::new(store.worker(), 0);
-    let data = vec![7u8; size];
-    store.sync()?;
+    let (mut store, key, data) = bench_store(world, copies, size, detection)?;
     let mut samples = Vec::with_capacity(iterations);
     for _ in 0..iterations {
         let start = Instant::now();
@@ -282,6 +275,24 @@ fn store_put(
     }
     store.sync()?;
     Ok(samples)
+}
+
+/// A store of one kind sized for `size`-byte values, this rank's key and a value to write,
+/// after a barrier.
+fn bench_store(
+    world: &Comm,
+    copies: usize,
+    size: usize,
+    detection: Detection,
+) -> Result<(Store, Key, Vec<u8>)> {
+    let mut config = Config::new(["checkpoint"], copies);
+    config.max_value = size;
+    config.initial_capacity = size;
+    config.detection = detection;
+    let mut store = Store::create(world, config)?;
+    let key = Key::new(store.worker(), 0);
+    store.sync()?;
+    Ok((store, key, vec![7u8; size]))
 }
 
 /// `Store::put_async` (bitmap detection): per put, the time until it returned (the first copy
@@ -293,13 +304,7 @@ fn store_put_async(
     size: usize,
     iterations: usize,
 ) -> Result<(Vec<Duration>, Vec<Duration>)> {
-    let mut config = Config::new(["checkpoint"], copies);
-    config.max_value = size;
-    config.initial_capacity = size;
-    let mut store = Store::create(world, config)?;
-    let key = Key::new(store.worker(), 0);
-    let data = vec![7u8; size];
-    store.sync()?;
+    let (mut store, key, data) = bench_store(world, copies, size, Detection::Bitmap)?;
     let mut returned = Vec::with_capacity(iterations);
     let mut waited = Vec::with_capacity(iterations);
     for _ in 0..iterations {

@@ -139,18 +139,25 @@ fn worker_killed_during_recovery() {
     assert_exact(&out, 5, &[0, 3], None, QUEENS_SOLUTIONS);
 }
 
-#[test]
-fn t1_is_exact_after_two_random_kills() {
+/// `ftkv demo` on T1 with 8 ranks, `kills` random SIGKILLs and `args`: the published counts
+/// and that many kills; the demo's stdout and stderr.
+fn t1_demo(kills: usize, args: &[&str]) -> (String, String) {
     let mut cmd = Command::new(FTKV);
-    cmd.args(["demo", "-n", "8", "--kills", "2", "--seed", "11", "--timeout", "90"]);
+    cmd.args(["demo", "-n", "8", "--kills", &kills.to_string(), "--timeout", "90"]).args(args);
     let _alone = ftkv_cli::launch::job_slot();
     let out = output_within(cmd, Duration::from_secs(150)).expect("the demo ends in time");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "demo failed:\n{stdout}\n{stderr}");
     assert!(stdout.contains("4130071 nodes, 3305118 leaves"), "{stdout}");
     assert!(stdout.contains("MATCH") && !stdout.contains("MISMATCH"), "{stdout}");
-    assert_eq!(stderr.matches("SIGKILL rank").count(), 2, "two kills:\n{stderr}");
+    assert_eq!(stderr.matches("SIGKILL rank").count(), kills, "{kills} kills:\n{stderr}");
+    (stdout, stderr)
+}
+
+#[test]
+fn t1_is_exact_after_two_random_kills() {
+    t1_demo(2, &["--seed", "11"]);
 }
 
 /// Localized recovery with 1, 2 and 3 workers killed at protocol points, some of them while
@@ -175,16 +182,6 @@ fn localized_recovery_is_exact_with_one_two_and_three_kills() {
 
 #[test]
 fn t1_is_exact_after_three_random_kills_with_localized_recovery() {
-    let mut cmd = Command::new(FTKV);
-    cmd.args(["demo", "-n", "8", "--kills", "3", "--seed", "5", "--recovery", "localized"]);
-    cmd.args(["--timeout", "90"]);
-    let _alone = ftkv_cli::launch::job_slot();
-    let out = output_within(cmd, Duration::from_secs(150)).expect("the demo ends in time");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "demo failed:\n{stdout}\n{stderr}");
-    assert!(stdout.contains("4130071 nodes, 3305118 leaves"), "{stdout}");
-    assert!(stdout.contains("MATCH") && !stdout.contains("MISMATCH"), "{stdout}");
-    assert_eq!(stderr.matches("SIGKILL rank").count(), 3, "three kills:\n{stderr}");
+    let (stdout, stderr) = t1_demo(3, &["--seed", "5", "--recovery", "localized"]);
     assert!(stdout.contains("global recoveries: 0"), "{stdout}\n{stderr}");
 }

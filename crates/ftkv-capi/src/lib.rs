@@ -13,15 +13,14 @@
 
 #![allow(non_camel_case_types)]
 // The functions are for C, where `unsafe` means nothing: each one's pointer contract is in its
-// documentation (and the header's), and every dereference is in a helper with its SAFETY note.
-#![allow(clippy::not_unsafe_ptr_arg_deref)]
+// documentation (and the header's); every dereference is in `ftkv_mpi::c_abi`.
 
 use std::cell::RefCell;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use ftkv::{Config, Error, Key, Store};
-use ftkv_mpi::Mpi;
+use ftkv_mpi::{c_abi, Mpi};
 
 /// An MPI communicator handle as Open MPI's `mpi.h` defines it (a pointer).
 pub type MPI_Comm = *mut c_void;
@@ -121,60 +120,32 @@ fn guarded(body: impl FnOnce() -> Result<ftkv_status, Failure>) -> ftkv_status {
 
 /// The store behind `store`, or an argument error for a null handle.
 fn store_mut<'a>(store: *mut ftkv_store) -> Result<&'a mut ftkv_store, Failure> {
-    // SAFETY: the C API's contract: `store` is null or a handle `ftkv_store_create` returned
-    // and `ftkv_store_free` has not freed, used by one thread at a time.
-    unsafe { store.as_mut() }.ok_or_else(|| invalid("the store handle is NULL"))
+    c_abi::handle_mut(store).ok_or_else(|| invalid("the store handle is NULL"))
 }
 
 /// `len` bytes at `data` (empty when `len` is 0, whatever `data` is).
 fn bytes<'a>(data: *const c_void, len: usize) -> Result<&'a [u8], Failure> {
-    if len == 0 {
-        return Ok(&[]);
-    }
-    if data.is_null() {
-        return Err(invalid("the data pointer is NULL"));
-    }
-    // SAFETY: the caller promises `len` readable bytes at `data`, unchanged during the call.
-    Ok(unsafe { std::slice::from_raw_parts(data.cast::<u8>(), len) })
+    c_abi::slice(data.cast::<u8>(), len).ok_or_else(|| invalid("the data pointer is NULL"))
 }
 
 /// Room for `cap` bytes at `buf`.
 fn room<'a>(buf: *mut c_void, cap: usize) -> Result<&'a mut [u8], Failure> {
-    if cap == 0 {
-        return Ok(&mut []);
-    }
-    if buf.is_null() {
-        return Err(invalid("the buffer pointer is NULL"));
-    }
-    // SAFETY: the caller promises `cap` writable bytes at `buf`, not used elsewhere meanwhile.
-    Ok(unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), cap) })
+    c_abi::slice_mut(buf.cast::<u8>(), cap).ok_or_else(|| invalid("the buffer pointer is NULL"))
 }
 
 /// Writes `value` through `out`.
 fn put_out<T>(out: *mut T, value: T) -> Result<(), Failure> {
-    if out.is_null() {
-        return Err(invalid("an output pointer is NULL"));
-    }
-    // SAFETY: the caller promises `out` points to writable memory for one `T`.
-    unsafe { out.write(value) };
-    Ok(())
+    c_abi::write_out(out, value).then_some(()).ok_or_else(|| invalid("an output pointer is NULL"))
 }
 
 /// The kind names `kinds[0..n]`.
 fn kind_names(kinds: *const *const c_char, n: usize) -> Result<Vec<String>, Failure> {
-    if n == 0 || kinds.is_null() {
-        return Err(invalid("at least one kind is needed"));
-    }
-    // SAFETY: the caller promises `n` readable pointers at `kinds`.
-    let pointers = unsafe { std::slice::from_raw_parts(kinds, n) };
+    let pointers = c_abi::slice(kinds, n).filter(|p| !p.is_empty());
+    let pointers = pointers.ok_or_else(|| invalid("at least one kind is needed"))?;
     pointers
         .iter()
         .map(|&p| {
-            if p.is_null() {
-                return Err(invalid("a kind name is NULL"));
-            }
-            // SAFETY: the caller promises each name is a NUL-terminated string.
-            let name = unsafe { CStr::from_ptr(p) };
+            let name = c_abi::c_str(p).ok_or_else(|| invalid("a kind name is NULL"))?;
             name.to_str().map(str::to_owned).map_err(|_| invalid("a kind name is not UTF-8"))
         })
         .collect()
@@ -239,15 +210,13 @@ pub extern "C" fn ftkv_store_create(
         // itself) go to stderr, as ftkv's own programs print them.
         ftkv::events::set_sink(|event| eprintln!("{event}"));
         let mpi = Mpi::attach()?;
-        // SAFETY: the C API's contract: `comm` is a valid communicator of the program.
-        let comm = unsafe { mpi.duplicate_external(comm.cast()) }?;
+        let comm = c_abi::duplicate_comm(&mpi, comm)?;
         let mut config = Config::new(names, copies);
         if max_value > 0 {
             config.max_value = max_value;
         }
         let store = Store::create(&comm, config)?;
-        let handle = Box::into_raw(Box::new(ftkv_store { store, _mpi: mpi }));
-        put_out(out, handle)?;
+        put_out(out, c_abi::into_handle(ftkv_store { store, _mpi: mpi }))?;
         Ok(FTKV_OK)
     })
 }
@@ -257,10 +226,7 @@ pub extern "C" fn ftkv_store_create(
 #[no_mangle]
 pub extern "C" fn ftkv_store_free(store: *mut ftkv_store) -> ftkv_status {
     guarded(|| {
-        if !store.is_null() {
-            // SAFETY: `store` came from `ftkv_store_create` and is freed once (the contract).
-            drop(unsafe { Box::from_raw(store) });
-        }
+        drop(c_abi::take_handle(store));
         Ok(FTKV_OK)
     })
 }
@@ -270,9 +236,7 @@ pub extern "C" fn ftkv_store_free(store: *mut ftkv_store) -> ftkv_status {
 #[no_mangle]
 pub extern "C" fn ftkv_store_abandon(store: *mut ftkv_store) -> ftkv_status {
     guarded(|| {
-        if !store.is_null() {
-            // SAFETY: `store` came from `ftkv_store_create` and is freed once (the contract).
-            let handle = unsafe { Box::from_raw(store) };
+        if let Some(handle) = c_abi::take_handle(store) {
             handle.store.abandon();
         }
         Ok(FTKV_OK)
@@ -283,8 +247,7 @@ pub extern "C" fn ftkv_store_abandon(store: *mut ftkv_store) -> ftkv_status {
 /// a NULL handle.
 #[no_mangle]
 pub extern "C" fn ftkv_store_worker(store: *const ftkv_store) -> c_int {
-    // SAFETY: `store` is NULL or a live handle (the contract).
-    unsafe { store.as_ref() }.map_or(-1, |s| s.store.worker())
+    c_abi::handle_ref(store).map_or(-1, |s| s.store.worker())
 }
 
 /// Writes `len` bytes at `data` under this rank's own key of kind `kind` and returns once
@@ -356,8 +319,7 @@ pub extern "C" fn ftkv_get(
 /// -1 for a NULL handle.
 #[no_mangle]
 pub extern "C" fn ftkv_needs_recovery(store: *const ftkv_store) -> c_int {
-    // SAFETY: `store` is NULL or a live handle (the contract).
-    unsafe { store.as_ref() }.map_or(-1, |s| c_int::from(s.store.needs_recovery()))
+    c_abi::handle_ref(store).map_or(-1, |s| c_int::from(s.store.needs_recovery()))
 }
 
 /// Recovers the store collectively over the survivors: shrinks it to them and copies the
@@ -389,14 +351,8 @@ pub extern "C" fn ftkv_failed(
         let failed = store_mut(store)?.store.failed();
         put_out(count, failed.len())?;
         let n = failed.len().min(cap);
-        if n > 0 {
-            if out.is_null() {
-                return Err(invalid("the output array is NULL"));
-            }
-            // SAFETY: the caller promises room for `cap` ints at `out`; n <= cap.
-            let room = unsafe { std::slice::from_raw_parts_mut(out, n) };
-            room.copy_from_slice(&failed[..n]);
-        }
+        let room = c_abi::slice_mut(out, n).ok_or_else(|| invalid("the output array is NULL"))?;
+        room.copy_from_slice(&failed[..n]);
         Ok(FTKV_OK)
     })
 }

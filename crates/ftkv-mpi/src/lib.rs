@@ -9,6 +9,7 @@
 //!   operations that take a deadline. Callers bound the rest (ftkv's watchdog).
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod c_abi;
 mod comm;
 mod error;
 pub mod failpoint;

@@ -98,21 +98,8 @@ impl Mpi {
         Ok(Mpi { runtime: Arc::new(Runtime { finalized: AtomicBool::new(true) }) })
     }
 
-    /// A duplicate of the program's communicator `raw` (collective over its members, like
-    /// `MPI_Comm_dup`) that returns errors instead of aborting; freed when dropped, while `raw`
-    /// stays the program's.
-    ///
-    /// # Safety
-    /// `raw` must be a valid communicator handle of this process's MPI library.
-    pub unsafe fn duplicate_external(&self, raw: ffi::MPI_Comm) -> Result<Comm> {
-        let mut dup: ffi::MPI_Comm = std::ptr::null_mut();
-        // SAFETY: `raw` is valid (the caller's promise); `dup` is a valid out-pointer.
-        check(unsafe { ffi::MPI_Comm_dup(raw, &mut dup) }, "MPI_Comm_dup")?;
-        // SAFETY: `dup` is the valid communicator just created; the handler is predefined.
-        let rc = unsafe { ffi::MPI_Comm_set_errhandler(dup, ffi::ftkv_errors_return) };
-        let comm = Comm::owned(dup, self.runtime.clone())?;
-        check(rc, "MPI_Comm_set_errhandler")?;
-        Ok(comm)
+    pub(crate) fn runtime(&self) -> Arc<Runtime> {
+        self.runtime.clone()
     }
 
     /// `MPI_COMM_WORLD` (not freed when dropped).

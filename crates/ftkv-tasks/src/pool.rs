@@ -165,8 +165,10 @@ struct Driver<'p, P: Problem, F: Fabric> {
     comm: F,
     /// The worker id of each rank of `comm` (all workers until a global recovery shrinks it).
     ranks: Vec<i32>,
-    /// The failed workers this worker's localized recovery has dealt with.
+    /// The failed workers this worker's localized recovery has dealt with, and the store's
+    /// failure counter when it last looked ([`Store::failures_noticed`]).
     known_failed: Vec<i32>,
+    noticed: u64,
     /// The failed workers a localized run's end named ([`Command::End`]).
     ended_failed: Option<Vec<i32>>,
     started: Instant,
@@ -221,6 +223,7 @@ pub fn run<P: Problem, F: Fabric>(world: &F, problem: &P, config: &PoolConfig) -
         comm,
         ranks,
         known_failed: Vec::new(),
+        noticed: 0,
         ended_failed: None,
         started,
         agreed: false,
@@ -387,9 +390,10 @@ impl<P: Problem, F: Fabric> Driver<'_, P, F> {
     /// machine and runs this worker's part ([`protocol::Worker::on_failures`]); first resolves
     /// the open transactions of failed coordinators whose backup this worker is.
     fn notice_failures(&mut self) -> Result<Option<Sums>> {
-        if !self.localized() {
+        if !self.localized() || self.store.failures_noticed() == self.noticed {
             return Ok(None);
         }
+        self.noticed = self.store.failures_noticed();
         let failed = self.store.failed();
         if failed == self.known_failed {
             return Ok(None);
@@ -549,12 +553,6 @@ impl<P: Problem, F: Fabric> Driver<'_, P, F> {
         let bytes: Vec<u8> =
             self.machine.contribution().iter().flat_map(|w| w.to_le_bytes()).collect();
         let gathered = self.comm.allgather(&bytes);
-        if gathered.is_err() && self.localized() {
-            // Workers that did not hear of the end yet (the leader died while it told them)
-            // keep working until a revocation sends them to the agreement below.
-            self.comm.revoke().ok();
-            self.store.interrupt().ok();
-        }
         self.agreed = true;
         let agreed = self.comm.agree(gathered.is_ok() as u32)?;
         let all = gathered?;
@@ -617,6 +615,7 @@ impl<P: Problem, F: Fabric> Driver<'_, P, F> {
         let live = self.store.live().to_vec();
         self.ranks = live.clone();
         self.known_failed = self.store.failed();
+        self.noticed = self.store.failures_noticed();
         let now = self.now();
         let commands = self.machine.rejoin(&live, now).ok_or(PoolError::Unprotected)?;
         self.execute(commands)?;

@@ -779,11 +779,6 @@ impl<'p, P: Problem> Worker<'p, P> {
         self.pending = None;
     }
 
-    /// The steal id of this worker's loot in flight, if one is.
-    pub fn pending_steal(&self) -> Option<u64> {
-        self.pending.as_ref().map(|p| p.steal_id)
-    }
-
     fn seen(&self, stored: &Stored<P::Task>) -> Vec<Seen> {
         let workers = self.state.received.len();
         (0..workers)

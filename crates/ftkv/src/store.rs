@@ -231,6 +231,12 @@ impl<F: Fabric> Store<F> {
         self.workers
     }
 
+    /// A counter that changes whenever the detector adds to [`Store::failed`] (one atomic
+    /// load): for a caller that polls for failures in its hot loop. A recovery may restart it.
+    pub fn failures_noticed(&self) -> u64 {
+        self.health.generation()
+    }
+
     /// Every worker this rank knows failed (stable ids): those the last recovery left out and
     /// those its detector noticed since.
     pub fn failed(&self) -> Vec<i32> {
@@ -754,9 +760,13 @@ impl<F: Fabric> Store<F> {
     ///     store.put(Key::new(store.worker(), 0), b"state").unwrap();
     ///     store.sync().unwrap();
     ///     fabric.failpoint("written");
-    ///     while !store.failed().contains(&3) {
+    ///     for _ in 0..10_000 {
+    ///         if store.failed().contains(&3) {
+    ///             break;
+    ///         }
     ///         std::thread::sleep(std::time::Duration::from_millis(1));
     ///     }
+    ///     assert!(store.failed().contains(&3), "the failure was noticed");
     ///     store.follow().unwrap();
     ///     assert!(!store.needs_recovery(), "no global recovery");
     ///     store.take_repairs().iter().map(|r| r.keys_moved).sum::<usize>()
@@ -926,9 +936,14 @@ impl<F: Fabric> Store<F> {
     ///     let me = store.worker();
     ///     store.put(Key::new(me, 0), format!("last of {me}").as_bytes()).unwrap();
     ///     fabric.failpoint("after_put");
-    ///     while !store.needs_recovery() {
+    ///     // The detector notices within milliseconds; 10 s bound the wait.
+    ///     for _ in 0..10_000 {
+    ///         if store.needs_recovery() {
+    ///             break;
+    ///         }
     ///         std::thread::sleep(std::time::Duration::from_millis(1));
     ///     }
+    ///     assert!(store.needs_recovery(), "the failure was noticed");
     ///     let report = store.recover().unwrap();
     ///     assert_eq!(report.failed, vec![2]);
     ///     assert_eq!(store.failed(), vec![2]);

@@ -21,12 +21,29 @@ fn mpicc(workspace: &Path) -> PathBuf {
         .unwrap_or_else(|| workspace.join(".venv").join("bin").join("mpicc"))
 }
 
+/// Builds `libftkv_capi.so` into `libs` when it is not there: `cargo test` links the
+/// integration tests against the rlib and leaves the cdylib out on a clean tree.
+fn build_shared_library(workspace: &Path, libs: &Path) {
+    if libs.join("libftkv_capi.so").exists() {
+        return;
+    }
+    let release = libs.file_name().is_some_and(|name| name == "release");
+    let mut cargo = Command::new(env!("CARGO"));
+    cargo.current_dir(workspace).args(["build", "--quiet", "-p", "ftkv-capi", "--lib"]);
+    if release {
+        cargo.arg("--release");
+    }
+    let status = cargo.status().expect("cargo runs");
+    assert!(status.success(), "cargo could not build ftkv-capi's shared library");
+    assert!(libs.join("libftkv_capi.so").exists(), "no libftkv_capi.so in {}", libs.display());
+}
+
 /// Compiles the example against the header and the shared library; the executable's path.
 fn build_example() -> PathBuf {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
     let workspace = manifest.ancestors().nth(2).expect("crates/ftkv-capi in the workspace");
     let libs = profile_dir();
-    assert!(libs.join("libftkv_capi.so").exists(), "no libftkv_capi.so in {}", libs.display());
+    build_shared_library(workspace, &libs);
     let exe = libs.join("ftkv-checkpoint-example");
     let status = Command::new(mpicc(workspace))
         .arg(workspace.join("examples/c/checkpoint.c"))

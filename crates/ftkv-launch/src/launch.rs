@@ -803,6 +803,10 @@ impl JobOutput {
         for line in &self.untagged {
             text.push_str(&format!("[mpirun] {line}\n"));
         }
+        let status =
+            self.status.map_or("none (killed at the timeout)".to_owned(), |s| s.to_string());
+        let elapsed = self.elapsed.as_secs_f64();
+        text.push_str(&format!("[mpirun] exit status {status} after {elapsed:.2} s\n"));
         text.push_str(&format!("[stderr]\n{}", self.stderr));
         text
     }

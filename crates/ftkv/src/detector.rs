@@ -32,7 +32,9 @@ pub(crate) struct Health {
     /// generation (localized recovery decides in the store's own call path).
     alarm_on_failure: bool,
     alarm: AtomicBool,
-    in_call: AtomicU64,
+    /// Entries and exits of data-path calls, odd while one is inside: the owner's calls
+    /// ([`Lane::Owner`]) and the repairer thread's ([`Lane::Repairer`]), watched apart.
+    in_call: [AtomicU64; 2],
     /// When the clock thread last ticked, in nanoseconds since `born` (0: no clock runs).
     tick_at: AtomicU64,
     /// When the detector thread last began a round, in nanoseconds since `born` (0: none yet),
@@ -50,7 +52,7 @@ impl Health {
             generation: AtomicU64::new(0),
             alarm_on_failure,
             alarm: AtomicBool::new(false),
-            in_call: AtomicU64::new(0),
+            in_call: [AtomicU64::new(0), AtomicU64::new(0)],
             tick_at: AtomicU64::new(0),
             detector_at: AtomicU64::new(0),
             detector_step: AtomicU64::new(0),
@@ -149,17 +151,38 @@ impl Health {
         self.alarm.store(false, Ordering::Release);
     }
 
-    /// Marks the start of a bounded data-path call.
+    /// Marks the start of a bounded data-path call of the store's owner thread.
     #[inline]
     pub fn enter_call(&self) {
-        self.in_call.fetch_add(1, Ordering::AcqRel);
+        self.enter_call_on(Lane::Owner);
     }
 
     /// Marks its end.
     #[inline]
     pub fn leave_call(&self) {
-        self.in_call.fetch_add(1, Ordering::AcqRel);
+        self.leave_call_on(Lane::Owner);
     }
+
+    /// Marks the start of a bounded data-path call made on `lane`.
+    #[inline]
+    pub fn enter_call_on(&self, lane: Lane) {
+        self.in_call[lane as usize].fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Marks its end.
+    #[inline]
+    pub fn leave_call_on(&self, lane: Lane) {
+        self.in_call[lane as usize].fetch_add(1, Ordering::AcqRel);
+    }
+}
+
+/// The threads whose one-sided calls the watchdog bounds, each on its own counter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Lane {
+    /// The thread that owns the store and makes its calls.
+    Owner = 0,
+    /// The repairer thread of localized recovery ([`crate::store`]'s `follow` module).
+    Repairer = 1,
 }
 
 /// The running detector and clock threads; stopped and joined on drop.
@@ -290,7 +313,7 @@ fn tick<F: Fabric>(
 }
 
 fn run<F: Fabric>(watch: Watch<F>, stop: &AtomicBool) {
-    let mut stuck = StuckCall::default();
+    let mut stuck = [StuckCall::new(Lane::Owner), StuckCall::new(Lane::Repairer)];
     let mut fenced_generation = 0;
     while !stop.load(Ordering::Acquire) {
         watch.health.enter_detector_step(DetectorStep::Progress);
@@ -299,7 +322,7 @@ fn run<F: Fabric>(watch: Watch<F>, stop: &AtomicBool) {
         poll_once(&watch);
         watch.health.enter_detector_step(DetectorStep::Fence);
         fenced_generation = fence_new_failures(&watch, fenced_generation);
-        stuck.check(&watch);
+        stuck.iter_mut().for_each(|lane| lane.check(&watch));
         watch.health.enter_detector_step(DetectorStep::Pause);
         if watch.answer_pings {
             std::thread::yield_now();
@@ -387,17 +410,21 @@ fn poll_once<F: Fabric>(watch: &Watch<F>) {
     }
 }
 
-/// The watchdog's memory of the call it saw last.
-#[derive(Default)]
+/// The watchdog's memory of the call it saw last on one lane.
 struct StuckCall {
+    lane: Lane,
     seen: u64,
     since: Option<Instant>,
 }
 
 impl StuckCall {
+    fn new(lane: Lane) -> StuckCall {
+        StuckCall { lane, seen: 0, since: None }
+    }
+
     fn check<F: Fabric>(&mut self, watch: &Watch<F>) {
         let bound = watch.watchdog;
-        let now = watch.health.in_call.load(Ordering::Acquire);
+        let now = watch.health.in_call[self.lane as usize].load(Ordering::Acquire);
         let inside = !now.is_multiple_of(2);
         if !inside || now != self.seen {
             self.seen = now;

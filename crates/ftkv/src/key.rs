@@ -41,11 +41,13 @@ pub enum Recovery {
     /// windows, every key's newest version copied to its new holders.
     Global,
     /// No revoke, no new windows: a copy that lived on a failed worker moves to the next
-    /// reserve holder of its chain ([`crate::layout`]), and the key's owner, at its next store
-    /// call, copies the newest surviving version there; ranks whose keys lost no copy only
-    /// recompute their routes. The store falls back to [`Recovery::Global`] (an
+    /// reserve holder of its chain ([`crate::layout`]). Each worker's repairer thread copies
+    /// the newest surviving version there as soon as the failure is published, whether or not
+    /// the worker makes store calls: the owner's thread for its own keys, the first live holder's
+    /// for a key whose owner failed too. Ranks whose keys lost no copy only recompute their
+    /// routes, and their calls go on meanwhile. The store falls back to [`Recovery::Global`] (an
     /// [`Error::RecoveryNeeded`] on every survivor) when a copy has no live reserve left, a key
-    /// lost a copy and its owner, or the survivors hold no quorum across hosts. Collective
+    /// lost its owner and every copy, or the survivors hold no quorum across hosts. Collective
     /// calls on the store's communicator ([`Store::sync`](crate::Store::sync),
     /// [`Store::communicator`](crate::Store::communicator)) fail while a failed member is not
     /// yet shrunk away.

@@ -40,11 +40,12 @@ pub struct RecoveryReport {
 pub struct RepairReport {
     /// Every worker known failed when the routes were brought up to date (stable ids).
     pub failed: Vec<i32>,
-    /// This worker's own keys whose copies moved to reserve holders, and the bytes it copied
-    /// there (the newest surviving version of each).
+    /// Keys whose copies this worker moved to reserve holders (its own keys, and keys of failed
+    /// owners whose first live holder it is), and the bytes it copied there (the newest
+    /// surviving version of each).
     pub keys_moved: usize,
     pub bytes_moved: u64,
-    /// From noticing the new failure in a store call to every moved copy written.
+    /// From the repairer thread taking up the failure to every moved copy written.
     pub duration: Duration,
 }
 
@@ -53,6 +54,7 @@ pub struct RepairReport {
 const LOCALIZED_ATTEMPTS: usize = 8;
 
 mod asynchronous;
+mod follow;
 mod transactions;
 
 pub use asynchronous::PendingPut;
@@ -110,8 +112,8 @@ pub struct Store<F: Fabric = DefaultFabric> {
     layout: Layout,
     epoch: u64,
     versions: Vec<u64>,
-    /// The last acknowledged version of each own key (0: none yet).
-    acked: Vec<u64>,
+    /// The last acknowledged version of each own key (0: none yet), shared with the repairer.
+    acked: Arc<follow::Acked>,
     handed: HashMap<Key, u64>,
     health: Arc<Health>,
     detector: Option<Detector>,
@@ -131,6 +133,8 @@ pub struct Store<F: Fabric = DefaultFabric> {
     resolved_coordinators: Vec<i32>,
     /// The thread that writes the other copies of [`Store::put_async`]s (started by the first).
     replicator: Option<asynchronous::Replicator<F::Window>>,
+    /// The thread that repairs copies after failures ([`Recovery::Localized`] only).
+    repairer: Option<follow::Repairer<F>>,
 }
 
 impl<F: Fabric> Store<F> {
@@ -185,7 +189,7 @@ impl<F: Fabric> Store<F> {
         let health = Arc::new(Health::new(workers, config.recovery == Recovery::Global));
         let mut store = Store::<F> {
             versions: vec![0; config.kinds.len()],
-            acked: vec![0; config.kinds.len()],
+            acked: Arc::new(follow::Acked::new(config.kinds.len())),
             config,
             geometry,
             me,
@@ -208,6 +212,7 @@ impl<F: Fabric> Store<F> {
             transactions: 0,
             resolved_coordinators: Vec::new(),
             replicator: None,
+            repairer: None,
         };
         store.start_detector()?;
         Ok(store)
@@ -299,7 +304,7 @@ impl<F: Fabric> Store<F> {
         self.check_value(value)?;
         let version = self.next_own_version(key);
         self.write(key, Header::for_value(value, version, self.epoch, self.me), value)?;
-        self.acked[key.kind as usize] = version;
+        self.acked.set(key.kind as usize, version);
         Ok(())
     }
 
@@ -323,7 +328,7 @@ impl<F: Fabric> Store<F> {
         self.check_own(key)?;
         let version = self.next_own_version(key);
         self.write(key, Header::for_delete(version, self.epoch, self.me), &[])?;
-        self.acked[key.kind as usize] = version;
+        self.acked.set(key.kind as usize, version);
         Ok(())
     }
 
@@ -565,115 +570,20 @@ impl<F: Fabric> Store<F> {
         issued.map_err(|e| self.failure(e))
     }
 
-    /// Localized recovery: brings the routes up to the failures the detector published and
-    /// copies the newest surviving version of every own key that lost a copy to the copy's new
-    /// holder. A no-op (one atomic load) while nothing new failed. Sends the store to global
-    /// recovery ([`Store::escalate`]) when the failures cannot be repaired locally.
+    /// Localized recovery: brings the routes up to the failures the detector published, once
+    /// the repairer thread moved the copies that lived on failed workers ([`follow`]). A no-op
+    /// (one atomic load) while nothing new failed.
     fn follow_failures(&mut self) -> Result<()> {
         let generation = self.health.generation();
         if generation == self.followed {
             return Ok(());
         }
-        let started = Instant::now();
-        let failed = self.health.failed_workers(self.workers);
-        self.fence(&failed)?;
-        let (next, orphaned) = self.relocated_layout(&failed)?;
-        let (own_keys, own_bytes) = self.repair_own_keys(&next)?;
-        let (orphan_keys, orphan_bytes) = self.repair_orphans(&next, &orphaned)?;
-        let (keys_moved, bytes_moved) = (own_keys + orphan_keys, own_bytes + orphan_bytes);
-        let moved = next.relocated != self.layout.relocated;
-        self.layout = next;
-        self.followed = generation;
-        if moved {
-            let duration = started.elapsed();
-            self.repairs.push(RepairReport { failed, keys_moved, bytes_moved, duration });
-        }
+        let repairer = self.repairer.as_ref().ok_or(Error::Closed)?;
+        let followed = repairer.follower().await_routes(generation)?;
+        self.layout = followed.layout;
+        self.followed = followed.generation;
+        self.repairs.extend(followed.repairs);
         Ok(())
-    }
-
-    /// The current windows' layout with the copies of `failed` workers moved down their
-    /// chains, if the failures can be repaired without rebuilding the windows, and the keys
-    /// of failed owners whose route changes (see [`Store::repair_orphans`]).
-    fn relocated_layout(&self, failed: &[i32]) -> Result<(Layout, Vec<Key>)> {
-        let live: Vec<i32> =
-            self.layout.live.iter().copied().filter(|w| !failed.contains(w)).collect();
-        if !recovery::keeps_quorum(&self.layout.live, &live, &self.hosts) {
-            return Err(self.escalate("the survivors hold no quorum across hosts"));
-        }
-        let Some(next) = self.layout.relocate(failed) else {
-            return Err(self.escalate("a copy has no live reserve holder left"));
-        };
-        let orphaned: Vec<Key> = self
-            .layout
-            .keys()
-            .filter(|&key| failed.contains(&key.owner) && next.route(key) != self.layout.route(key))
-            .collect();
-        for &key in &orphaned {
-            if self.first_live_holder(key).is_none() {
-                return Err(self.escalate(&format!("key {key} lost its owner and every copy")));
-            }
-        }
-        Ok((next, orphaned))
-    }
-
-    /// The first holder of `key` in the current route not known failed.
-    fn first_live_holder(&self, key: Key) -> Option<i32> {
-        let route = self.layout.route(key)?;
-        route.iter().find(|c| !self.health.is_failed(c.worker)).map(|c| c.worker)
-    }
-
-    /// Copies the newest surviving version of each `orphaned` key (its owner failed, so it
-    /// cannot repair it) to its new holders in `next`, on the one rank that is the key's first
-    /// live holder; returns the keys and bytes this rank moved. A key no live holder has data
-    /// of was never acknowledged (an acknowledged write is on every holder): nothing to move.
-    /// The copy names this rank as its writer: the new holder fenced the failed owner, and
-    /// would void a version that names it.
-    fn repair_orphans(&self, next: &Layout, orphaned: &[Key]) -> Result<(usize, u64)> {
-        let (mut keys, mut bytes) = (0, 0);
-        for &key in orphaned.iter().filter(|&&k| self.first_live_holder(k) == Some(self.me)) {
-            let old = self.route(key)?;
-            let new = next.route(key).ok_or(Error::UnknownOwner(key.owner))?;
-            let targets: Vec<Copy> = new.iter().filter(|c| !old.contains(c)).copied().collect();
-            if let Some(mut newest) = self.newest_surviving(old)? {
-                newest.header.writer = self.me;
-                self.copy_to(&targets, &newest)?;
-                keys += 1;
-                bytes += newest.data.len() as u64 * targets.len() as u64;
-            }
-        }
-        Ok((keys, bytes))
-    }
-
-    /// Copies the newest surviving version of each own key whose route changes in `next` to
-    /// its new holders; returns the keys and bytes moved. A key with an acknowledged write and
-    /// no surviving copy sends the store to global recovery, which reports it lost.
-    fn repair_own_keys(&self, next: &Layout) -> Result<(usize, u64)> {
-        let (mut keys, mut bytes) = (0, 0);
-        for kind in 0..self.config.kinds.len() as u16 {
-            let key = Key::new(self.me, kind);
-            let old = self.route(key)?;
-            let new = next.route(key).ok_or(Error::UnknownOwner(key.owner))?;
-            let targets: Vec<Copy> = new.iter().filter(|c| !old.contains(c)).copied().collect();
-            if targets.is_empty() {
-                continue;
-            }
-            let Some(newest) = self.newest_surviving(old)? else {
-                if self.acked[kind as usize] > 0 {
-                    return Err(self.escalate(&format!("no copy of the own key {key} survived")));
-                }
-                continue;
-            };
-            self.copy_to(&targets, &newest)?;
-            keys += 1;
-            bytes += newest.data.len() as u64 * targets.len() as u64;
-        }
-        Ok((keys, bytes))
-    }
-
-    /// The newest complete version on the live copies of `route`.
-    fn newest_surviving(&self, route: &[Copy]) -> Result<Option<Committed>> {
-        let copies = self.read_live(route)?.into_iter().filter_map(|(_, found)| found);
-        Ok(copies.max_by_key(|c| c.header.version))
     }
 
     /// Each copy of `route` not known failed: its holder and newest complete version, read
@@ -688,23 +598,6 @@ impl<F: Fabric> Store<F> {
             copies.push((copy.worker, found.map_err(|e| self.failure(e))?));
         }
         Ok(copies)
-    }
-
-    /// Writes a committed version (data, then header, into its half) to `targets`.
-    fn copy_to(&self, targets: &[Copy], committed: &Committed) -> Result<()> {
-        let window = self.window.as_ref().ok_or(Error::Closed)?.window();
-        self.health.enter_call();
-        let written = put_committed(window, targets, committed, self.geometry);
-        self.health.leave_call();
-        written.map_err(|e| self.failure(e))?;
-        self.ensure_alive(targets)
-    }
-
-    /// Fences `failed` workers out of the slots this rank holds (see [`crate::fence`]); the
-    /// detector thread does it too, within a poll interval of learning of a failure.
-    fn fence(&self, failed: &[i32]) -> Result<()> {
-        let window = self.window.as_ref().ok_or(Error::Closed)?;
-        window.fence(failed).map(|_| ()).map_err(|e| self.failure(e))
     }
 
     /// Ends this process when its clock thread has not ticked for more than half the
@@ -735,18 +628,24 @@ impl<F: Fabric> Store<F> {
     /// The localized repairs done since the last call, oldest first ([`Recovery::Localized`]):
     /// one per change of the failed set that this worker followed.
     pub fn take_repairs(&mut self) -> Vec<RepairReport> {
-        std::mem::take(&mut self.repairs)
+        let mut repairs = std::mem::take(&mut self.repairs);
+        if let Some(repairer) = &self.repairer {
+            repairs.extend(repairer.follower().take_repairs());
+        }
+        repairs
     }
 
-    /// Brings the routes up to every failure noticed so far and repairs this worker's own
-    /// keys' copies ([`Recovery::Localized`]); every put, delete and get does the same first.
-    /// For a worker that makes no store call for a while after a failure. A no-op with global
-    /// recovery or when nothing new failed.
+    /// Brings this worker's routes up to every failure noticed so far ([`Recovery::Localized`]):
+    /// waits until the repairer thread, which moves the copies that lived on failed workers in
+    /// the background, has followed them, and adopts its routes. Every put, delete and get
+    /// that notices a new failure does the same first. A no-op with global recovery or when
+    /// nothing new failed. [`Error::RecoveryNeeded`] when the repair escalated to global
+    /// recovery or a further failure interrupted it (call again).
     ///
     /// # Example
     ///
-    /// With localized recovery the survivors keep going; an owner whose key lost a copy moves
-    /// it to a reserve holder (here at its `follow`), and `take_repairs` reports it:
+    /// With localized recovery the survivors keep going; the copies that lived on the failed
+    /// worker move to reserve holders, and `take_repairs` reports what this worker moved:
     ///
     /// ```
     /// use ftkv::fabric::{local::LocalCluster, Fabric};
@@ -859,6 +758,9 @@ impl<F: Fabric> Store<F> {
         let live_hosts: Vec<u32> =
             self.layout.live.iter().map(|&w| self.hosts[w as usize]).collect();
         let fencer = self.window.clone().ok_or(Error::Closed)?;
+        if self.config.recovery == Recovery::Localized {
+            self.start_repairer()?;
+        }
         self.detector = Some(Detector::start(Watch {
             comm,
             store_comm: self.comm.clone(),
@@ -871,6 +773,40 @@ impl<F: Fabric> Store<F> {
             fence: Box::new(move |failed: &[i32]| fencer.fence(failed)),
         }));
         Ok(())
+    }
+
+    /// Starts the repairer thread of localized recovery on the current windows and routes.
+    fn start_repairer(&mut self) -> Result<()> {
+        let parts = follow::FollowerParts {
+            me: self.me,
+            workers: self.workers,
+            hosts: self.hosts.clone(),
+            kinds: self.config.kinds.len(),
+            geometry: self.geometry,
+            poll_interval: self.config.poll_interval,
+            health: self.health.clone(),
+            comm: self.comm.clone(),
+            window: self.window.clone().ok_or(Error::Closed)?,
+            acked: self.acked.clone(),
+        };
+        let follower = follow::Follower::new(parts, self.layout.clone());
+        self.repairer = Some(follow::Repairer::start(follower)?);
+        Ok(())
+    }
+
+    /// Stops the repairer thread, adopting the routes it left: the copies are where they say.
+    fn stop_repairer(&mut self) {
+        let Some(repairer) = self.repairer.take() else {
+            return;
+        };
+        let follower = repairer.follower();
+        let (layout, followed) = follower.current_routes();
+        self.repairs.extend(follower.take_repairs());
+        drop(repairer);
+        if let Some(generation) = followed {
+            self.layout = layout;
+            self.followed = generation;
+        }
     }
 
     /// A barrier over the live workers. [`Error::RecoveryNeeded`] if a failure interrupts it or
@@ -954,6 +890,7 @@ impl<F: Fabric> Store<F> {
     /// ```
     pub fn recover(&mut self) -> Result<RecoveryReport> {
         let started = Instant::now();
+        self.stop_repairer();
         self.detector = None;
         let retained = match self.window.take() {
             Some(fencer) => Retained { fencer, layout: self.layout.clone() },
@@ -967,7 +904,7 @@ impl<F: Fabric> Store<F> {
             spares: self.config.spares,
             geometry: self.geometry,
             previous: retained.layout.clone(),
-            acked: self.acked.clone(),
+            acked: self.acked.snapshot(),
         });
         let step = Arc::new(StepMarker::default());
         let mut run = AttemptRun {
@@ -1364,6 +1301,7 @@ impl<F: Fabric> Store<F> {
     /// the store after a failure (freeing a window is collective over its members, and a dead
     /// member can leave that call stuck). Dropping the store instead frees the window.
     pub fn abandon(mut self) {
+        self.repairer = None;
         self.detector = None;
         if let Some(window) = self.window.take().and_then(Fencer::into_window) {
             window.abandon();
@@ -1371,10 +1309,11 @@ impl<F: Fabric> Store<F> {
     }
 }
 
-/// Stops the detector thread before the fields go: it polls MPI on a communicator derived from
+/// Stops the repairer and detector threads before the fields go: it polls MPI on a communicator derived from
 /// the store's, and the window's collective free must not race with it.
 impl<F: Fabric> Drop for Store<F> {
     fn drop(&mut self) {
+        self.repairer = None;
         self.detector = None;
     }
 }

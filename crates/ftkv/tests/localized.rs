@@ -65,7 +65,26 @@ struct Meeting {
 
 impl Meeting {
     /// Waits for every survivor to finish writing, joining any global recovery meanwhile.
+    ///
+    /// A survivor counts itself written only once its routes follow every victim's failure
+    /// without an escalation: the repairers escalate in the background, so only then can no
+    /// survivor raise the alarm after the others passed this point.
     fn after_writes(&self, store: &mut Store<LocalFabric>, went_global: &mut Option<String>) {
+        loop {
+            if store.needs_recovery() {
+                *went_global = Some("alarm after the writes".into());
+                store.recover().expect("global recovery");
+                continue;
+            }
+            let known = self.victims.iter().all(|v| store.failed().contains(v));
+            match store.follow() {
+                Ok(()) if known => break,
+                Ok(()) => {}
+                Err(e) if e.needs_recovery() => {}
+                Err(e) => panic!("worker {}: {e}", store.worker()),
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
         self.written.fetch_add(1, Ordering::AcqRel);
         while self.written.load(Ordering::Acquire) < self.survivors {
             if store.needs_recovery() {
@@ -371,4 +390,77 @@ fn a_dead_owners_key_that_loses_a_copy_is_repaired_by_its_first_live_holder() {
         moved += repairs;
     }
     assert!(moved >= 1, "somebody moved the dead owner's key");
+}
+
+/// An owner that makes no store call after a failure still gets its key's lost copy back: its
+/// repairer thread moves it while the owner sleeps, and another worker reads every copy of it
+/// there. (Before the repairer existed the owner moved it at its next call, so this waited in
+/// vain.) The owner then finds the move in its repair reports.
+#[test]
+fn an_idle_owners_lost_copy_is_repaired_in_the_background() {
+    let (ranks, copies, victim, observer) = (6, 2, 4, 0);
+    let layout = Layout::with_spares(
+        &(0..ranks as i32).collect::<Vec<_>>(),
+        &vec![0; ranks],
+        Shape { kinds: 2, copies, spares: 1 },
+        SlotGeometry::new(16 << 10),
+        0,
+    );
+    let lost_a_copy =
+        |w: i32| layout.route(Key::new(w, 0)).unwrap().iter().any(|c| c.worker == victim);
+    let idle = (0..ranks as i32)
+        .find(|&w| w != victim && w != observer && lost_a_copy(w))
+        .expect("an owner with a copy on the victim");
+    let outcomes = within(60, "an idle owner".into(), move || {
+        let cluster = LocalCluster::new(ranks);
+        cluster.arm(victim, "written", 1);
+        let confirmed = AtomicUsize::new(0);
+        cluster.run(|fabric| {
+            let mut store = Store::create(&fabric, config(copies)).expect("a store");
+            let me = store.worker();
+            store.put(Key::new(me, 0), format!("last of {me}").as_bytes()).expect("a put");
+            store.sync().expect("every put acknowledged");
+            fabric.failpoint("written");
+            if me == observer {
+                let held = wait_for_full_copies(&mut store, victim, Key::new(idle, 0), copies);
+                confirmed.store(1, Ordering::Release);
+                return (held, Vec::new());
+            }
+            while confirmed.load(Ordering::Acquire) == 0 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            (Vec::new(), store.take_repairs())
+        })
+    });
+    let (held, _) = outcomes[observer as usize].as_ref().expect("the observer survived");
+    let want = format!("last of {idle}").into_bytes();
+    assert!(held.iter().all(|(_, v)| v.as_ref() == Some(&want)), "{held:?}");
+    let (_, repairs) = outcomes[idle as usize].as_ref().expect("the idle owner survived");
+    let moved: usize = repairs.iter().map(|r| r.keys_moved).sum();
+    assert!(moved >= 1, "the idle owner reports no move: {repairs:?}");
+    assert!(repairs.iter().all(|r| r.failed == vec![victim] && r.bytes_moved > 0), "{repairs:?}");
+}
+
+/// Once `victim`'s failure is known here, reads `key`'s copies until `copies` live holders
+/// all have a value (at most 10 s).
+fn wait_for_full_copies(
+    store: &mut Store<LocalFabric>,
+    victim: i32,
+    key: Key,
+    copies: usize,
+) -> Vec<(i32, Option<Vec<u8>>)> {
+    let started = std::time::Instant::now();
+    while !store.failed().contains(&victim) {
+        assert!(started.elapsed() < Duration::from_secs(10), "{victim}'s failure never noticed");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    loop {
+        let held = store.read_copies(key).expect("reads of a key with live copies");
+        let full = held.len() == copies && held.iter().all(|(_, v)| v.is_some());
+        if full {
+            return held;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "never repaired: {held:?}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }

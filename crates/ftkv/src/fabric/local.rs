@@ -522,7 +522,8 @@ impl Fabric for LocalFabric {
         state.stopped.retain(|&r| r != self.me);
     }
 
-    fn fail_stop(&self, _why: &str) {
+    fn fail_stop(&self, why: &str) {
+        crate::events::warn(format!("rank {} ends itself (fail-stop): {why}", self.me));
         self.world.lock().declared[self.me as usize] = false;
         self.world.mark_dead(&[self.me]);
     }

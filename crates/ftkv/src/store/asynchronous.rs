@@ -112,7 +112,7 @@ impl<F: Fabric> PendingPut<'_, F> {
             }
             written => written?,
         }
-        store.acked[self.key.kind as usize] = self.header.version;
+        store.acked.set(self.key.kind as usize, self.header.version);
         if !store.lost.is_empty() {
             store.lost.retain(|&k| k != self.key);
         }

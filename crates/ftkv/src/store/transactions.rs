@@ -179,7 +179,7 @@ impl<F: Fabric> Store<F> {
         if key.owner == self.me {
             let kind = key.kind as usize;
             self.versions[kind] = self.versions[kind].max(version);
-            self.acked[kind] = self.acked[kind].max(version);
+            self.acked.set(kind, self.acked.get(kind).max(version));
         } else if let Some(known) = self.handed.get_mut(&key) {
             *known = (*known).max(version);
         }

@@ -1,0 +1,452 @@
+//! Localized recovery's repair ([`Recovery::Localized`](crate::Recovery::Localized)): after a
+//! failure the copies that lived on failed workers move down their chains to reserve holders.
+//!
+//! A repairer thread beside the detector does it as soon as the detector publishes the
+//! failure, whether or not the owner makes a store call: it fences the failed workers out of
+//! this rank's slots, computes the routes without them, copies the newest surviving version of
+//! every own key that lost a copy to its new holder, and of every key of a failed owner whose
+//! first live holder this worker is. The store's calls go on meanwhile on their routes; a call
+//! that notices a failure its routes do not follow waits for the repairer and adopts its
+//! routes ([`Follower::await_routes`]).
+//!
+//! The repairer writes only to holders that are new in a route, and the owner moves to the new
+//! routes only once the repair is complete, so the owner's writes and the repairer's never
+//! meet on one copy.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::{put_committed, RepairReport, LOCALIZED_ATTEMPTS};
+use crate::detector::{Health, Lane};
+use crate::error::{Error, Result};
+use crate::fabric::{Fabric, FabricError};
+use crate::fence::{read_copy, Fencer};
+use crate::key::Key;
+use crate::layout::{Copy, Layout};
+use crate::recovery;
+use crate::slot::{Committed, SlotGeometry};
+
+/// The last acknowledged version of each own key (0: none yet), written by the owner's calls
+/// and read by the repairer: an own key with an acknowledged write and no surviving copy
+/// cannot be repaired locally.
+#[derive(Debug)]
+pub(crate) struct Acked(Vec<AtomicU64>);
+
+impl Acked {
+    pub fn new(kinds: usize) -> Acked {
+        Acked((0..kinds).map(|_| AtomicU64::new(0)).collect())
+    }
+
+    pub fn get(&self, kind: usize) -> u64 {
+        self.0[kind].load(Ordering::Acquire)
+    }
+
+    pub fn set(&self, kind: usize, version: u64) {
+        self.0[kind].store(version, Ordering::Release);
+    }
+
+    pub fn snapshot(&self) -> Vec<u64> {
+        (0..self.0.len()).map(|kind| self.get(kind)).collect()
+    }
+}
+
+/// The routes the repairer keeps up to date, under the follower's lock.
+struct Routes {
+    layout: Layout,
+    /// The failure generation `layout` follows (`None`: none yet, fresh windows).
+    followed: Option<u64>,
+    /// Repairs that a failure interrupted (each is tried again); a store call waiting for the
+    /// routes takes a new one as its own interruption.
+    interrupted: u64,
+    /// Repairs done and not yet taken by the store.
+    repairs: Vec<RepairReport>,
+}
+
+/// What a localized repair reads and writes, shared by the store and its repairer thread for
+/// one set of windows (a global recovery makes a new one).
+pub(crate) struct Follower<F: Fabric> {
+    pub me: i32,
+    pub workers: usize,
+    pub hosts: Vec<u32>,
+    pub kinds: usize,
+    pub geometry: SlotGeometry,
+    pub poll_interval: Duration,
+    pub health: Arc<Health>,
+    pub comm: Arc<F>,
+    pub window: Arc<Fencer<F::Window>>,
+    pub acked: Arc<Acked>,
+    routes: Mutex<Routes>,
+    /// Signalled when the routes changed, a repair was interrupted, or a store call waits.
+    changed: Condvar,
+    /// Whether the repairer thread still runs (a store call does not wait for a dead one).
+    running: AtomicBool,
+}
+
+/// The parts of a [`Follower`] besides its routes.
+pub(crate) struct FollowerParts<F: Fabric> {
+    pub me: i32,
+    pub workers: usize,
+    pub hosts: Vec<u32>,
+    pub kinds: usize,
+    pub geometry: SlotGeometry,
+    pub poll_interval: Duration,
+    pub health: Arc<Health>,
+    pub comm: Arc<F>,
+    pub window: Arc<Fencer<F::Window>>,
+    pub acked: Arc<Acked>,
+}
+
+/// The routes a store call adopts from the repairer.
+pub(crate) struct Followed {
+    pub layout: Layout,
+    pub generation: u64,
+    pub repairs: Vec<RepairReport>,
+}
+
+impl<F: Fabric> Follower<F> {
+    /// A follower whose routes start at `layout`, following no failure generation yet.
+    pub fn new(parts: FollowerParts<F>, layout: Layout) -> Follower<F> {
+        let FollowerParts {
+            me,
+            workers,
+            hosts,
+            kinds,
+            geometry,
+            poll_interval,
+            health,
+            comm,
+            window,
+            acked,
+        } = parts;
+        let routes = Routes { layout, followed: None, interrupted: 0, repairs: Vec::new() };
+        Follower {
+            me,
+            workers,
+            hosts,
+            kinds,
+            geometry,
+            poll_interval,
+            health,
+            comm,
+            window,
+            acked,
+            routes: Mutex::new(routes),
+            changed: Condvar::new(),
+            running: AtomicBool::new(true),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Routes> {
+        self.routes.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Waits until the repairer's routes follow failure `generation` (or a later one) and
+    /// returns them with the repairs done since the last call.
+    ///
+    /// [`Error::RecoveryNeeded`] when a failure interrupted the repair meanwhile (the caller
+    /// tries again, as after any interrupted call), when the store was sent to global
+    /// recovery, or when the repairer thread no longer runs. Bounded: every one-sided call of
+    /// the repair is under the watchdog.
+    pub fn await_routes(&self, generation: u64) -> Result<Followed> {
+        let mut routes = self.lock();
+        let interrupted = routes.interrupted;
+        self.changed.notify_all();
+        loop {
+            if let Some(followed) = routes.followed.filter(|&g| g >= generation) {
+                return Ok(Followed {
+                    layout: routes.layout.clone(),
+                    generation: followed,
+                    repairs: std::mem::take(&mut routes.repairs),
+                });
+            }
+            let stopped = !self.running.load(Ordering::Acquire);
+            if self.health.alarmed() || routes.interrupted != interrupted || stopped {
+                return Err(Error::RecoveryNeeded { failed: self.newly_failed(&routes.layout) });
+            }
+            routes = self.wait(routes);
+        }
+    }
+
+    /// The repairs done and not yet taken.
+    pub fn take_repairs(&self) -> Vec<RepairReport> {
+        std::mem::take(&mut self.lock().repairs)
+    }
+
+    /// The routes as the repairer left them, and the generation they follow (for a global
+    /// recovery, which starts from where the copies are).
+    pub fn current_routes(&self) -> (Layout, Option<u64>) {
+        let routes = self.lock();
+        (routes.layout.clone(), routes.followed)
+    }
+
+    fn wait<'a>(&self, routes: MutexGuard<'a, Routes>) -> MutexGuard<'a, Routes> {
+        match self.changed.wait_timeout(routes, self.poll_interval) {
+            Ok((routes, _)) => routes,
+            Err(poisoned) => poisoned.into_inner().0,
+        }
+    }
+
+    /// The repairer thread's loop: follows every new failure generation until `stop`. After
+    /// [`LOCALIZED_ATTEMPTS`] interrupted repairs in a row it sends the store to global
+    /// recovery.
+    fn run(&self, stop: &AtomicBool) {
+        let mut routes = self.lock();
+        let mut interrupted_in_a_row = 0;
+        while !stop.load(Ordering::Acquire) {
+            let generation = self.health.generation();
+            if routes.followed != Some(generation) && !self.health.alarmed() {
+                match self.follow(&mut routes, generation) {
+                    Ok(()) => interrupted_in_a_row = 0,
+                    Err(e) => {
+                        routes.interrupted += 1;
+                        interrupted_in_a_row += 1;
+                        if !e.needs_recovery() {
+                            crate::events::warn(format!("worker {}: repair: {e}", self.me));
+                        }
+                        if interrupted_in_a_row >= LOCALIZED_ATTEMPTS {
+                            let why = format!("failures kept interrupting a repair (last: {e})");
+                            self.escalate(&routes.layout, &why);
+                        }
+                    }
+                }
+                self.changed.notify_all();
+            }
+            routes = self.wait(routes);
+        }
+    }
+
+    /// Brings `routes` up to the failures published by `generation`: fences them, moves the
+    /// copies on failed workers down their chains, and copies there what this worker repairs.
+    fn follow(&self, routes: &mut Routes, generation: u64) -> Result<()> {
+        let started = Instant::now();
+        let failed = self.health.failed_workers(self.workers);
+        let current = &routes.layout;
+        self.window.fence(&failed).map_err(|e| self.failure(current, e))?;
+        let (next, orphaned) = self.relocated_layout(current, &failed)?;
+        let (own_keys, own_bytes) = self.repair_own_keys(current, &next)?;
+        let (orphan_keys, orphan_bytes) = self.repair_orphans(current, &next, &orphaned)?;
+        let moved = next.relocated != current.relocated;
+        routes.layout = next;
+        routes.followed = Some(generation);
+        if moved {
+            routes.repairs.push(RepairReport {
+                failed,
+                keys_moved: own_keys + orphan_keys,
+                bytes_moved: own_bytes + orphan_bytes,
+                duration: started.elapsed(),
+            });
+        }
+        Ok(())
+    }
+
+    /// `current` with the copies of `failed` workers moved down their chains, if the failures
+    /// can be repaired without rebuilding the windows, and the keys of failed owners whose
+    /// route changes (see [`Follower::repair_orphans`]).
+    fn relocated_layout(&self, current: &Layout, failed: &[i32]) -> Result<(Layout, Vec<Key>)> {
+        let live: Vec<i32> = current.live.iter().copied().filter(|w| !failed.contains(w)).collect();
+        if !recovery::keeps_quorum(&current.live, &live, &self.hosts) {
+            return Err(self.escalate(current, "the survivors hold no quorum across hosts"));
+        }
+        let Some(next) = current.relocate(failed) else {
+            return Err(self.escalate(current, "a copy has no live reserve holder left"));
+        };
+        let orphaned: Vec<Key> = current
+            .keys()
+            .filter(|&key| failed.contains(&key.owner) && next.route(key) != current.route(key))
+            .collect();
+        for &key in &orphaned {
+            if self.first_live_holder(current, key).is_none() {
+                let why = format!("key {key} lost its owner and every copy");
+                return Err(self.escalate(current, &why));
+            }
+        }
+        Ok((next, orphaned))
+    }
+
+    /// The first holder of `key` in the `current` route not known failed.
+    fn first_live_holder(&self, current: &Layout, key: Key) -> Option<i32> {
+        let route = current.route(key)?;
+        route.iter().find(|c| !self.health.is_failed(c.worker)).map(|c| c.worker)
+    }
+
+    /// Copies the newest surviving version of each `orphaned` key (its owner failed, so it
+    /// cannot repair it) to its new holders in `next`, on the one rank that is the key's first
+    /// live holder; returns the keys and bytes this rank moved. A key no live holder has data
+    /// of was never acknowledged (an acknowledged write is on every holder): nothing to move.
+    /// The copy names this rank as its writer: the new holder fenced the failed owner, and
+    /// would void a version that names it.
+    fn repair_orphans(
+        &self,
+        current: &Layout,
+        next: &Layout,
+        orphaned: &[Key],
+    ) -> Result<(usize, u64)> {
+        let (mut keys, mut bytes) = (0, 0);
+        let mine = |key: &&Key| self.first_live_holder(current, **key) == Some(self.me);
+        for &key in orphaned.iter().filter(mine) {
+            let (old, targets) = moved_copies(current, next, key)?;
+            if let Some(mut newest) = self.newest_surviving(current, old)? {
+                newest.header.writer = self.me;
+                self.copy_to(current, &targets, &newest)?;
+                keys += 1;
+                bytes += newest.data.len() as u64 * targets.len() as u64;
+            }
+        }
+        Ok((keys, bytes))
+    }
+
+    /// Copies the newest surviving version of each own key whose route changes in `next` to
+    /// its new holders; returns the keys and bytes moved. A key with an acknowledged write and
+    /// no surviving copy sends the store to global recovery, which reports it lost.
+    fn repair_own_keys(&self, current: &Layout, next: &Layout) -> Result<(usize, u64)> {
+        let (mut keys, mut bytes) = (0, 0);
+        for kind in 0..self.kinds {
+            let key = Key::new(self.me, kind as u16);
+            let (old, targets) = moved_copies(current, next, key)?;
+            if targets.is_empty() {
+                continue;
+            }
+            let Some(newest) = self.newest_surviving(current, old)? else {
+                if self.acked.get(kind) > 0 {
+                    let why = format!("no copy of the own key {key} survived");
+                    return Err(self.escalate(current, &why));
+                }
+                continue;
+            };
+            self.copy_to(current, &targets, &newest)?;
+            keys += 1;
+            bytes += newest.data.len() as u64 * targets.len() as u64;
+        }
+        Ok((keys, bytes))
+    }
+
+    /// The newest complete version on the live copies of `route`, read with watchdog-bounded
+    /// gets.
+    fn newest_surviving(&self, current: &Layout, route: &[Copy]) -> Result<Option<Committed>> {
+        let window = self.window.window();
+        let mut newest: Option<Committed> = None;
+        for copy in route.iter().filter(|c| !self.health.is_failed(c.worker)) {
+            self.health.enter_call_on(Lane::Repairer);
+            let found = read_copy(window, copy, self.geometry);
+            self.health.leave_call_on(Lane::Repairer);
+            let found = found.map_err(|e| self.failure(current, e))?;
+            if let Some(found) = found {
+                if newest.as_ref().is_none_or(|n| found.header.version > n.header.version) {
+                    newest = Some(found);
+                }
+            }
+        }
+        Ok(newest)
+    }
+
+    /// Writes a committed version (data, then header, into its half) to `targets`.
+    fn copy_to(&self, current: &Layout, targets: &[Copy], committed: &Committed) -> Result<()> {
+        let window = self.window.window();
+        self.health.enter_call_on(Lane::Repairer);
+        let written = put_committed(window, targets, committed, self.geometry);
+        self.health.leave_call_on(Lane::Repairer);
+        written.map_err(|e| self.failure(current, e))?;
+        if targets.iter().any(|c| self.health.is_failed(c.worker)) {
+            return Err(Error::RecoveryNeeded { failed: self.newly_failed(current) });
+        }
+        Ok(())
+    }
+
+    /// An MPI error of a repair: a process failure (its peer marked failed when the error
+    /// names it) interrupts the repair, anything else is returned as it is.
+    fn failure(&self, current: &Layout, e: FabricError) -> Error {
+        if !(e.is_failure() || matches!(e, FabricError::Timeout { .. })) {
+            return Error::Fabric(e);
+        }
+        if let FabricError::ProcFailed { peer: Some(rank), .. } = e {
+            if let Some(&worker) = current.live.get(rank as usize) {
+                self.health.mark_failed(worker);
+            }
+        }
+        Error::RecoveryNeeded { failed: self.newly_failed(current) }
+    }
+
+    fn newly_failed(&self, current: &Layout) -> Vec<i32> {
+        current.live.iter().copied().filter(|&w| self.health.is_failed(w)).collect()
+    }
+
+    /// Gives up on localized recovery: raises the alarm and revokes the store's communicator,
+    /// so every survivor's next store call returns [`Error::RecoveryNeeded`] and
+    /// [`Store::recover`](super::Store::recover) rebuilds the store globally.
+    pub fn escalate(&self, current: &Layout, why: &str) -> Error {
+        crate::events::warn(format!(
+            "worker {}: failures of {:?} need global recovery: {why}",
+            self.me,
+            self.health.failed_workers(self.workers)
+        ));
+        self.health.raise_alarm();
+        if let Err(e) = self.comm.revoke() {
+            crate::events::warn(format!("revoking the store for global recovery: {e}"));
+        }
+        Error::RecoveryNeeded { failed: self.newly_failed(current) }
+    }
+}
+
+/// The route of `key` in `current` and the copies of its route in `next` that are new.
+fn moved_copies<'a>(
+    current: &'a Layout,
+    next: &Layout,
+    key: Key,
+) -> Result<(&'a [Copy], Vec<Copy>)> {
+    let old = current.route(key).ok_or(Error::UnknownOwner(key.owner))?;
+    let new = next.route(key).ok_or(Error::UnknownOwner(key.owner))?;
+    Ok((old, new.iter().filter(|c| !old.contains(c)).copied().collect()))
+}
+
+/// The repairer thread of one [`Follower`]; stopped and joined on drop.
+pub(crate) struct Repairer<F: Fabric> {
+    follower: Arc<Follower<F>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl<F: Fabric> Repairer<F> {
+    pub fn start(follower: Follower<F>) -> Result<Repairer<F>> {
+        let follower = Arc::new(follower);
+        let stop = Arc::new(AtomicBool::new(false));
+        let (shared, flag) = (follower.clone(), stop.clone());
+        let thread = std::thread::Builder::new()
+            .name("ftkv-repairer".into())
+            .spawn(move || {
+                let _running = RunningFlag(&shared.running);
+                shared.run(&flag);
+            })
+            .map_err(|e| Error::RecoveryFailed(format!("starting the repairer thread: {e}")))?;
+        Ok(Repairer { follower, stop, thread: Some(thread) })
+    }
+
+    pub fn follower(&self) -> &Follower<F> {
+        &self.follower
+    }
+}
+
+impl<F: Fabric> Drop for Repairer<F> {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        self.follower.changed.notify_all();
+        if let Some(thread) = self.thread.take() {
+            match thread.join() {
+                Err(payload) if !F::is_kill(payload.as_ref()) => {
+                    crate::events::warn("the repairer thread panicked")
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+/// Clears the follower's running flag when the repairer thread ends, also by unwinding.
+struct RunningFlag<'a>(&'a AtomicBool);
+
+impl Drop for RunningFlag<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}

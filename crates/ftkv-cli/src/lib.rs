@@ -10,4 +10,5 @@ pub mod ping;
 pub mod probe;
 pub mod rank_failure;
 pub mod render;
+pub mod reports;
 pub mod tasks;

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use ftkv_cli::launch::{field, kill_pid, JobOutput, Launch};
+use ftkv_cli::reports::{IdleObserverReport, IdleOwnerReport, LocalizedReport};
 
 mod common;
 
@@ -229,7 +230,16 @@ fn a_stuck_put_is_ended_by_the_watchdog_and_the_others_recover() {
 /// Starts `store-localized` on `ranks` ranks, SIGKILLs `victims` from outside by PID once all
 /// write, and returns the job's output.
 fn localized_with_outside_kills(ranks: usize, victims: &[usize]) -> JobOutput {
-    let launch = job("store-localized", ranks).env("STORE_SECONDS", "3");
+    localized_job_with_outside_kills(
+        job("store-localized", ranks).env("STORE_SECONDS", "3"),
+        ranks,
+        victims,
+    )
+}
+
+/// Runs `launch` (a `store-localized` job), SIGKILLs `victims` from outside 0.8 s after every
+/// rank is ready, and returns the job's output.
+fn localized_job_with_outside_kills(launch: Launch, ranks: usize, victims: &[usize]) -> JobOutput {
     let mut running = launch.spawn().expect("mpirun starts");
     let mut pids = std::collections::HashMap::new();
     while pids.len() < ranks {
@@ -260,12 +270,10 @@ fn a_rank_killed_from_outside_is_repaired_locally_while_the_others_write() {
     let out = localized_with_outside_kills(ranks, &[victim]);
     let mut moved = 0;
     for rank in (0..ranks).filter(|&r| r != victim) {
-        let line = out.rank_lines(rank).iter().find(|l| l.starts_with("localized "));
-        let line = line.unwrap_or_else(|| panic!("rank {rank} reported:\n{}", out.transcript()));
-        assert_eq!(field(line, "global"), Some("none"), "rank {rank}: {line}");
-        assert_eq!(field(line, "copies"), Some("2/2"), "rank {rank}: {line}");
-        assert_eq!(field(line, "current"), Some("true"), "rank {rank}: {line}");
-        moved += field(line, "moved_keys").and_then(|v| v.parse::<usize>().ok()).unwrap();
+        let report = localized_report(&out, rank);
+        assert_eq!(report.global, None, "rank {rank}: {report:?}");
+        assert_full_and_current(&report, rank);
+        moved += report.moved_keys;
     }
     assert!(moved >= 1, "nobody moved the victim's copies:\n{}", out.transcript());
     assert_recovered(&out, ranks, &[victim], &victim.to_string());
@@ -285,13 +293,11 @@ fn a_hosts_ranks_killed_at_once_are_repaired_while_the_others_write() {
     let across_hosts = std::env::var("FTKV_NODES").is_ok_and(|n| n == "3");
     let out = localized_with_outside_kills(ranks, &victims);
     for rank in (0..ranks).filter(|r| !victims.contains(r)) {
-        let line = out.rank_lines(rank).iter().find(|l| l.starts_with("localized "));
-        let line = line.unwrap_or_else(|| panic!("rank {rank} reported:\n{}", out.transcript()));
+        let report = localized_report(&out, rank);
         if across_hosts {
-            assert_eq!(field(line, "global"), Some("none"), "rank {rank}: {line}");
+            assert_eq!(report.global, None, "rank {rank}: {report:?}");
         }
-        assert_eq!(field(line, "copies"), Some("2/2"), "rank {rank}: {line}");
-        assert_eq!(field(line, "current"), Some("true"), "rank {rank}: {line}");
+        assert_full_and_current(&report, rank);
     }
     if across_hosts {
         assert_recovered(&out, ranks, &victims, "4,5");
@@ -376,4 +382,50 @@ fn transactions_stay_atomic_when_their_coordinator_is_killed_at_any_step() {
             assert!(out.stderr.contains("fired on rank 1"), "{kill:?}: the kill did not fire");
         }
     }
+}
+
+/// Rank `rank`'s `localized` report; fails the test with the transcript when it has none.
+fn localized_report(out: &JobOutput, rank: usize) -> LocalizedReport {
+    let report = out.rank_report(rank, "localized").expect("a JSON report");
+    report.unwrap_or_else(|| panic!("rank {rank} reported nothing:\n{}", out.transcript()))
+}
+
+/// The own checkpoint has its full copy count (2) and every copy holds the last acknowledged
+/// write.
+fn assert_full_and_current(report: &LocalizedReport, rank: usize) {
+    assert_eq!((report.copies, report.copies_wanted), (2, 2), "rank {rank}: {report:?}");
+    assert!(report.current, "rank {rank}: a copy is stale: {report:?}");
+}
+
+/// Localized recovery with owners that make no store call: after a rank is SIGKILLed from
+/// outside, every owner sleeps while rank 0 reads each live worker's checkpoint back at its
+/// full copy count. Only the owners' repairer threads can have moved the copies the victim
+/// held, and rank 0 sees them all before any owner wakes. Nobody recovers globally, and the
+/// final global recovery agrees on the victim.
+#[test]
+fn an_idle_owners_lost_copies_are_repaired_while_it_makes_no_store_call() {
+    let (ranks, victim) = (6, 4);
+    let launch = job("store-localized", ranks).env("STORE_IDLE_SECONDS", "5");
+    let out = localized_job_with_outside_kills(launch, ranks, &[victim]);
+    let observed: IdleObserverReport = out
+        .rank_report(0, "idle_observer")
+        .expect("a JSON report")
+        .unwrap_or_else(|| panic!("rank 0 never saw every copy back:\n{}", out.transcript()));
+    let mut moved = 0;
+    for rank in (1..ranks).filter(|&r| r != victim) {
+        let owner: IdleOwnerReport = out.rank_report(rank, "idle_owner").expect("JSON").unwrap();
+        assert!(
+            observed.full_at_us < owner.woke_at_us,
+            "rank {rank} woke before its copies were back: {observed:?} {owner:?}"
+        );
+        moved += localized_report(&out, rank).moved_keys;
+    }
+    for rank in (0..ranks).filter(|&r| r != victim) {
+        let report = localized_report(&out, rank);
+        assert_eq!(report.global, None, "rank {rank}: {report:?}");
+        assert_full_and_current(&report, rank);
+    }
+    assert!(moved >= 1, "no owner moved a copy:\n{}", out.transcript());
+    eprintln!("every copy back {:.1} ms after rank 0 noticed the failure", observed.waited_ms);
+    assert_recovered(&out, ranks, &[victim], &victim.to_string());
 }

@@ -12,6 +12,8 @@ use ftkv::txn::{Expect, Outcome, TxId, Txn};
 use ftkv::txn_log;
 use ftkv::{Config, Error, Key, Store};
 use ftkv_cli::chaos;
+use ftkv_cli::launch::report_line;
+use ftkv_cli::reports::{unix_us, IdleObserverReport, IdleOwnerReport, LocalizedReport};
 use ftkv_mpi::{failpoint, Comm};
 
 fn env_usize(name: &str, default: usize) -> usize {
@@ -183,10 +185,14 @@ fn mismatch(world: &Comm) -> Result<()> {
 
 /// Localized recovery under outside kills: every worker overwrites its checkpoint for
 /// `STORE_SECONDS` (default 3) after printing `ready pid=<pid>`; the test SIGKILLs some of them.
+/// With `STORE_IDLE_SECONDS` nobody writes after the first checkpoint: the owners sleep that
+/// long without a store call (then report `idle_owner`), while rank 0 waits for the failure and
+/// reads every live worker's checkpoint until each has its full copy count (`idle_observer`):
+/// only the owners' repairer threads can have moved their copies meanwhile.
 /// The survivors then meet in an agreement (which survives dead members, unlike a barrier),
-/// bring their routes up to date and check their own checkpoint's copies:
-/// `localized global=<none|why> copies=<n> current=<bool> moved_keys=<n> moved_bytes=<n>`.
-/// Finally they recover globally and print every key as `store-rounds` does.
+/// bring their routes up to date and check their own checkpoint's copies (a `localized`
+/// report, [`LocalizedReport`]). Finally they recover globally and print every key as
+/// `store-rounds` does.
 fn localized(world: &Comm) -> Result<()> {
     let coordination = world.dup()?;
     let config = config(world.size() as usize).localized();
@@ -197,7 +203,10 @@ fn localized(world: &Comm) -> Result<()> {
     store.put(checkpoint, &value(me, 1, 1024))?;
     store.sync()?;
     println!("ready pid={}", std::process::id());
-    let (last, global) = write_for(&mut store, env_usize("STORE_SECONDS", 3))?;
+    let (last, global) = match std::env::var("STORE_IDLE_SECONDS").ok() {
+        Some(secs) => stay_idle(&mut store, secs.parse()?, copies)?,
+        None => write_for(&mut store, env_usize("STORE_SECONDS", 3))?,
+    };
     meet(&coordination)?;
     while store.failed().len() < coordination.failed_ranks()?.len() {
         std::thread::sleep(std::time::Duration::from_millis(1));
@@ -206,15 +215,16 @@ fn localized(world: &Comm) -> Result<()> {
     let held = store.read_copies(checkpoint)?;
     let current = held.iter().all(|(_, v)| v.as_deref() == Some(&value(me, last, 1024)[..]));
     let repairs = store.take_repairs();
-    println!(
-        "localized global={} copies={}/{copies} current={current} moved_keys={} moved_bytes={} \
-         repair_ms={:.3}",
-        global.as_deref().unwrap_or("none"),
-        held.len(),
-        repairs.iter().map(|r| r.keys_moved).sum::<usize>(),
-        repairs.iter().map(|r| r.bytes_moved).sum::<u64>(),
-        repairs.iter().map(|r| r.duration.as_secs_f64() * 1e3).sum::<f64>(),
-    );
+    let report = LocalizedReport {
+        global,
+        copies: held.len(),
+        copies_wanted: copies,
+        current,
+        moved_keys: repairs.iter().map(|r| r.keys_moved).sum(),
+        moved_bytes: repairs.iter().map(|r| r.bytes_moved).sum(),
+        repair_ms: repairs.iter().map(|r| r.duration.as_secs_f64() * 1e3).sum(),
+    };
+    println!("{}", report_line("localized", &report));
     meet(&coordination)?;
     chaos::recover(&mut store)?;
     chaos::finish(&mut store)?;
@@ -256,6 +266,45 @@ fn fenced(world: &Comm) -> Result<()> {
     chaos::finish(&mut store)?;
     println!("done=yes");
     Ok(())
+}
+
+/// `store-localized` without writes: rank 0 observes (see [`localized`]), the others sleep
+/// `secs` seconds without a store call. Returns what [`write_for`] does: the first checkpoint
+/// is the last acknowledged write, and nobody recovered globally.
+fn stay_idle(store: &mut Store, secs: u64, copies: usize) -> Result<(u32, Option<String>)> {
+    if store.worker() != 0 {
+        std::thread::sleep(std::time::Duration::from_secs(secs));
+        println!("{}", report_line("idle_owner", &IdleOwnerReport { woke_at_us: unix_us() }));
+        return Ok((1, None));
+    }
+    let bound = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while store.failed().is_empty() {
+        ensure!(std::time::Instant::now() < bound, "no failure noticed within 30 s");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    let noticed = std::time::Instant::now();
+    let failed = store.failed();
+    let owners: Vec<i32> =
+        store.live().iter().copied().filter(|w| *w != 0 && !failed.contains(w)).collect();
+    for owner in owners {
+        while !has_full_copies(store, Key::new(owner, 0), copies)? {
+            ensure!(std::time::Instant::now() < bound, "worker {owner}'s copies never came back");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+    let report = IdleObserverReport {
+        full_at_us: unix_us(),
+        waited_ms: noticed.elapsed().as_secs_f64() * 1e3,
+    };
+    println!("{}", report_line("idle_observer", &report));
+    Ok((1, None))
+}
+
+/// Whether `key` has `copies` live holders, each with a value (of a live owner: every
+/// acknowledged write is on all of them).
+fn has_full_copies(store: &mut Store, key: Key, copies: usize) -> Result<bool> {
+    let held = store.read_copies(key)?;
+    Ok(held.len() == copies && held.iter().all(|(_, v)| v.is_some()))
 }
 
 /// Overwrites the own checkpoint from `seq` on until `done` (checked between puts, at most

@@ -1,15 +1,15 @@
 //! `ftkv chaos`: randomized SIGKILL campaigns under real `mpirun --with-ft ulfm`, checked
 //! against the history of acknowledged writes.
 //!
-//! Who died is what the survivors agreed on (`done=yes failed=<ids>`), not what the driver
+//! Who died is what the survivors agreed on (their [`DoneReport`]s), not what the driver
 //! killed: a rank killed from outside counts like one the driver killed, and so does one that
 //! ended itself as a fail-stop failure.
 //!
 //! Every rank loops put/delete on its own keys with self-describing values (`values`), printing
-//! `try <kind> <seq> <put|del>` before and `ack <kind> <seq>` after each acknowledged write. The
+//! a [`WriteReport`] before and again after each acknowledged write (`write {json}` lines). The
 //! driver SIGKILLs ranks from outside at random moments (every second kill as soon as a
-//! survivor reports that it is recovering), then reads every survivor's `final <owner> <kind>
-//! <seq|absent|torn>` lines and judges each key: the value must be the last acknowledged write
+//! survivor reports that it is recovering), then reads every survivor's [`FinalRead`]s and
+//! judges each key: the value must be the last acknowledged write
 //! or one tried after it (in flight at a death), never older, never torn.
 
 use std::collections::{BTreeMap, HashMap};
@@ -20,12 +20,12 @@ use ftkv::{Config, Key, Store};
 use ftkv_mpi::Mpi;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 pub use ftkv::history::{allowed, Observed, Op};
 use ftkv::history::{observe, planned_write, value};
 use ftkv_launch::args::{self, Opt};
-use ftkv_launch::launch::{kill_random_rank, Launch, RunningJob};
+use ftkv_launch::launch::{kill_random_rank, report_line, JobOutput, Launch, RunningJob};
 
 /// Campaign parameters.
 #[derive(Debug, Clone)]
@@ -331,7 +331,7 @@ impl LinkCut {
 
     fn observe(&mut self, (rank, text): &(Option<usize>, String)) {
         if let Some(rank) = rank {
-            if text.starts_with("done=") || text.starts_with("error") {
+            if text.starts_with("done {") || text.starts_with("error") {
                 self.done.push(*rank);
             }
         }
@@ -398,11 +398,11 @@ impl LinkCut {
         was_cut: bool,
     ) {
         let fenced = |r: &usize| out.own_stderr(*r).any(|l| l.contains("holds no majority"));
-        let finished = |r: &usize| out.rank_value(*r, "done") == Some("yes");
+        let finished = |r: &usize| done_report(out, *r).is_some();
         result.fenced = self.cut_ranks.iter().filter(|r| fenced(r)).count();
         result.split_brain = self.cut_ranks.iter().filter(|r| finished(r)).count();
         result.cut = self.cut_ranks.len();
-        let agreed = out.agreed_failed(ranks, "done=yes");
+        let agreed = agreed_failed(out, ranks);
         let counted_outside = |r: &&usize| agreed.contains(r) && !out.ended_itself(**r);
         result.outside -= self.cut_ranks.iter().filter(counted_outside).count().min(result.outside);
         let ended_itself = self.cut_ranks.iter().filter(|r| out.ended_itself(**r)).count();
@@ -417,11 +417,11 @@ impl LinkCut {
 /// set), who finished, and what the finished survivors read.
 fn classify(out: &ftkv_launch::launch::JobOutput, ranks: usize, killed: &[usize]) -> RunResult {
     let histories = parse_histories(out, ranks);
-    let agreed_failed = out.agreed_failed(ranks, "done=yes");
+    let agreed_failed = agreed_failed(out, ranks);
     let dead = |r: &usize| killed.contains(r) || agreed_failed.contains(r);
     let survivors: Vec<usize> = (0..ranks).filter(|r| !dead(r)).collect();
     let (finished, unfinished): (Vec<usize>, Vec<usize>) =
-        survivors.iter().partition(|&&r| out.rank_value(r, "done") == Some("yes"));
+        survivors.iter().partition(|&&r| done_report(out, r).is_some());
     let not_killed = (0..ranks).filter(|r| !killed.contains(r));
     let ended: Vec<usize> = not_killed.filter(|r| !finished.contains(r)).collect();
     let fail_stop = |r: &&usize| ended_as_fail_stop(out, **r);
@@ -446,22 +446,32 @@ fn classify(out: &ftkv_launch::launch::JobOutput, ranks: usize, killed: &[usize]
     }
 }
 
-/// From every rank's `recovered failed=<ids> ... lost=<n>` lines: the most workers one
-/// recovery reported failed, and the most keys any one survivor heard reported lost in all.
-fn recoveries(out: &ftkv_launch::launch::JobOutput, ranks: usize) -> (usize, u64) {
+/// From every rank's [`RecoveryReport`]s: the most workers one recovery reported failed, and
+/// the most keys any one survivor heard reported lost in all. A report that does not parse
+/// counts as none (the rank died while writing it).
+fn recoveries(out: &JobOutput, ranks: usize) -> (usize, u64) {
     let (mut widest, mut lost) = (0, 0);
     for rank in 0..ranks {
-        let lines = out.rank_lines(rank).iter().filter(|l| l.starts_with("recovered "));
-        let mut rank_lost = 0;
-        for line in lines {
-            let failed = ftkv_launch::launch::field(line, "failed").unwrap_or_default();
-            widest = widest.max(failed.split(',').filter(|w| w.parse::<usize>().is_ok()).count());
-            rank_lost +=
-                ftkv_launch::launch::field(line, "lost").and_then(|n| n.parse().ok()).unwrap_or(0);
-        }
-        lost = lost.max(rank_lost);
+        let reports: Vec<RecoveryReport> = out.rank_reports(rank, "recovery").unwrap_or_default();
+        widest = reports.iter().map(|r| r.failed.len()).fold(widest, usize::max);
+        lost = lost.max(reports.iter().map(|r| r.lost_keys.len() as u64).sum());
     }
     (widest, lost)
+}
+
+/// Rank `rank`'s [`DoneReport`], if it finished (and wrote one that parses).
+pub fn done_report(out: &JobOutput, rank: usize) -> Option<DoneReport> {
+    out.rank_report(rank, "done").ok().flatten()
+}
+
+/// The failed workers the finished ranks agreed on (the union of their [`DoneReport`]s),
+/// sorted, without repeats.
+pub fn agreed_failed(out: &JobOutput, ranks: usize) -> Vec<usize> {
+    let mut failed: Vec<usize> =
+        (0..ranks).filter_map(|r| done_report(out, r)).flat_map(|d| d.failed).collect();
+    failed.sort_unstable();
+    failed.dedup();
+    failed
 }
 
 /// Who was killed, and for each survivor that did not finish its last lines and its stderr.
@@ -566,7 +576,7 @@ pub struct Histories {
     pub finals: HashMap<usize, HashMap<(i32, u16), Observed>>,
 }
 
-fn parse_histories(out: &ftkv_launch::launch::JobOutput, ranks: usize) -> Histories {
+fn parse_histories(out: &JobOutput, ranks: usize) -> Histories {
     let mut h = Histories::default();
     for rank in 0..ranks {
         for line in out.rank_lines(rank) {
@@ -576,35 +586,81 @@ fn parse_histories(out: &ftkv_launch::launch::JobOutput, ranks: usize) -> Histor
     h
 }
 
-/// Applies one output line of `rank` to the histories.
+/// Applies one output line of `rank` (a [`WriteReport`] or [`FinalRead`]; other lines, and a
+/// line cut short by the rank's death, change nothing) to the histories.
 pub fn parse_line(h: &mut Histories, rank: usize, line: &str) {
-    let words: Vec<&str> = line.split_whitespace().collect();
-    let num = |i: usize| words.get(i).and_then(|w| w.parse::<u32>().ok());
-    match words.first().copied() {
-        Some("try") => {
-            let (Some(kind), Some(seq)) = (num(1), num(2)) else { return };
-            let op = Op { seq, delete: words.get(3) == Some(&"del"), acked: false };
-            h.ops.entry((rank as i32, kind as u16)).or_default().push(op);
-        }
-        Some("ack") => {
-            let (Some(kind), Some(seq)) = (num(1), num(2)) else { return };
-            let ops = h.ops.entry((rank as i32, kind as u16)).or_default();
-            if let Some(op) = ops.iter_mut().rev().find(|o| o.seq == seq) {
-                op.acked = true;
+    let Some((kind, json)) = line.split_once(' ') else { return };
+    match kind {
+        "write" => {
+            let Ok(write) = serde_json::from_str::<WriteReport>(json) else { return };
+            let ops = h.ops.entry((rank as i32, write.kind)).or_default();
+            if write.acked {
+                if let Some(op) = ops.iter_mut().rev().find(|o| o.seq == write.seq) {
+                    op.acked = true;
+                }
+            } else {
+                ops.push(Op { seq: write.seq, delete: write.delete, acked: false });
             }
         }
-        Some("final") => {
-            let (Some(owner), Some(kind)) = (num(1), num(2)) else { return };
-            let observed = match words.get(3).copied() {
-                Some("absent") => Observed::Absent,
-                Some("lost") => Observed::Lost,
-                Some(s) => s.parse().map_or(Observed::Torn, Observed::Seq),
-                None => Observed::Torn,
+        "final" => {
+            let Ok(read) = serde_json::from_str::<FinalRead>(json) else { return };
+            let observed = match read.read {
+                Read::Seq(seq) => Observed::Seq(seq),
+                Read::Absent => Observed::Absent,
+                Read::Lost => Observed::Lost,
+                Read::Torn => Observed::Torn,
             };
-            h.finals.entry(rank).or_default().insert((owner as i32, kind as u16), observed);
+            h.finals.entry(rank).or_default().insert((read.owner, read.kind), observed);
         }
         _ => {}
     }
+}
+
+/// A write of a chaos rank (`write {json}`): once when it is tried, again with `acked` once
+/// the store acknowledged it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WriteReport {
+    pub kind: u16,
+    pub seq: u32,
+    pub delete: bool,
+    pub acked: bool,
+}
+
+/// What a survivor read of one key at the end (`final {json}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FinalRead {
+    pub owner: i32,
+    pub kind: u16,
+    pub read: Read,
+}
+
+/// One read of a key: the sequence number its value carries, no value, a key the store
+/// reported lost, or a value that is not one the writer wrote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Read {
+    Seq(u32),
+    Absent,
+    Lost,
+    Torn,
+}
+
+/// One global recovery on a rank (`recovery {json}`), from [`ftkv::RecoveryReport`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RecoveryReport {
+    pub failed: Vec<i32>,
+    pub attempts: usize,
+    pub keys_recovered: usize,
+    /// `(owner, kind)` of each key no copy of which survived.
+    pub lost_keys: Vec<(i32, u16)>,
+    pub ms: f64,
+}
+
+/// A rank that finished (`done {json}`): the workers outside the store's live set, the same
+/// on every survivor (the shrunk communicator's membership).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DoneReport {
+    pub failed: Vec<usize>,
 }
 
 /// Counts over one run.
@@ -655,7 +711,7 @@ pub fn rank_main(copies: usize, duration: Duration, seed: u64, watchdog: Duratio
     write_loop(&mut store, &mut rng, duration)?;
     finish(&mut store)?;
     report_finals(&mut store, world.size())?;
-    println!("done=yes failed={}", failed_list(&store));
+    println!("{}", report_line("done", &DoneReport { failed: failed_workers(&store) }));
     drop(store);
     drop(world);
     mpi.finalize_bounded(Duration::from_secs(3))?;
@@ -669,7 +725,8 @@ fn write_loop(store: &mut Store, rng: &mut SmallRng, duration: Duration) -> Resu
     while start.elapsed() < duration {
         seq += 1;
         let (kind, delete) = planned_write(seq);
-        println!("try {kind} {seq} {}", if delete { "del" } else { "put" });
+        let write = WriteReport { kind, seq, delete, acked: false };
+        println!("{}", report_line("write", &write));
         let key = Key::new(me, kind);
         let result = if delete {
             store.delete(key)
@@ -677,7 +734,7 @@ fn write_loop(store: &mut Store, rng: &mut SmallRng, duration: Duration) -> Resu
             store.put(key, &value(me, seq, rng.gen_range(16..8192)))
         };
         match result {
-            Ok(()) => println!("ack {kind} {seq}"),
+            Ok(()) => println!("{}", report_line("write", &WriteReport { acked: true, ..write })),
             Err(e) if e.needs_recovery() => recover(store)?,
             Err(e) => bail!("store call failed: {e}"),
         }
@@ -686,23 +743,19 @@ fn write_loop(store: &mut Store, rng: &mut SmallRng, duration: Duration) -> Resu
     Ok(())
 }
 
-/// Runs a recovery, printing `recovering` before and a `recovered failed=.. attempts=.. keys=..
-/// lost=.. ms=..` line after it.
+/// Runs a recovery, printing `recovering` before (the driver's cue for a kill during
+/// recovery) and a [`RecoveryReport`] after it.
 pub fn recover(store: &mut Store) -> Result<()> {
     println!("recovering");
     let report = store.recover()?;
-    let failed: Vec<String> = report.failed.iter().map(|w| w.to_string()).collect();
-    let lost: Vec<String> =
-        report.keys_lost.iter().map(|k| format!("{}/{}", k.owner, k.kind)).collect();
-    println!(
-        "recovered failed={} attempts={} keys={} lost={} lost_keys={} ms={:.1}",
-        failed.join(","),
-        report.attempts,
-        report.keys_recovered,
-        report.keys_lost.len(),
-        if lost.is_empty() { "-".to_string() } else { lost.join(",") },
-        report.duration.as_secs_f64() * 1e3
-    );
+    let report = RecoveryReport {
+        failed: report.failed,
+        attempts: report.attempts,
+        keys_recovered: report.keys_recovered,
+        lost_keys: report.keys_lost.iter().map(|k| (k.owner, k.kind)).collect(),
+        ms: report.duration.as_secs_f64() * 1e3,
+    };
+    println!("{}", report_line("recovery", &report));
     Ok(())
 }
 
@@ -717,17 +770,11 @@ pub fn finish(store: &mut Store) -> Result<()> {
     }
 }
 
-/// The workers that are not in the store's live set, as `1,3` (`-` for none): the same on
-/// every survivor, since the live set is the shrunk communicator's membership.
-pub fn failed_list(store: &Store) -> String {
+/// The workers that are not in the store's live set: the same on every survivor, since the
+/// live set is the shrunk communicator's membership.
+pub fn failed_workers(store: &Store) -> Vec<usize> {
     let live = store.live();
-    let failed: Vec<String> =
-        (0..store.workers() as i32).filter(|w| !live.contains(w)).map(|w| w.to_string()).collect();
-    if failed.is_empty() {
-        "-".to_owned()
-    } else {
-        failed.join(",")
-    }
+    (0..store.workers()).filter(|&w| !live.contains(&(w as i32))).collect()
 }
 
 fn report_finals(store: &mut Store, workers: i32) -> Result<()> {
@@ -735,14 +782,14 @@ fn report_finals(store: &mut Store, workers: i32) -> Result<()> {
         for kind in 0..2u16 {
             let read = match store.get(Key::new(owner, kind)) {
                 Ok(read) => match observe(owner, read.as_deref()) {
-                    Observed::Seq(seq) => seq.to_string(),
-                    Observed::Absent => "absent".to_string(),
-                    Observed::Torn | Observed::Lost => "torn".to_string(),
+                    Observed::Seq(seq) => Read::Seq(seq),
+                    Observed::Absent => Read::Absent,
+                    Observed::Torn | Observed::Lost => Read::Torn,
                 },
-                Err(ftkv::Error::KeyLost(_)) => "lost".to_string(),
+                Err(ftkv::Error::KeyLost(_)) => Read::Lost,
                 Err(e) => return Err(e.into()),
             };
-            println!("final {owner} {kind} {read}");
+            println!("{}", report_line("final", &FinalRead { owner, kind, read }));
         }
     }
     Ok(())
@@ -755,12 +802,20 @@ mod tests {
     #[test]
     fn lines_build_histories_and_verdicts() {
         let mut h = Histories::default();
-        for line in ["try 0 1 put", "ack 0 1", "try 0 2 put", "try 1 3 put", "ack 1 3"] {
-            parse_line(&mut h, 1, line);
+        let write = |kind, seq, acked| WriteReport { kind, seq, delete: false, acked };
+        let writes = [write(0, 1, false), write(0, 1, true), write(0, 2, false)];
+        let writes = writes.into_iter().chain([write(1, 3, false), write(1, 3, true)]);
+        for w in writes {
+            parse_line(&mut h, 1, &report_line("write", &w));
         }
-        for line in ["final 1 0 2", "final 1 1 absent"] {
-            parse_line(&mut h, 0, line);
+        let finals = [
+            FinalRead { owner: 1, kind: 0, read: Read::Seq(2) },
+            FinalRead { owner: 1, kind: 1, read: Read::Absent },
+        ];
+        for read in finals {
+            parse_line(&mut h, 0, &report_line("final", &read));
         }
+        parse_line(&mut h, 0, "final {\"owner\":1,\"kin");
         let v = judge_all(&h, &[0], 2);
         assert_eq!(v, Verdict { acked: 2, lost: 1, torn: 0, reported_lost: 0 });
     }

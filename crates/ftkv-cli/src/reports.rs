@@ -42,3 +42,113 @@ pub fn unix_us() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_micros() as u64)
 }
+
+/// A check that passed, for report kinds that carry nothing else (`done {}`, `rma {}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Passed {}
+
+/// Why a case failed on a rank (`error {json}`), before it leaves without `MPI_Finalize`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorReport {
+    pub message: String,
+}
+
+/// `hello`: this rank's place in the world.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HelloReport {
+    pub rank: i32,
+    pub size: i32,
+}
+
+/// `sendrecv`: the rank the ring message came from, and the round trip of one ping.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RingReport {
+    pub from: i32,
+    pub ping_us: u64,
+}
+
+/// `host-cas`: every counter ended exact; swaps that lost a race and were tried again, and
+/// whether the window spans hosts (its serving threads took part).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CasReport {
+    pub retries: u64,
+    pub spans_hosts: bool,
+}
+
+/// `detect`: how long rank 0's pings took to see the victim failed (rank 0 only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DetectedReport {
+    pub ms: u64,
+}
+
+/// `detect` and `shrink`: the communicator after revoke and shrink.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShrunkReport {
+    pub size: i32,
+    /// The world's failed ranks as ULFM reported them.
+    pub failed: Vec<i32>,
+    /// Whether the barrier that met the failure failed here (`shrink`; ULFM reports it per
+    /// process, so it may not).
+    pub barrier_failed: Option<bool>,
+}
+
+/// `store-rounds`: round `round`'s checkpoint put was acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AckedRound {
+    pub round: u32,
+}
+
+/// What a survivor read of one worker's checkpoint and loot at the end of `store-rounds`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointRead {
+    pub owner: i32,
+    pub round: RoundRead,
+    pub loot_present: bool,
+}
+
+/// A checkpoint's round as read: the round its value carries, no value, or a value that is not
+/// the owner's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RoundRead {
+    Round(u32),
+    None,
+    Torn,
+}
+
+/// `store-mismatch`: the store refused the configs, because this rank's own was invalid or
+/// because they differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RejectedReport {
+    pub invalid: bool,
+}
+
+/// `store-fenced`: the victim's checkpoint sequence number once this rank knew it failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeclaredReport {
+    pub victim: i32,
+    pub seq: u32,
+}
+
+/// `store-fenced`: the victim's checkpoint before and after it was resumed (equal: none of
+/// its late writes landed), and this rank's own last sequence number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FencedReport {
+    pub before: u32,
+    pub after: u32,
+    pub own_seq: u32,
+}
+
+/// `store-txn`: what a survivor judged on the logs it read (the judgement passed, or the case
+/// failed with an error instead).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TxnReport {
+    pub committed: usize,
+    pub aborted: usize,
+    /// A digest of every log as read (equal on every survivor).
+    pub logs: String,
+    /// Workers whose open transaction this rank resolved as their backup.
+    pub resolved: Vec<i32>,
+    /// Mean duration of this worker's transactions.
+    pub tx_us: f64,
+}

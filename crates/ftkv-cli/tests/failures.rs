@@ -7,6 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ftkv_cli::launch::{job_slot, output_within, processes_under, shm_segments};
+use ftkv_cli::reports::{FencedReport, Passed};
 
 mod common;
 
@@ -113,7 +114,8 @@ fn assert_one_rank_ends_the_job(case: &str, message: &str) {
     assert!(started.elapsed() < Duration::from_secs(30), "took {:?}", started.elapsed());
     assert!(out.stderr.contains(message), "{}", out.transcript());
     for rank in [0, 2, 3] {
-        assert_eq!(out.rank_value(rank, "done"), None, "rank {rank} was not ended");
+        let done: Option<Passed> = out.rank_report(rank, "done").expect("JSON");
+        assert_eq!(done, None, "rank {rank} was not ended");
     }
 }
 
@@ -310,7 +312,7 @@ fn a_stopped_writer_declared_failed_lands_no_write_after_the_declaration() {
             signal(pids[&victim], "CONT");
             panic!("the survivors never read: {}", running.finish().unwrap().transcript());
         };
-        declared += usize::from(line.starts_with("declared "));
+        declared += usize::from(line.starts_with("declared {"));
     }
     signal(pids[&victim], "CONT");
     let started = Instant::now();
@@ -324,15 +326,11 @@ fn a_stopped_writer_declared_failed_lands_no_write_after_the_declaration() {
     let _ = std::fs::remove_file(&resumed);
     assert!(!out.timed_out, "job hung:\n{}", out.transcript());
     for rank in (0..ranks).filter(|&r| r != victim) {
-        let lines = out.rank_lines(rank);
-        let fenced = lines.iter().find(|l| l.starts_with("fenced "));
+        let fenced: Option<FencedReport> = out.rank_report(rank, "fenced").expect("JSON");
         let fenced = fenced.unwrap_or_else(|| panic!("rank {rank}:\n{}", out.transcript()));
-        let field = |name: &str| {
-            let word = fenced.split_whitespace().find_map(|w| w.strip_prefix(name));
-            word.and_then(|v| v.parse::<u32>().ok()).expect("a number")
-        };
-        assert_eq!(field("before="), field("after="), "rank {rank}: {fenced}");
-        assert!(lines.iter().any(|l| l == "done=yes"), "rank {rank}:\n{}", out.transcript());
+        assert_eq!(fenced.before, fenced.after, "rank {rank}: {fenced:?}");
+        let done: Option<Passed> = out.rank_report(rank, "done").expect("JSON");
+        assert!(done.is_some(), "rank {rank}:\n{}", out.transcript());
     }
     let why = ["half the suspicion bound", "reported dead"];
     assert!(why.iter().any(|w| out.stderr.contains(w)), "no reason given:\n{}", out.transcript());

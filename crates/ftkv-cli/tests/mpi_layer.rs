@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use ftkv_cli::launch::{JobOutput, Launch};
+use ftkv_cli::reports::{DetectedReport, HelloReport, Passed, RingReport, ShrunkReport};
 
 mod common;
 
@@ -13,17 +14,24 @@ fn job(case: &str, ranks: usize) -> Launch {
     common::job(case, ranks, Duration::from_secs(30))
 }
 
-fn assert_rank(out: &JobOutput, rank: usize, key: &str, want: &str) {
-    assert_eq!(out.rank_value(rank, key), Some(want), "rank {rank} {key}:\n{}", out.transcript());
+/// Rank `rank`'s report of `kind`; fails the test with the transcript when it has none.
+fn report<T: serde::de::DeserializeOwned>(out: &JobOutput, rank: usize, kind: &str) -> T {
+    let report = out.rank_report(rank, kind).expect("a JSON report");
+    report.unwrap_or_else(|| panic!("rank {rank}: no {kind} report:\n{}", out.transcript()))
+}
+
+/// Rank `rank` reported that step `kind` passed (`kind {}`).
+fn assert_passed(out: &JobOutput, rank: usize, kind: &str) {
+    let _: Passed = report(out, rank, kind);
 }
 
 #[test]
 fn every_rank_sees_the_world() {
     let out = run(job("hello", 4));
     for rank in 0..4 {
-        assert_rank(&out, rank, "rank", &rank.to_string());
-        assert_rank(&out, rank, "size", "4");
-        assert_rank(&out, rank, "done", "yes");
+        let hello: HelloReport = report(&out, rank, "hello");
+        assert_eq!(hello, HelloReport { rank: rank as i32, size: 4 });
+        assert_passed(&out, rank, "done");
     }
 }
 
@@ -31,31 +39,32 @@ fn every_rank_sees_the_world() {
 fn send_recv_and_ping_round_trip() {
     let out = run(job("sendrecv", 4));
     for rank in 0..4 {
-        assert_rank(&out, rank, "ring_from", &((rank + 3) % 4).to_string());
-        let rtt: u64 = out.rank_value(rank, "ping_us").expect("ping_us").parse().unwrap();
-        assert!(rtt < 1_000_000, "ping took {rtt} µs");
-        assert_rank(&out, rank, "done", "yes");
+        let ring: RingReport = report(&out, rank, "ring");
+        assert_eq!(ring.from, (rank as i32 + 3) % 4);
+        assert!(ring.ping_us < 1_000_000, "ping took {} µs", ring.ping_us);
+        assert_passed(&out, rank, "done");
     }
 }
 
 #[test]
 fn rma_put_get_and_atomics_round_trip() {
     let out = run(job("rma", 4));
-    assert_rank(&out, 0, "atomics", "ok");
+    assert_passed(&out, 0, "atomics");
     for rank in 0..4 {
-        assert_rank(&out, rank, "rma", "ok");
-        assert_rank(&out, rank, "done", "yes");
+        assert_passed(&out, rank, "rma");
+        assert_passed(&out, rank, "done");
     }
 }
 
 #[test]
 fn killed_rank_is_reported_to_a_ping_within_one_second() {
     let out = run(job("detect", 4).env("FTKV_FAILPOINT", "detect_kill@2").env("FTKV_VICTIM", "2"));
-    let ms: u64 = out.rank_value(0, "detected_ms").expect("detected_ms").parse().unwrap();
-    assert!(ms < 1000, "detection took {ms} ms");
+    let detected: DetectedReport = report(&out, 0, "detected");
+    assert!(detected.ms < 1000, "detection took {} ms", detected.ms);
     for rank in [0, 1, 3] {
-        assert_rank(&out, rank, "survivors", "3");
-        assert_rank(&out, rank, "done", "yes");
+        let shrunk: ShrunkReport = report(&out, rank, "shrunk");
+        assert_eq!((shrunk.size, shrunk.failed), (3, vec![2]), "rank {rank}");
+        assert_passed(&out, rank, "done");
     }
     assert!(out.rank_lines(2).is_empty(), "the killed rank printed:\n{}", out.transcript());
 }
@@ -64,10 +73,11 @@ fn killed_rank_is_reported_to_a_ping_within_one_second() {
 fn revoke_shrink_and_a_new_window_on_the_survivors() {
     let out = run(job("shrink", 4).env("FTKV_FAILPOINT", "shrink_kill@1"));
     for rank in [0, 2, 3] {
-        assert_rank(&out, rank, "shrunk_size", "3");
-        assert_rank(&out, rank, "failed", "[1]");
-        assert_rank(&out, rank, "rma", "ok");
-        assert_rank(&out, rank, "done", "yes");
+        let shrunk: ShrunkReport = report(&out, rank, "shrunk");
+        assert_eq!((shrunk.size, &shrunk.failed), (3, &vec![1]), "rank {rank}");
+        assert!(shrunk.barrier_failed.is_some(), "rank {rank}: {shrunk:?}");
+        assert_passed(&out, rank, "rma");
+        assert_passed(&out, rank, "done");
     }
-    assert_rank(&out, 0, "atomics", "ok");
+    assert_passed(&out, 0, "atomics");
 }

@@ -4,8 +4,12 @@
 
 use std::time::Duration;
 
-use ftkv_cli::launch::{field, kill_pid, JobOutput, Launch};
-use ftkv_cli::reports::{IdleObserverReport, IdleOwnerReport, LocalizedReport};
+use ftkv_cli::chaos::RecoveryReport;
+use ftkv_cli::launch::{kill_pid, JobOutput, Launch};
+use ftkv_cli::reports::{
+    AckedRound, CasReport, CheckpointRead, ErrorReport, IdleObserverReport, IdleOwnerReport,
+    LocalizedReport, Passed, RejectedReport, RoundRead, TxnReport,
+};
 
 mod common;
 
@@ -15,18 +19,19 @@ fn job(case: &str, ranks: usize) -> Launch {
     common::job(case, ranks, Duration::from_secs(60))
 }
 
-/// `final owner=<w> round=<r>` lines of one survivor, as (owner, round) pairs.
-fn finals(out: &JobOutput, rank: usize) -> Vec<(i32, String)> {
-    out.rank_lines(rank)
-        .iter()
-        .filter_map(|l| {
-            let mut words = l.split_whitespace();
-            (words.next()? == "final").then_some(())?;
-            let owner = words.next()?.strip_prefix("owner=")?.parse().ok()?;
-            let round = words.next()?.strip_prefix("round=")?.to_owned();
-            Some((owner, round))
-        })
-        .collect()
+/// One survivor's reads of every worker's checkpoint at the end ([`CheckpointRead`]s).
+fn finals(out: &JobOutput, rank: usize) -> Vec<CheckpointRead> {
+    out.rank_reports(rank, "read").expect("JSON reads")
+}
+
+/// Whether rank `rank` reported `kind {}` (a step that passed).
+fn passed(out: &JobOutput, rank: usize, kind: &str) -> bool {
+    out.rank_report::<Passed>(rank, kind).expect("JSON").is_some()
+}
+
+/// Rank `rank`'s global recoveries, in order.
+fn recoveries(out: &JobOutput, rank: usize) -> Vec<RecoveryReport> {
+    out.rank_reports(rank, "recovery").expect("JSON recovery reports")
 }
 
 /// Every survivor finished and read, for every owner, a round allowed by `allowed(owner)`.
@@ -39,31 +44,30 @@ fn assert_survivors_read(
     for rank in (0..ranks).filter(|r| !dead.contains(r)) {
         let got = finals(out, rank);
         assert_eq!(got.len(), ranks, "rank {rank} read every key:\n{}", out.transcript());
-        for (owner, round) in got {
-            let ok = allowed(owner);
+        for read in got {
+            let ok = allowed(read.owner);
             assert!(
-                round.parse().is_ok_and(|r| ok.contains(&r)),
-                "rank {rank} owner {owner} round {round}, want {ok:?}\n{}",
+                matches!(read.round, RoundRead::Round(r) if ok.contains(&r)),
+                "rank {rank}: {read:?}, want {ok:?}\n{}",
                 out.transcript()
             );
         }
-        assert_eq!(out.rank_value(rank, "done"), Some("yes"), "rank {rank}:\n{}", out.transcript());
-        assert_eq!(out.rank_value(rank, "error"), None, "rank {rank}:\n{}", out.transcript());
+        assert!(passed(out, rank, "done"), "rank {rank}:\n{}", out.transcript());
+        let error: Option<ErrorReport> = out.rank_report(rank, "error").expect("JSON");
+        assert_eq!(error, None, "rank {rank}:\n{}", out.transcript());
     }
     for rank in dead {
         assert!(finals(out, *rank).is_empty(), "killed rank {rank} reported");
     }
 }
 
-fn assert_recovered(out: &JobOutput, ranks: usize, dead: &[usize], failed: &str) {
+/// Every survivor's first global recovery reported exactly `failed` and lost no key.
+fn assert_recovered(out: &JobOutput, ranks: usize, dead: &[usize], failed: &[i32]) {
     for rank in (0..ranks).filter(|r| !dead.contains(r)) {
-        assert_eq!(
-            out.rank_value(rank, "failed"),
-            Some(failed),
-            "rank {rank}:\n{}",
-            out.transcript()
-        );
-        assert_eq!(out.rank_value(rank, "lost"), Some("0"), "rank {rank}:\n{}", out.transcript());
+        let first = recoveries(out, rank).into_iter().next();
+        let first = first.unwrap_or_else(|| panic!("rank {rank}:\n{}", out.transcript()));
+        assert_eq!(first.failed, failed, "rank {rank}:\n{}", out.transcript());
+        assert!(first.lost_keys.is_empty(), "rank {rank}:\n{}", out.transcript());
     }
 }
 
@@ -73,8 +77,7 @@ fn put_get_delete_round_trip_on_2_to_8_ranks() {
         let out = run(job("store-rounds", ranks));
         assert_survivors_read(&out, ranks, &[], |_| vec![5]);
         for rank in 0..ranks {
-            let deleted =
-                out.rank_lines(rank).iter().filter(|l| l.contains("loot=deleted")).count();
+            let deleted = finals(&out, rank).iter().filter(|r| !r.loot_present).count();
             assert_eq!(deleted, ranks, "rank {rank} sees every loot deleted");
         }
     }
@@ -84,42 +87,31 @@ fn put_get_delete_round_trip_on_2_to_8_ranks() {
 fn bad_input_is_rejected_and_harms_nobody() {
     let out = run(job("store-bad-input", 4));
     for rank in 0..4 {
-        assert_eq!(
-            out.rank_value(rank, "bad_input"),
-            Some("ok"),
-            "rank {rank}:\n{}",
-            out.transcript()
-        );
+        assert!(passed(&out, rank, "bad_input"), "rank {rank}:\n{}", out.transcript());
     }
 }
 
 #[test]
 fn mismatched_or_invalid_configs_fail_on_every_rank() {
+    let rejected = |out: &JobOutput, rank: usize| {
+        let report: Option<RejectedReport> = out.rank_report(rank, "rejected").expect("JSON");
+        report.unwrap_or_else(|| panic!("rank {rank} was not rejected:\n{}", out.transcript()))
+    };
     let out = run(job("store-mismatch", 4).env("STORE_ODD_RANK", "2").env("STORE_ODD_COPIES", "1"));
     for rank in 0..4 {
-        assert_eq!(
-            out.rank_value(rank, "rejected"),
-            Some("mismatch"),
-            "rank {rank}:\n{}",
-            out.transcript()
-        );
+        assert!(!rejected(&out, rank).invalid, "rank {rank}: a mismatch, not an invalid config");
     }
     let out = run(job("store-mismatch", 4).env("STORE_ODD_RANK", "1").env("STORE_ODD_COPIES", "0"));
-    assert_eq!(out.rank_value(1, "rejected"), Some("invalid"), "{}", out.transcript());
+    assert!(rejected(&out, 1).invalid, "{}", out.transcript());
     for rank in [0, 2, 3] {
-        assert_eq!(
-            out.rank_value(rank, "rejected"),
-            Some("mismatch"),
-            "rank {rank}:\n{}",
-            out.transcript()
-        );
+        assert!(!rejected(&out, rank).invalid, "rank {rank}: a mismatch, not an invalid config");
     }
 }
 
 #[test]
 fn killed_owner_keeps_its_last_acknowledged_value() {
     let out = run(job("store-rounds", 4).env("FTKV_FAILPOINT", "store_round@2#3"));
-    assert_recovered(&out, 4, &[2], "2");
+    assert_recovered(&out, 4, &[2], &[2]);
     assert_survivors_read(&out, 4, &[2], |owner| if owner == 2 { vec![3] } else { vec![5] });
 }
 
@@ -127,7 +119,7 @@ fn killed_owner_keeps_its_last_acknowledged_value() {
 fn killed_holder_loses_nothing() {
     // Owner 0's checkpoint lives on 1 and 2 (copies = 2 of 4): kill holder 1.
     let out = run(job("store-rounds", 4).env("FTKV_FAILPOINT", "store_round@1#2"));
-    assert_recovered(&out, 4, &[1], "1");
+    assert_recovered(&out, 4, &[1], &[1]);
     assert_survivors_read(&out, 4, &[1], |owner| if owner == 1 { vec![2] } else { vec![5] });
 }
 
@@ -136,14 +128,14 @@ fn killed_holder_loses_nothing() {
 #[test]
 fn writer_killed_between_copies_leaves_old_or_new_never_torn() {
     let out = run(job("store-rounds", 4).env("FTKV_FAILPOINT", "put_between_copies@3#13"));
-    assert_recovered(&out, 4, &[3], "3");
+    assert_recovered(&out, 4, &[3], &[3]);
     assert_survivors_read(&out, 4, &[3], |owner| if owner == 3 { vec![2, 3] } else { vec![5] });
 }
 
 #[test]
 fn writer_killed_between_data_and_header_leaves_old_or_new_never_torn() {
     let out = run(job("store-rounds", 4).env("FTKV_FAILPOINT", "put_before_header@1#13"));
-    assert_recovered(&out, 4, &[1], "1");
+    assert_recovered(&out, 4, &[1], &[1]);
     assert_survivors_read(&out, 4, &[1], |owner| if owner == 1 { vec![2, 3] } else { vec![5] });
 }
 
@@ -155,13 +147,12 @@ fn two_simultaneous_kills_with_three_copies_lose_nothing() {
     // Killed in the same round, the two may still die a moment apart, and the survivors then
     // recover twice: the failures reported over all recoveries are the two kills.
     for rank in [0, 2, 3, 5] {
-        let recovered = out.rank_lines(rank).iter().filter(|l| l.starts_with("recovered "));
-        let mut failed: Vec<&str> =
-            recovered.flat_map(|l| field(l, "failed").unwrap_or("").split(',')).collect();
+        let recovered = recoveries(&out, rank);
+        let mut failed: Vec<i32> = recovered.iter().flat_map(|r| r.failed.clone()).collect();
         failed.sort_unstable();
-        assert_eq!(failed, ["1", "4"], "rank {rank}:\n{}", out.transcript());
-        let lost = out.rank_lines(rank).iter().filter_map(|l| field(l, "lost"));
-        assert!(lost.clone().all(|n| n == "0"), "rank {rank} lost nothing:\n{}", out.transcript());
+        assert_eq!(failed, [1, 4], "rank {rank}:\n{}", out.transcript());
+        let lost = recovered.iter().all(|r| r.lost_keys.is_empty());
+        assert!(lost, "rank {rank} lost nothing:\n{}", out.transcript());
     }
     assert_survivors_read(&out, 6, &[1, 4], |owner| {
         if [1, 4].contains(&owner) {
@@ -172,11 +163,10 @@ fn two_simultaneous_kills_with_three_copies_lose_nothing() {
     });
 }
 
-/// The last round whose checkpoint `rank` saw acknowledged (its `acked round=` lines).
+/// The last round whose checkpoint `rank` saw acknowledged (its `acked` reports).
 fn last_acked_round(out: &JobOutput, rank: usize) -> u32 {
-    let rounds =
-        out.rank_lines(rank).iter().filter_map(|l| l.strip_prefix("acked round=")?.parse().ok());
-    rounds.max().unwrap_or(0)
+    let acked: Vec<AckedRound> = out.rank_reports(rank, "acked").expect("JSON");
+    acked.iter().map(|a| a.round).max().unwrap_or(0)
 }
 
 /// Rank 1 dies in round 3, rank 3 at `recovery_point` of the recovery that follows: the
@@ -187,9 +177,10 @@ fn assert_recovery_restarts_after_a_kill_at(recovery_point: &str) {
     let spec = format!("store_round@1#3;{recovery_point}@3");
     let out = run(job("store-rounds", 5).env("STORE_COPIES", "3").env("FTKV_FAILPOINT", &spec));
     for rank in [0, 2, 4] {
-        let attempts: usize = out.rank_value(rank, "attempts").expect("attempts").parse().unwrap();
-        assert!(attempts >= 2, "rank {rank} restarted recovery:\n{}", out.transcript());
-        assert_eq!(out.rank_value(rank, "lost"), Some("0"), "rank {rank}:\n{}", out.transcript());
+        let first = recoveries(&out, rank).into_iter().next();
+        let first = first.unwrap_or_else(|| panic!("rank {rank}:\n{}", out.transcript()));
+        assert!(first.attempts >= 2, "rank {rank} restarted recovery:\n{}", out.transcript());
+        assert!(first.lost_keys.is_empty(), "rank {rank}:\n{}", out.transcript());
     }
     let acked_by_3 = last_acked_round(&out, 3);
     assert!(acked_by_3 >= 2, "rank 3 finished round 2's put:\n{}", out.transcript());
@@ -223,7 +214,7 @@ fn a_stuck_put_is_ended_by_the_watchdog_and_the_others_recover() {
     // Hit 7 of the write path is round 3's checkpoint put; it never returns.
     let out = run(job("store-rounds", 4).env("FTKV_FAILPOINT", "put_stall@2#7"));
     assert!(out.stderr.contains("has not returned for"), "watchdog message:\n{}", out.transcript());
-    assert_recovered(&out, 4, &[2], "2");
+    assert_recovered(&out, 4, &[2], &[2]);
     assert_survivors_read(&out, 4, &[2], |owner| if owner == 2 { vec![2] } else { vec![5] });
 }
 
@@ -276,7 +267,7 @@ fn a_rank_killed_from_outside_is_repaired_locally_while_the_others_write() {
         moved += report.moved_keys;
     }
     assert!(moved >= 1, "nobody moved the victim's copies:\n{}", out.transcript());
-    assert_recovered(&out, ranks, &[victim], &victim.to_string());
+    assert_recovered(&out, ranks, &[victim], &[victim as i32]);
     assert_survivors_read(&out, ranks, &[victim], |_| (1..100_000).collect());
 }
 
@@ -300,12 +291,13 @@ fn a_hosts_ranks_killed_at_once_are_repaired_while_the_others_write() {
         assert_full_and_current(&report, rank);
     }
     if across_hosts {
-        assert_recovered(&out, ranks, &victims, "4,5");
+        assert_recovered(&out, ranks, &victims, &[4, 5]);
     } else {
         // Two of 2 copies gone at once is beyond the store's tolerance: a key both of whose
         // holders died is reported lost until its owner writes it again.
         for rank in (0..ranks).filter(|r| !victims.contains(r)) {
-            assert_eq!(out.rank_value(rank, "failed"), Some("4,5"), "{}", out.transcript());
+            let first = recoveries(&out, rank).into_iter().next().map(|r| r.failed);
+            assert_eq!(first, Some(vec![4, 5]), "{}", out.transcript());
         }
     }
     assert_survivors_read(&out, ranks, &victims, |_| (1..100_000).collect());
@@ -320,9 +312,9 @@ fn compare_and_swap_is_atomic_across_shared_memory_and_host_links() {
     let out = run(job("host-cas", 6));
     let across_hosts = std::env::var("FTKV_NODES").is_ok_and(|n| n == "3");
     for rank in 0..6 {
-        assert_eq!(out.rank_value(rank, "cas"), Some("ok"), "rank {rank}:\n{}", out.transcript());
-        let spans = out.rank_value(rank, "spans_hosts");
-        assert_eq!(spans, Some(if across_hosts { "true" } else { "false" }), "rank {rank}");
+        let cas: Option<CasReport> = out.rank_report(rank, "cas").expect("JSON");
+        let cas = cas.unwrap_or_else(|| panic!("rank {rank}:\n{}", out.transcript()));
+        assert_eq!(cas.spans_hosts, across_hosts, "rank {rank}");
     }
 }
 
@@ -357,19 +349,18 @@ fn transactions_stay_atomic_when_their_coordinator_is_killed_at_any_step() {
         let survivors: Vec<usize> = (0..ranks).filter(|&r| kill.is_none() || r != 1).collect();
         let mut backups = 0;
         for &rank in &survivors {
-            let line = out.rank_lines(rank).iter().find(|l| l.starts_with("txn=")).cloned();
-            let line =
-                line.unwrap_or_else(|| panic!("{kill:?}: rank {rank}:\n{}", out.transcript()));
-            assert_eq!(field(&line, "txn"), Some("ok"), "{kill:?}: {line}");
-            let logs = |r: usize| out.rank_value(r, "logs").map(str::to_owned);
-            assert_eq!(logs(rank), logs(survivors[0]), "{kill:?}: survivors read different logs");
-            backups += usize::from(field(&line, "resolved") == Some("1"));
+            let txn = |r: usize| -> Option<TxnReport> { out.rank_report(r, "txn").expect("JSON") };
+            let report = txn(rank);
+            let report =
+                report.unwrap_or_else(|| panic!("{kill:?}: rank {rank}:\n{}", out.transcript()));
+            let logs = txn(survivors[0]).map(|t| t.logs);
             assert_eq!(
-                out.rank_value(rank, "done"),
-                Some("yes"),
-                "{kill:?}:\n{}",
-                out.transcript()
+                Some(&report.logs),
+                logs.as_ref(),
+                "{kill:?}: survivors read different logs"
             );
+            backups += usize::from(report.resolved == [1]);
+            assert!(passed(&out, rank, "done"), "{kill:?}:\n{}", out.transcript());
         }
         let wanted = usize::from(kill.is_some());
         assert_eq!(
@@ -427,5 +418,5 @@ fn an_idle_owners_lost_copies_are_repaired_while_it_makes_no_store_call() {
     }
     assert!(moved >= 1, "no owner moved a copy:\n{}", out.transcript());
     eprintln!("every copy back {:.1} ms after rank 0 noticed the failure", observed.waited_ms);
-    assert_recovered(&out, ranks, &[victim], &victim.to_string());
+    assert_recovered(&out, ranks, &[victim], &[victim as i32]);
 }

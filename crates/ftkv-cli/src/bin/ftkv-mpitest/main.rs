@@ -1,5 +1,6 @@
 //! Rank programs for the multi-rank tests: `ftkv-mpitest <case>` under `mpirun`. Each rank prints
-//! `key=value` words that the tests check rank by rank.
+//! JSON reports (`kind {json}` lines, the types in `ftkv_cli::reports`) that the tests read back
+//! rank by rank; `ready pid=<pid>` lines are read while the job runs.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -7,6 +8,10 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
+use ftkv_cli::launch::report_line;
+use ftkv_cli::reports::{
+    CasReport, DetectedReport, ErrorReport, HelloReport, Passed, RingReport, ShrunkReport,
+};
 use ftkv_mpi::{failpoint, Comm, HostWindow, LockedWindow, Mpi, Window};
 
 mod store_cases;
@@ -25,7 +30,7 @@ fn main() {
 
 /// Reports the error and leaves without MPI_Finalize, which waits for peers that may never come.
 fn fail(case: &str, e: &anyhow::Error) -> ! {
-    println!("error={}", e.to_string().replace(' ', "_"));
+    println!("{}", report_line("error", &ErrorReport { message: format!("{e:#}") }));
     eprintln!("ftkv-mpitest {case}: {e:#}");
     failpoint::exit_now(1)
 }
@@ -49,10 +54,15 @@ fn run(case: &str) -> Result<()> {
         fail(case, &e);
     }
     drop(world);
-    println!("done=yes");
+    report_passed("done");
     mpi.finalize_bounded(Duration::from_secs(3))?;
-    println!("finalized=yes");
+    report_passed("finalized");
     Ok(())
+}
+
+/// Prints `kind {}`: the step `kind` passed on this rank.
+fn report_passed(kind: &str) {
+    println!("{}", report_line(kind, &Passed {}));
 }
 
 /// Rank 1 meets an error (or panics) while the others wait in collectives: the ftkv binary's
@@ -63,7 +73,7 @@ fn error_on_one_rank(world: &Comm, panic: bool) -> Result<()> {
     if world.rank() == 1 {
         if panic {
             let empty: Vec<u32> = Vec::new();
-            println!("never={}", empty[world.rank() as usize]);
+            println!("never {}", empty[world.rank() as usize]);
         }
         ftkv_cli::rank_failure::end_job_on_error(&anyhow::anyhow!("injected error"));
     }
@@ -78,7 +88,7 @@ fn error_on_one_rank(world: &Comm, panic: bool) -> Result<()> {
 
 fn hello(world: &Comm) -> Result<()> {
     world.barrier()?;
-    println!("rank={} size={}", world.rank(), world.size());
+    println!("{}", report_line("hello", &HelloReport { rank: world.rank(), size: world.size() }));
     Ok(())
 }
 
@@ -120,11 +130,11 @@ fn sendrecv(world: &Arc<Comm>) -> Result<()> {
     let (bytes, status) = pending.wait_until(deadline(5), Duration::from_secs(5))?;
     ensure!(status.source == prev, "ring message from {} not {prev}", status.source);
     ensure!(bytes == format!("from {prev}").into_bytes(), "ring payload {bytes:?}");
-    println!("ring_from={prev}");
     let responder = Responder::start(world.clone());
     world.barrier()?;
     let rtt = world.ping(next, PING, PONG, Duration::from_secs(5))?;
-    println!("ping_us={}", rtt.as_micros());
+    let report = RingReport { from: prev, ping_us: rtt.as_micros() as u64 };
+    println!("{}", report_line("ring", &report));
     world.barrier()?;
     responder.stop()
 }
@@ -152,7 +162,7 @@ fn rma(world: &Comm) -> Result<()> {
         check_counter(&win, size)?;
     }
     world.barrier()?;
-    println!("rma=ok");
+    report_passed("rma");
     win.unlock_all()?.free()?;
     Ok(())
 }
@@ -160,8 +170,7 @@ fn rma(world: &Comm) -> Result<()> {
 /// Compare-and-swap through a [`HostWindow`]: every rank adds `CAS_ROUNDS` to a counter on
 /// every rank (its own included), each addition a read-compare-swap loop, so members on the
 /// same host (shared memory) and on other hosts (a serving thread) race on every word. Each
-/// rank then checks that its counter holds exactly ranks × rounds (`cas=ok`, `retries=<n>`:
-/// swaps that lost a race and were tried again).
+/// rank then checks that its counter holds exactly ranks × rounds and reports a [`CasReport`].
 fn host_cas(world: &Comm) -> Result<()> {
     const CAS_ROUNDS: u64 = 200;
     let (rank, size) = (world.rank(), world.size());
@@ -182,7 +191,8 @@ fn host_cas(world: &Comm) -> Result<()> {
     ensure!(count == size as u64 * CAS_ROUNDS, "counter {count} != {}", size as u64 * CAS_ROUNDS);
     let unchanged = window.compare_and_swap((rank + 1) % size, 0, 0, 7)?;
     ensure!(unchanged == count, "a compare-and-swap with a wrong compare value saw {unchanged}");
-    println!("cas=ok retries={retries} spans_hosts={}", window.spans_hosts());
+    let report = CasReport { retries, spans_hosts: window.spans_hosts() };
+    println!("{}", report_line("cas", &report));
     world.barrier()?;
     window.close()?;
     Ok(())
@@ -227,7 +237,7 @@ fn check_counter(win: &LockedWindow, size: i32) -> Result<()> {
     ensure!(unchanged == 1000, "CAS with a wrong compare value swapped ({unchanged})");
     let replaced = win.swap(0, COUNTER, 5)?;
     ensure!(replaced == 1000 && win.fetch_and_add(0, COUNTER, None)? == 5, "swap failed");
-    println!("atomics=ok");
+    report_passed("atomics");
     Ok(())
 }
 
@@ -241,11 +251,14 @@ fn detect(world: &Arc<Comm>) -> Result<()> {
     if world.rank() == 0 {
         let victim: i32 = std::env::var("FTKV_VICTIM").context("FTKV_VICTIM")?.parse()?;
         let detected = ping_until_failed(world, victim, killed_at)?;
-        println!("detected_ms={}", detected.as_millis());
+        let report = DetectedReport { ms: detected.as_millis() as u64 };
+        println!("{}", report_line("detected", &report));
     }
     responder.stop()?;
     let shrunk = revoke_and_shrink(world)?;
-    println!("survivors={}", shrunk.size());
+    let report =
+        ShrunkReport { size: shrunk.size(), failed: world.failed_ranks()?, barrier_failed: None };
+    println!("{}", report_line("shrunk", &report));
     Ok(())
 }
 
@@ -275,13 +288,17 @@ fn shrink(world: &Arc<Comm>) -> Result<()> {
     failpoint::hit("shrink_kill");
     // A collective that meets a failure may fail with any error class on some members and
     // succeed on others; revoking makes every member leave it.
-    let barrier = world.barrier();
-    println!("barrier_failed={}", barrier.is_err());
+    let barrier_failed = world.barrier().is_err();
     world.revoke()?;
     let shrunk = world.shrink()?;
     let agreed = shrunk.agree(1)?;
     ensure!(agreed.value == 1, "agree returned {}", agreed.value);
-    println!("shrunk_size={} failed={:?}", shrunk.size(), world.failed_ranks()?);
+    let report = ShrunkReport {
+        size: shrunk.size(),
+        failed: world.failed_ranks()?,
+        barrier_failed: Some(barrier_failed),
+    };
+    println!("{}", report_line("shrunk", &report));
     drop(win);
     rma(&shrunk)
 }

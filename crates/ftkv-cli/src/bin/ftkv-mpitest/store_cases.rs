@@ -3,8 +3,7 @@
 //! Rounds run in lockstep: every worker puts its checkpoint for round `r` (and writes and
 //! deletes its loot), then all sync. A failure anywhere sends every survivor into recovery,
 //! after which the round is retried if its put was not acknowledged. At the end every survivor
-//! reads every worker's checkpoint and prints `final owner=<w> round=<r>` (or `round=none`,
-//! `round=torn`).
+//! reads every worker's checkpoint and reports each as a `read` ([`CheckpointRead`]).
 
 use anyhow::{bail, ensure, Result};
 use ftkv::history::{check_value, value};
@@ -13,7 +12,10 @@ use ftkv::txn_log;
 use ftkv::{Config, Error, Key, Store};
 use ftkv_cli::chaos;
 use ftkv_cli::launch::report_line;
-use ftkv_cli::reports::{unix_us, IdleObserverReport, IdleOwnerReport, LocalizedReport};
+use ftkv_cli::reports::{
+    unix_us, AckedRound, CheckpointRead, DeclaredReport, FencedReport, IdleObserverReport,
+    IdleOwnerReport, LocalizedReport, Passed, RejectedReport, RoundRead, TxnReport,
+};
 use ftkv_mpi::{failpoint, Comm};
 
 fn env_usize(name: &str, default: usize) -> usize {
@@ -77,7 +79,7 @@ fn one_round(store: &mut Store, round: u32) -> std::result::Result<(), RoundErro
     let checkpoint = Key::new(me, 0);
     let loot = Key::new(me, 1);
     store.put(checkpoint, &value(me, round, round_len(round))).map_err(RoundError::Unacked)?;
-    println!("acked round={round}");
+    println!("{}", report_line("acked", &AckedRound { round }));
     failpoint::hit("store_round");
     store.put(loot, &value(me, round, 64)).map_err(RoundError::Acked)?;
     store.delete(loot).map_err(RoundError::Acked)?;
@@ -109,20 +111,21 @@ fn lowest_next_round(store: &Store, next: u32) -> ftkv::Result<u32> {
 fn report_all(store: &mut Store, workers: i32) -> Result<()> {
     for owner in 0..workers {
         let round = match store.get(Key::new(owner, 0))? {
-            None => "none".to_string(),
+            None => RoundRead::None,
             Some(v) => match check_value(&v) {
-                Some((o, r)) if o == owner => r.to_string(),
-                _ => "torn".to_string(),
+                Some((o, r)) if o == owner => RoundRead::Round(r),
+                _ => RoundRead::Torn,
             },
         };
-        let loot = store.get(Key::new(owner, 1))?;
-        println!(
-            "final owner={owner} round={round} loot={}",
-            if loot.is_some() { "present" } else { "deleted" }
-        );
+        let loot_present = store.get(Key::new(owner, 1))?.is_some();
+        println!("{}", report_line("read", &CheckpointRead { owner, round, loot_present }));
     }
-    println!("live={:?}", store.live());
     Ok(())
+}
+
+/// Prints `kind {}`: the step `kind` passed on this rank.
+fn report_passed(kind: &str) {
+    println!("{}", report_line(kind, &Passed {}));
 }
 
 fn expect_err(
@@ -160,7 +163,7 @@ fn bad_input(world: &Comm) -> Result<()> {
     store.sync()?;
     let theirs = store.get(Key::new(next, 0))?.map(|v| check_value(&v));
     ensure!(theirs == Some(Some((next, 1))), "neighbour's value after bad input: {theirs:?}");
-    println!("bad_input=ok");
+    report_passed("bad_input");
     Ok(())
 }
 
@@ -173,10 +176,8 @@ fn mismatch(world: &Comm) -> Result<()> {
     match Store::create(world, config) {
         Ok(_) => bail!("a store was created from mismatched configs"),
         Err(e @ (Error::ConfigMismatch { .. } | Error::InvalidConfig(_))) => {
-            println!(
-                "rejected={}",
-                if matches!(e, Error::InvalidConfig(_)) { "invalid" } else { "mismatch" }
-            );
+            let report = RejectedReport { invalid: matches!(e, Error::InvalidConfig(_)) };
+            println!("{}", report_line("rejected", &report));
             Ok(())
         }
         Err(e) => bail!("unexpected error {e}"),
@@ -228,16 +229,14 @@ fn localized(world: &Comm) -> Result<()> {
     meet(&coordination)?;
     chaos::recover(&mut store)?;
     chaos::finish(&mut store)?;
-    report_all(&mut store, world.size())?;
-    println!("done=yes");
-    Ok(())
+    report_all(&mut store, world.size())
 }
 
 /// Localized store, one rank SIGSTOPped from outside (`STORE_VICTIM`) and declared failed by
 /// Open MPI's heartbeat detector: every survivor reads the victim's checkpoint once it knows of
-/// the failure (`declared victim=<v> seq=<s>`), keeps writing its own, and once the victim was
-/// resumed and has ended (the driver creates `STORE_RESUMED_FILE`), reads it again
-/// (`fenced before=<s> after=<s>`): a write the victim issued late must not show.
+/// the failure ([`DeclaredReport`]), keeps writing its own, and once the victim was resumed and
+/// has ended (the driver creates `STORE_RESUMED_FILE`), reads it again ([`FencedReport`]): a
+/// write the victim issued late must not show.
 fn fenced(world: &Comm) -> Result<()> {
     let coordination = world.dup()?;
     let mut config = config(world.size() as usize).localized();
@@ -255,17 +254,16 @@ fn fenced(world: &Comm) -> Result<()> {
         bail!("the victim went on writing after it was declared failed");
     }
     let before = checkpoint_seq(&mut store, victim)?;
-    println!("declared victim={victim} seq={before}");
+    println!("{}", report_line("declared", &DeclaredReport { victim, seq: before }));
     let resumed_file = std::env::var("STORE_RESUMED_FILE")?;
     let resumed = |_: &mut Store| Ok(std::path::Path::new(&resumed_file).exists());
     seq = write_until(&mut store, seq, resumed)?;
     let after = checkpoint_seq(&mut store, victim)?;
-    println!("fenced before={before} after={after} own_seq={seq}");
+    let report = FencedReport { before, after, own_seq: seq };
+    println!("{}", report_line("fenced", &report));
     meet(&coordination)?;
     chaos::recover(&mut store)?;
-    chaos::finish(&mut store)?;
-    println!("done=yes");
-    Ok(())
+    chaos::finish(&mut store)
 }
 
 /// `store-localized` without writes: rank 0 observes (see [`localized`]), the others sleep
@@ -368,9 +366,8 @@ fn write_for(store: &mut Store, secs: usize) -> Result<(u32, Option<String>)> {
 /// value read just before and a quarter on a value that never holds. A rank that
 /// `FTKV_FAILPOINT` kills at a protocol step leaves its transaction to its backup. When done,
 /// a worker marks its kind-1 key `done` and resolves others' transactions as a backup until
-/// every worker is done or failed. Then every survivor judges what it reads
-/// (`txn=ok committed=<n> aborted=<n> logs=<hash> resolved=<workers resolved as backup>
-/// tx_us=<mean time of this worker's transactions>`): no log repeats an id, each transaction is
+/// every worker is done or failed. Then every survivor judges what it reads and reports a
+/// [`TxnReport`] when the judgement passed: no log repeats an id, each transaction is
 /// in both of its keys' logs or neither, its own committed ones in both and aborted ones in
 /// neither, and the logs admit a serial order. The survivors then leave the store without
 /// rebuilding it ([`Store::abandon`]) and end without `MPI_Finalize`, which refuses windows
@@ -402,16 +399,17 @@ fn transactions(world: &Comm) -> Result<()> {
     judge_logs(&store, &logs, &ended, count)?;
     let committed = ended.iter().filter(|(_, c)| *c).count();
     let digest = logs.iter().flatten().fold(0u64, |h, id| ftkv::sim::mix(h, *id));
-    let resolved: Vec<String> =
-        store.resolved_coordinators().iter().map(|w| w.to_string()).collect();
-    println!(
-        "txn=ok committed={committed} aborted={} logs={digest:016x} resolved={} tx_us={mean_us:.1}",
-        ended.len() - committed,
-        if resolved.is_empty() { "-".to_owned() } else { resolved.join(",") }
-    );
+    let report = TxnReport {
+        committed,
+        aborted: ended.len() - committed,
+        logs: format!("{digest:016x}"),
+        resolved: store.resolved_coordinators().to_vec(),
+        tx_us: mean_us,
+    };
+    println!("{}", report_line("txn", &report));
     meet(&coordination)?;
     store.abandon();
-    println!("done=yes");
+    report_passed("done");
     meet(&coordination)?;
     // The runtime forwards output asynchronously; a job whose first rank ends at once can lose
     // or untag the others' last lines.

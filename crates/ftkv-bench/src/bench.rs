@@ -8,6 +8,11 @@ use anyhow::{Context, Result};
 use ftkv::{placement, Config, Detection, Key, Store};
 use ftkv_mpi::{failpoint, Comm, LockedWindow, Mpi, Window};
 
+use crate::bench_store::System;
+use crate::reports::{
+    GlobalRecoveryReport, GrowthReport, LocalizedRecoveryReport, Report, StoreRunReport,
+};
+
 /// One mode's latencies at one size (a row of `ftkv bench put`'s results file).
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct PutRow {
@@ -411,15 +416,16 @@ impl WorkloadResult {
         Ok(())
     }
 
-    /// The `bench ...` line the driver parses.
-    pub fn line(&self, system: &str, size: usize, writer: usize, verified: bool) -> String {
-        format!(
-            "bench system={system} size={size} writer={writer} writes={} bytes={} secs={:.4} verified={verified} hist={}",
-            self.writes,
-            self.bytes,
-            self.secs,
-            self.histogram.encode()
-        )
+    /// The report of `system`'s run at `size` by the writer of rank `writer` for the driver.
+    pub fn into_report(
+        self,
+        system: System,
+        size: usize,
+        writer: usize,
+        verified: bool,
+    ) -> StoreRunReport {
+        let WorkloadResult { histogram, writes, bytes, secs, .. } = self;
+        StoreRunReport { system, size, writer, writes, bytes, secs, verified, histogram }
     }
 }
 
@@ -436,18 +442,21 @@ pub fn store_rank_main(
     let mpi = Mpi::init()?;
     let world = mpi.world()?.dup()?;
     anyhow::ensure!(copies < world.size() as usize, "copies must be fewer than the ranks");
-    let writing = (world.rank() as usize) < writers;
+    let writer = world.rank() as usize;
+    let writing = writer < writers;
     for &size in sizes {
         if systems.contains(&"raw_rma") {
             let raw = raw_checkpoints(&world, Run { copies, size, millis, writing })?;
             if let Some((result, verified)) = raw {
-                println!("{}", result.line("raw_rma", size, world.rank() as usize, verified));
+                let report = result.into_report(System::RawRma, size, writer, verified);
+                println!("{}", report.line());
             }
         }
         if systems.contains(&"ftkv") {
             let ftkv = ftkv_checkpoints(&world, Run { copies, size, millis, writing })?;
             if let Some((result, verified)) = ftkv {
-                println!("{}", result.line("ftkv", size, world.rank() as usize, verified));
+                let report = result.into_report(System::Ftkv, size, writer, verified);
+                println!("{}", report.line());
             }
         }
     }
@@ -555,7 +564,7 @@ pub fn unix_us() -> u64 {
 
 /// The rank side of `ftkv bench recovery`: every rank stores `bytes` in its checkpoint (2
 /// copies), then puts 1 KiB to a second key in a loop. The driver SIGKILLs one rank; each
-/// survivor prints when it noticed (`detect_us`), when its recovery returned (`recovered_us`),
+/// survivor reports ([`GlobalRecoveryReport`]) when it noticed, when its recovery returned,
 /// how long the interrupted put was blocked, and its put latency before and after.
 pub fn recovery_rank_main(bytes: usize) -> Result<()> {
     let mpi = Mpi::init()?;
@@ -577,7 +586,7 @@ pub fn recovery_rank_main(bytes: usize) -> Result<()> {
         std::thread::sleep(Duration::from_micros(20));
     };
     let detect_us = blocked_from.1;
-    let report = store.recover()?;
+    let recovery = store.recover()?;
     let recovered_us = unix_us();
     let blocked = blocked_from.0.elapsed();
     let mut after = crate::stats::Histogram::default();
@@ -588,16 +597,18 @@ pub fn recovery_rank_main(bytes: usize) -> Result<()> {
     }
     let restored = store.get(Key::new(me, 0))?.is_some_and(|v| v.len() == bytes);
     store.sync()?;
-    let failed: Vec<String> = report.failed.iter().map(|w| w.to_string()).collect();
-    println!(
-        "recovery failed={} detect_us={detect_us} recovered_us={recovered_us} store_ms={:.2} blocked_ms={:.2} before_p50_us={:.2} after_p50_us={:.2} keys={} restored={restored}",
-        failed.join(","),
-        report.duration.as_secs_f64() * 1e3,
-        blocked.as_secs_f64() * 1e3,
-        before.quantile_us(0.5),
-        after.quantile_us(0.5),
-        report.keys_recovered
-    );
+    let report = GlobalRecoveryReport {
+        failed: recovery.failed,
+        detect_us,
+        recovered_us,
+        store_ms: recovery.duration.as_secs_f64() * 1e3,
+        blocked_ms: blocked.as_secs_f64() * 1e3,
+        before_p50_us: before.quantile_us(0.5),
+        after_p50_us: after.quantile_us(0.5),
+        keys: recovery.keys_recovered,
+        restored,
+    };
+    println!("{}", report.line());
     drop(store);
     drop(world);
     mpi.finalize_bounded(Duration::from_secs(3))?;
@@ -622,9 +633,9 @@ fn checkpointed_store(world: &Comm, bytes: usize, mut config: Config) -> Result<
 pub const RECOVERY_WINDOW_US: u64 = 50_000;
 
 /// The rank side of `ftkv bench recovery --localized` rows: like [`recovery_rank_main`], but
-/// with [`ftkv::Recovery::Localized`]: the survivors never stop putting. Each prints when it
-/// noticed the failure (`detect_us`), when its own keys' copies were back (`repaired_us`), what
-/// it moved, and its 1 KiB put latency and rate before its detection and in the
+/// with [`ftkv::Recovery::Localized`]: the survivors never stop putting. Each reports
+/// ([`LocalizedRecoveryReport`]) when it noticed the failure, when its own keys' copies were
+/// back, what it moved, and its 1 KiB put latency and rate before its detection and in the
 /// [`RECOVERY_WINDOW_US`] after it. Then they meet in an agreement and recover globally, so the
 /// job ends like any other.
 pub fn localized_recovery_rank_main(bytes: usize) -> Result<()> {
@@ -638,7 +649,7 @@ pub fn localized_recovery_rank_main(bytes: usize) -> Result<()> {
     let copies = store.read_copies(Key::new(me, 0))?;
     let restored =
         copies.len() == 2 && copies.iter().all(|(_, v)| v.as_ref().map(Vec::len) == Some(bytes));
-    println!("recovery mode=localized {} restored={restored}", run.fields());
+    println!("{}", run.report(restored).line());
     coordination.failed_ranks()?;
     coordination.agree(1)?;
     store.recover()?;
@@ -662,23 +673,23 @@ struct LocalizedRun {
 }
 
 impl LocalizedRun {
-    fn fields(&self) -> String {
+    /// The driver's report of this run; `restored`: whether the checkpoint is back on its
+    /// copies.
+    fn report(&self, restored: bool) -> LocalizedRecoveryReport {
         let rate = |h: &crate::stats::Histogram, secs: f64| h.count() as f64 / secs.max(1e-9);
-        format!(
-            "detect_us={} repaired_us={} moved_keys={} moved_bytes={} before_p50_us={:.2} \
-             before_p99_us={:.2} during_p50_us={:.2} during_p99_us={:.2} before_rate={:.0} \
-             during_rate={:.0}",
-            self.detect_us,
-            self.repaired_us,
-            self.keys_moved,
-            self.bytes_moved,
-            self.before.quantile_us(0.5),
-            self.before.quantile_us(0.99),
-            self.during.quantile_us(0.5),
-            self.during.quantile_us(0.99),
-            rate(&self.before, self.before_secs),
-            rate(&self.during, RECOVERY_WINDOW_US as f64 / 1e6),
-        )
+        LocalizedRecoveryReport {
+            detect_us: self.detect_us,
+            repaired_us: self.repaired_us,
+            moved_keys: self.keys_moved,
+            moved_bytes: self.bytes_moved,
+            before_p50_us: self.before.quantile_us(0.5),
+            before_p99_us: self.before.quantile_us(0.99),
+            during_p50_us: self.during.quantile_us(0.5),
+            during_p99_us: self.during.quantile_us(0.99),
+            before_rate: rate(&self.before, self.before_secs),
+            during_rate: rate(&self.during, RECOVERY_WINDOW_US as f64 / 1e6),
+            restored,
+        }
     }
 }
 
@@ -729,9 +740,10 @@ fn put_through_a_failure(store: &mut Store) -> Result<LocalizedRun> {
     Ok(run)
 }
 
-/// The rank side of `ftkv bench growth`: 1 KiB put latency on this job's ranks (every rank
-/// prints its own), then the machine's shared memory (where windows live) before the store,
-/// after creating it and after every rank stored `stored` bytes (rank 0 prints those).
+/// The rank side of `ftkv bench growth`: 1 KiB put latency on this job's ranks, then the
+/// machine's shared memory (where windows live) before the store, after creating it and after
+/// every rank stored `stored` bytes; every rank reports all of them ([`GrowthReport`]), the
+/// driver takes the memory from rank 0's.
 pub fn growth_rank_main(copies: usize, stored: usize, millis: u64) -> Result<()> {
     let mpi = Mpi::init()?;
     let world = mpi.world()?.dup()?;
@@ -756,12 +768,17 @@ pub fn growth_rank_main(copies: usize, stored: usize, millis: u64) -> Result<()>
     store.put(Key::new(me, 0), &vec![5u8; stored])?;
     store.sync()?;
     let shm_stored = shmem_kib()?;
-    println!(
-        "growth ranks={} copies={copies} stored={stored} p50_us={:.2} p99_us={:.2} shm_empty_kib={shm_empty} shm_created_kib={shm_created} shm_stored_kib={shm_stored}",
-        world.size(),
-        latency.quantile_us(0.5),
-        latency.quantile_us(0.99),
-    );
+    let report = GrowthReport {
+        ranks: world.size() as usize,
+        copies,
+        stored,
+        p50_us: latency.quantile_us(0.5),
+        p99_us: latency.quantile_us(0.99),
+        shm_empty_kib: shm_empty,
+        shm_created_kib: shm_created,
+        shm_stored_kib: shm_stored,
+    };
+    println!("{}", report.line());
     store.sync()?;
     drop(store);
     drop(world);

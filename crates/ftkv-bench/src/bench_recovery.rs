@@ -9,7 +9,8 @@ use serde::Serialize;
 
 use crate::bench::unix_us;
 use crate::bench_store::size_name;
-use ftkv_launch::launch::{field, kill_pid, JobOutput, Launch};
+use crate::reports::{GlobalRecoveryReport, GrowthReport, LocalizedRecoveryReport, Report};
+use ftkv_launch::launch::{kill_pid, JobOutput, Launch};
 
 /// One recovery measurement.
 #[derive(Debug, Clone, Serialize)]
@@ -79,46 +80,53 @@ pub fn measure_recovery(
     }
 }
 
-/// The report line (starting with `prefix`) of every survivor: every rank but `victim` and the
-/// ranks the survivors agreed failed.
-fn survivor_lines(
+/// Each rank's first report of kind `T` (`None`: it made none), in rank order.
+fn reports_by_rank<T: Report>(out: &JobOutput, ranks: usize) -> Result<Vec<Option<T>>> {
+    (0..ranks).map(|rank| T::first_of(out, rank)).collect()
+}
+
+/// The ranks the survivors agreed failed: the union of their reports' failed workers, sorted.
+fn agreed_failed(reports: &[Option<GlobalRecoveryReport>]) -> Vec<usize> {
+    let workers = reports.iter().flatten().flat_map(|r| &r.failed);
+    let mut failed: Vec<usize> = workers.filter_map(|&w| usize::try_from(w).ok()).collect();
+    failed.sort_unstable();
+    failed.dedup();
+    failed
+}
+
+/// The survivors' reports of kind `T`: those of every rank but `victim` and the ranks
+/// `failed` finds in the reports; an error when a survivor made none.
+fn survivor_reports<T: Report>(
     out: &JobOutput,
     ranks: usize,
     victim: usize,
-    prefix: &str,
-) -> Result<Vec<String>> {
-    let failed = out.agreed_failed(ranks, prefix);
-    let line = |r: usize| out.rank_lines(r).iter().find(|l| l.starts_with(prefix)).cloned();
-    let survivors = (0..ranks).filter(|r| *r != victim && !failed.contains(r));
-    let lines: Vec<Option<String>> = survivors.map(line).collect();
-    ensure!(
-        !lines.is_empty() && lines.iter().all(Option::is_some),
-        "not every survivor (all but rank {victim} and the failed {failed:?}) reported:\n{}",
-        out.transcript()
-    );
-    Ok(lines.into_iter().flatten().collect())
+    failed: impl FnOnce(&[Option<T>]) -> Vec<usize>,
+) -> Result<Vec<T>> {
+    let reports = reports_by_rank(out, ranks)?;
+    let failed = failed(&reports);
+    survivors(reports, victim, &failed).with_context(|| {
+        format!(
+            "not every survivor (all but rank {victim} and the failed {failed:?}) reported:\n{}",
+            out.transcript()
+        )
+    })
 }
 
-/// The number `key=<n>` on `line` (NaN when absent).
-fn number(line: &str, key: &str) -> f64 {
-    field(line, key).and_then(|v| v.parse().ok()).unwrap_or(f64::NAN)
+/// The reports of every rank but `victim` and the ranks in `failed` (`reports` is in rank
+/// order); `None` when one of them made none, or there are none.
+fn survivors<T>(reports: Vec<Option<T>>, victim: usize, failed: &[usize]) -> Option<Vec<T>> {
+    let ranks = reports.into_iter().enumerate();
+    let survivors = ranks.filter(|(r, _)| *r != victim && !failed.contains(r));
+    let reports: Option<Vec<T>> = survivors.map(|(_, report)| report).collect();
+    reports.filter(|r| !r.is_empty())
 }
 
-/// `key`'s number on each of `lines`.
-fn numbers(lines: &[String], key: &str) -> Vec<f64> {
-    lines.iter().map(|l| number(l, key)).collect()
-}
-
-fn min(v: Vec<f64>) -> f64 {
+fn min(v: impl IntoIterator<Item = f64>) -> f64 {
     v.into_iter().fold(f64::MAX, f64::min)
 }
 
-fn max(v: Vec<f64>) -> f64 {
+fn max(v: impl IntoIterator<Item = f64>) -> f64 {
     v.into_iter().fold(0.0, f64::max)
-}
-
-fn all_restored(lines: &[String]) -> bool {
-    lines.iter().all(|l| field(l, "restored") == Some("true"))
 }
 
 fn localized_row(
@@ -128,29 +136,38 @@ fn localized_row(
     victim: usize,
     killed_us: u64,
 ) -> Result<RecoveryRow> {
-    let lines = survivor_lines(out, ranks, victim, "recovery mode=localized")?;
-    let detect = min(numbers(&lines, "detect_us"));
-    let (involved, uninvolved): (Vec<String>, Vec<String>) =
-        lines.iter().cloned().partition(|l| number(l, "moved_keys") > 0.0);
-    let repaired = numbers(&involved, "repaired_us").into_iter().fold(detect, f64::max);
-    let ratios = |a: &str, b: &str| -> Vec<f64> {
-        uninvolved.iter().map(|l| number(l, a) / number(l, b)).collect()
-    };
-    Ok(RecoveryRow {
+    let reports = survivor_reports(out, ranks, victim, |_| Vec::new())?;
+    Ok(localized_row_of(&reports, ranks, bytes, killed_us))
+}
+
+/// A localized row from the survivors' reports: detection is the first survivor's, the copies
+/// are back when the last survivor that moved any took its repair.
+fn localized_row_of(
+    reports: &[LocalizedRecoveryReport],
+    ranks: usize,
+    bytes: usize,
+    killed_us: u64,
+) -> RecoveryRow {
+    let detect = min(reports.iter().map(|r| r.detect_us as f64));
+    let (involved, uninvolved): (Vec<&LocalizedRecoveryReport>, Vec<_>) =
+        reports.iter().partition(|r| r.moved_keys > 0);
+    let repaired = involved.iter().map(|r| r.repaired_us as f64).fold(detect, f64::max);
+    let ratios = |f: fn(&LocalizedRecoveryReport) -> f64| uninvolved.iter().map(move |r| f(r));
+    RecoveryRow {
         mode: "localized",
         ranks,
         bytes_per_rank: bytes,
         detect_ms: (detect - killed_us as f64) / 1e3,
         restore_ms: (repaired - detect) / 1e3,
         blocked_ms: 0.0,
-        put_p50_before_us: median(numbers(&lines, "before_p50_us")),
-        put_p50_after_us: median(numbers(&lines, "during_p50_us")),
-        keys_recovered: numbers(&lines, "moved_keys").iter().sum::<f64>() as u64,
-        restored: all_restored(&lines),
-        bytes_moved: Some(numbers(&lines, "moved_bytes").iter().sum::<f64>() as u64),
-        uninvolved_p99_ratio: Some(max(ratios("during_p99_us", "before_p99_us"))),
-        uninvolved_rate_ratio: Some(min(ratios("during_rate", "before_rate"))),
-    })
+        put_p50_before_us: median(reports.iter().map(|r| r.before_p50_us).collect()),
+        put_p50_after_us: median(reports.iter().map(|r| r.during_p50_us).collect()),
+        keys_recovered: reports.iter().map(|r| r.moved_keys as u64).sum(),
+        restored: reports.iter().all(|r| r.restored),
+        bytes_moved: Some(reports.iter().map(|r| r.moved_bytes).sum()),
+        uninvolved_p99_ratio: Some(max(ratios(|r| r.during_p99_us / r.before_p99_us))),
+        uninvolved_rate_ratio: Some(min(ratios(|r| r.during_rate / r.before_rate))),
+    }
 }
 
 fn recovery_row(
@@ -160,23 +177,34 @@ fn recovery_row(
     victim: usize,
     killed_us: u64,
 ) -> Result<RecoveryRow> {
-    let lines = survivor_lines(out, ranks, victim, "recovery ")?;
-    let detect = min(numbers(&lines, "detect_us"));
-    Ok(RecoveryRow {
+    let reports = survivor_reports(out, ranks, victim, agreed_failed)?;
+    Ok(recovery_row_of(&reports, ranks, bytes, killed_us))
+}
+
+/// A global row from the survivors' reports: detection is the first survivor's, the copies
+/// are back when the last survivor's recovery returned.
+fn recovery_row_of(
+    reports: &[GlobalRecoveryReport],
+    ranks: usize,
+    bytes: usize,
+    killed_us: u64,
+) -> RecoveryRow {
+    let detect = min(reports.iter().map(|r| r.detect_us as f64));
+    RecoveryRow {
         mode: "global",
         ranks,
         bytes_per_rank: bytes,
         detect_ms: (detect - killed_us as f64) / 1e3,
-        restore_ms: (max(numbers(&lines, "recovered_us")) - detect) / 1e3,
-        blocked_ms: max(numbers(&lines, "blocked_ms")),
-        put_p50_before_us: median(numbers(&lines, "before_p50_us")),
-        put_p50_after_us: median(numbers(&lines, "after_p50_us")),
-        keys_recovered: max(numbers(&lines, "keys")) as u64,
-        restored: all_restored(&lines),
+        restore_ms: (max(reports.iter().map(|r| r.recovered_us as f64)) - detect) / 1e3,
+        blocked_ms: max(reports.iter().map(|r| r.blocked_ms)),
+        put_p50_before_us: median(reports.iter().map(|r| r.before_p50_us).collect()),
+        put_p50_after_us: median(reports.iter().map(|r| r.after_p50_us).collect()),
+        keys_recovered: reports.iter().map(|r| r.keys as u64).max().unwrap_or(0),
+        restored: reports.iter().all(|r| r.restored),
         bytes_moved: None,
         uninvolved_p99_ratio: None,
         uninvolved_rate_ratio: None,
-    })
+    }
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -210,30 +238,28 @@ pub fn measure_growth(exe: &Path, ranks: usize, stored: usize, millis: u64) -> R
     ];
     let out = Launch::new(exe, ranks).args(args).timeout(Duration::from_secs(120)).run()?;
     ensure!(!out.timed_out, "the growth benchmark hung:\n{}", out.transcript());
-    let lines: Vec<&String> = (0..ranks)
-        .filter_map(|r| out.rank_lines(r).iter().find(|l| l.starts_with("growth ")))
-        .collect();
-    ensure!(lines.len() == ranks, "not every rank reported:\n{}", out.transcript());
-    let values = |key: &str| -> Vec<f64> {
-        lines.iter().filter_map(|l| field(l, key)?.parse().ok()).collect()
-    };
-    let first = |key: &str| {
-        field(lines[0], key).and_then(|v| v.parse::<f64>().ok()).context("a growth field")
-    };
-    let per_rank = |a: f64, b: f64| (b - a).max(0.0) / ranks as f64;
-    let empty = first("shm_empty_kib")?;
-    let created = per_rank(empty, first("shm_created_kib")?);
-    let stored_kib = per_rank(empty, first("shm_stored_kib")?);
-    Ok(GrowthRow {
+    let reports: Vec<GrowthReport> = reports_by_rank(&out, ranks)?.into_iter().flatten().collect();
+    ensure!(reports.len() == ranks, "not every rank reported:\n{}", out.transcript());
+    Ok(growth_row_of(&reports, copies, stored))
+}
+
+/// A growth row from every rank's report: the put latencies are the ranks' medians, the shared
+/// memory is rank 0's reading (the first report), spread over the ranks.
+fn growth_row_of(reports: &[GrowthReport], copies: usize, stored: usize) -> GrowthRow {
+    let ranks = reports.len();
+    let first = &reports[0];
+    let per_rank = |a: u64, b: u64| (b as f64 - a as f64).max(0.0) / ranks as f64;
+    let stored_kib = per_rank(first.shm_empty_kib, first.shm_stored_kib);
+    GrowthRow {
         ranks,
         copies,
-        put_p50_us: median(values("p50_us")),
-        put_p99_us: median(values("p99_us")),
+        put_p50_us: median(reports.iter().map(|r| r.p50_us).collect()),
+        put_p99_us: median(reports.iter().map(|r| r.p99_us).collect()),
         stored_per_rank: stored,
-        shm_created_per_rank_kib: created,
+        shm_created_per_rank_kib: per_rank(first.shm_empty_kib, first.shm_created_kib),
         shm_stored_per_rank_kib: stored_kib,
         overhead: stored_kib * 1024.0 / (copies * stored) as f64,
-    })
+    }
 }
 
 /// Runs the recovery matrix, prints a table, writes `bench_recovery.json`.
@@ -325,4 +351,118 @@ fn write_json<T: Serialize>(dir: &Path, name: &str, rows: &T) -> Result<()> {
         .with_context(|| format!("writing {}", path.display()))?;
     eprintln!("[bench] wrote {}", path.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reports::read_back;
+
+    /// The line of a survivor's global report (workers 2 and 3 agreed failed).
+    fn global(detect_us: u64, recovered_us: u64, blocked_ms: f64, p50: (f64, f64)) -> String {
+        let report = GlobalRecoveryReport {
+            failed: vec![3, 2],
+            detect_us,
+            recovered_us,
+            store_ms: 20.0,
+            blocked_ms,
+            before_p50_us: p50.0,
+            after_p50_us: p50.1,
+            keys: 16,
+            restored: true,
+        };
+        report.line()
+    }
+
+    #[test]
+    fn a_global_row_comes_from_the_survivors_reports_without_the_agreed_failed() {
+        let lines = [
+            Some(global(1_005_000, 1_036_000, 31.0, (1.5, 0.25))),
+            Some(global(1_004_000, 1_030_000, 33.5, (1.75, 0.5))),
+            None,
+            None,
+        ];
+        let reports: Vec<Option<GlobalRecoveryReport>> =
+            lines.iter().map(|l| l.as_deref().map(read_back)).collect();
+        let failed = agreed_failed(&reports);
+        assert_eq!(failed, vec![2, 3]);
+        let survivors = survivors(reports, 3, &failed).expect("both survivors reported");
+        let row = recovery_row_of(&survivors, 4, 1 << 20, 1_000_000);
+        assert_eq!((row.mode, row.ranks, row.bytes_per_rank), ("global", 4, 1 << 20));
+        assert_eq!((row.detect_ms, row.restore_ms, row.blocked_ms), (4.0, 32.0, 33.5));
+        assert_eq!((row.put_p50_before_us, row.put_p50_after_us), (1.75, 0.5));
+        assert_eq!((row.keys_recovered, row.restored, row.bytes_moved), (16, true, None));
+    }
+
+    #[test]
+    fn a_survivor_without_a_report_is_missing() {
+        let report = read_back::<GlobalRecoveryReport>(&global(1, 2, 3.0, (1.0, 1.0)));
+        assert!(survivors(vec![Some(report.clone()), None, None], 2, &[]).is_none());
+        assert_eq!(survivors(vec![Some(report.clone()), None, None], 2, &[1]), Some(vec![report]));
+        assert!(survivors::<GlobalRecoveryReport>(vec![None, None], 1, &[0]).is_none());
+    }
+
+    /// A survivor's localized report line: it moved `moved_keys`, its p99 and rate went from
+    /// `before` to `during`.
+    fn localized(
+        moved_keys: usize,
+        repaired_us: u64,
+        before: (f64, f64),
+        during: (f64, f64),
+    ) -> String {
+        let report = LocalizedRecoveryReport {
+            detect_us: 1_005_000,
+            repaired_us,
+            moved_keys,
+            moved_bytes: moved_keys as u64 * 1024,
+            before_p50_us: 1.0,
+            before_p99_us: before.0,
+            during_p50_us: 2.0,
+            during_p99_us: during.0,
+            before_rate: before.1,
+            during_rate: during.1,
+            restored: true,
+        };
+        report.line()
+    }
+
+    #[test]
+    fn a_localized_row_takes_the_repair_from_the_involved_and_the_ratios_from_the_others() {
+        let lines = [
+            localized(2, 1_023_000, (4.0, 1000.0), (40.0, 100.0)),
+            localized(0, 1_005_000, (4.0, 1000.0), (8.0, 500.0)),
+            localized(0, 1_005_000, (2.0, 1000.0), (8.0, 750.0)),
+        ];
+        let reports: Vec<LocalizedRecoveryReport> = lines.iter().map(|l| read_back(l)).collect();
+        let row = localized_row_of(&reports, 4, 1 << 20, 1_000_000);
+        assert_eq!(
+            (row.mode, row.detect_ms, row.restore_ms, row.blocked_ms),
+            ("localized", 5.0, 18.0, 0.0)
+        );
+        assert_eq!((row.put_p50_before_us, row.put_p50_after_us), (1.0, 2.0));
+        assert_eq!((row.keys_recovered, row.bytes_moved, row.restored), (2, Some(2048), true));
+        assert_eq!(row.uninvolved_p99_ratio, Some(4.0));
+        assert_eq!(row.uninvolved_rate_ratio, Some(0.5));
+    }
+
+    #[test]
+    fn a_growth_row_spreads_rank_0_s_memory_over_the_ranks() {
+        let report = |p50_us: f64, shm_stored_kib: u64| GrowthReport {
+            ranks: 2,
+            copies: 1,
+            stored: 1 << 20,
+            p50_us,
+            p99_us: p50_us * 2.0,
+            shm_empty_kib: 1000,
+            shm_created_kib: 3000,
+            shm_stored_kib,
+        };
+        let lines = [report(0.5, 5096).line(), report(0.75, 9999).line()];
+        let reports: Vec<GrowthReport> = lines.iter().map(|l| read_back(l)).collect();
+        let row = growth_row_of(&reports, 1, 1 << 20);
+        assert_eq!((row.ranks, row.copies, row.stored_per_rank), (2, 1, 1 << 20));
+        assert_eq!((row.put_p50_us, row.put_p99_us), (0.75, 1.5));
+        assert_eq!((row.shm_created_per_rank_kib, row.shm_stored_per_rank_kib), (1000.0, 2048.0));
+        assert_eq!(row.overhead, 2.0);
+    }
 }

@@ -5,17 +5,18 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::bench::{checkpoint_workload, WorkloadResult};
 use plotters::prelude::*;
 
 use crate::peers::{self, EtcdClient, RedisClient, ETCD_PORTS, REDIS_PORTS};
+use crate::reports::{Report, StoreRunReport};
 use crate::stats::Histogram;
-use ftkv_launch::launch::{field, Launch};
+use ftkv_launch::launch::{JobOutput, Launch};
 
 /// The systems measured.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum System {
     Ftkv,
@@ -162,10 +163,18 @@ pub fn size_name(size: usize) -> String {
     }
 }
 
-/// Per writer: a histogram and totals from one `bench ...` line or one thread.
+/// Per writer: a histogram and totals from one rank's [`StoreRunReport`] or one thread.
 struct Measured {
     result: WorkloadResult,
     verified: bool,
+}
+
+impl From<StoreRunReport> for Measured {
+    fn from(report: StoreRunReport) -> Measured {
+        let StoreRunReport { writes, bytes, secs, verified, histogram, .. } = report;
+        let result = WorkloadResult { histogram, writes, bytes, secs, ..WorkloadResult::default() };
+        Measured { result, verified }
+    }
 }
 
 fn row(system: System, writers: usize, size: usize, measured: &[Measured]) -> Row {
@@ -221,7 +230,7 @@ fn mpi_rows(
         for system in
             [System::RawRma, System::Ftkv].into_iter().filter(|s| bench.systems.contains(s))
         {
-            let measured = parse_lines(&out, ranks, system, size)?;
+            let measured = measured_by_ranks(&out, ranks, system, size)?;
             let r = row(system, writers, size, &measured);
             progress.step(&r);
             rows.push(r);
@@ -230,39 +239,27 @@ fn mpi_rows(
     Ok(rows)
 }
 
-fn parse_lines(
-    out: &ftkv_launch::launch::JobOutput,
+/// What the writer ranks reported of `system`'s runs at `size` (an error when none did).
+fn measured_by_ranks(
+    out: &JobOutput,
     ranks: usize,
     system: System,
     size: usize,
 ) -> Result<Vec<Measured>> {
     let mut measured = Vec::new();
     for rank in 0..ranks {
-        for line in out.rank_lines(rank).iter().filter(|l| l.starts_with("bench ")) {
-            if field(line, "system") != Some(system.name())
-                || field(line, "size") != Some(&size.to_string())
-            {
-                continue;
-            }
-            let num = |key: &str| {
-                field(line, key).and_then(|v| v.parse::<f64>().ok()).context("a bench field")
-            };
-            let histogram =
-                Histogram::decode(field(line, "hist").unwrap_or("")).context("a histogram")?;
-            let result = WorkloadResult {
-                histogram,
-                writes: num("writes")? as u64,
-                bytes: num("bytes")? as u64,
-                secs: num("secs")?,
-                ..WorkloadResult::default()
-            };
-            measured.push(Measured { result, verified: field(line, "verified") == Some("true") });
-        }
+        measured.extend(runs_of(StoreRunReport::all_of(out, rank)?, system, size));
     }
     if measured.is_empty() {
         bail!("no {} results for {size} bytes:\n{}", system.name(), out.transcript());
     }
     Ok(measured)
+}
+
+/// The runs of `system` at `size` among `reports`.
+fn runs_of(reports: Vec<StoreRunReport>, system: System, size: usize) -> Vec<Measured> {
+    let wanted = reports.into_iter().filter(|r| r.system == system && r.size == size);
+    wanted.map(Measured::from).collect()
 }
 
 /// Redis or etcd: `writers` client threads in this process.
@@ -536,6 +533,7 @@ fn plot_error(e: impl std::fmt::Display) -> anyhow::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::reports::read_back;
 
     fn row(system: System, size: usize, writes_per_s: f64) -> Row {
         Row {
@@ -574,5 +572,33 @@ mod tests {
         }
         let empty = svg_plot(&rows, 8, "writes/s", |r| r.writes_per_s).expect("a plot");
         assert!(empty.starts_with("<svg") && !empty.contains(&line_of(System::Ftkv)), "{empty}");
+    }
+
+    /// A writer's report of one write of `size` bytes per entry of `micros` (its latency, µs)
+    /// in 0.5 s.
+    fn report(system: System, size: usize, writer: usize, micros: &[u64]) -> StoreRunReport {
+        let mut histogram = Histogram::default();
+        micros.iter().for_each(|&us| histogram.record(Duration::from_micros(us)));
+        let writes = micros.len() as u64;
+        let bytes = writes * size as u64;
+        StoreRunReport { system, size, writer, writes, bytes, secs: 0.5, verified: true, histogram }
+    }
+
+    #[test]
+    fn a_row_comes_from_the_writers_reports_of_its_system_and_size() {
+        let lines = [
+            report(System::RawRma, 1024, 0, &[1, 1, 1]).line(),
+            report(System::Ftkv, 1024, 0, &[10, 10]).line(),
+            report(System::Ftkv, 2048, 0, &[99]).line(),
+            report(System::Ftkv, 1024, 1, &[20, 30]).line(),
+        ];
+        let reports: Vec<StoreRunReport> = lines.iter().map(|l| read_back(l)).collect();
+        let measured = runs_of(reports, System::Ftkv, 1024);
+        assert_eq!(measured.len(), 2);
+        let r = super::row(System::Ftkv, 2, 1024, &measured);
+        assert_eq!((r.writes, r.writes_per_s, r.verified), (4, 8.0, true));
+        assert_eq!(r.mib_per_s, 8.0 * 1024.0 / (1 << 20) as f64);
+        let merged = report(System::Ftkv, 1024, 0, &[10, 10, 20, 30]).histogram;
+        assert_eq!((r.p50_us, r.p99_us), (merged.quantile_us(0.5), merged.quantile_us(0.99)));
     }
 }

@@ -1,10 +1,12 @@
 //! ftkv's benchmarks, each comparing side by side in one run and writing its results to a
 //! file: the put path against raw MPI RMA and two-sided messages (`bench`), the store against
 //! raw RMA, Redis and etcd (`bench_store`, with the peer servers it starts on 127.0.0.1 in
-//! `peers`), recovery times (`bench_recovery`), and the latency statistics they share.
+//! `peers`), recovery times (`bench_recovery`), the latency statistics they share, and what
+//! their rank programs report to their drivers (`reports`).
 
 pub mod bench;
 pub mod bench_recovery;
 pub mod bench_store;
 pub mod peers;
+pub mod reports;
 pub mod stats;

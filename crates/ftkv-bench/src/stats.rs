@@ -1,5 +1,6 @@
 //! Latency histograms with 1 % wide logarithmic buckets: cheap to record on the measured path,
-//! small to print from a rank, and exact to merge across writers.
+//! small to send from a rank (as JSON, `{"bucket": count, ...}`), and exact to merge across
+//! writers.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -7,7 +8,9 @@ use std::time::Duration;
 /// Bucket `i` holds latencies in `[GROWTH^i, GROWTH^(i+1))` nanoseconds.
 const GROWTH: f64 = 1.01;
 
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// Serialized as its buckets alone (a JSON object of bucket to count); the count is their sum.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(from = "BTreeMap<u32, u64>", into = "BTreeMap<u32, u64>")]
 pub struct Histogram {
     buckets: BTreeMap<u32, u64>,
     count: u64,
@@ -44,22 +47,18 @@ impl Histogram {
         }
         0.0
     }
+}
 
-    /// `bucket:count,...`
-    pub fn encode(&self) -> String {
-        let pairs: Vec<String> = self.buckets.iter().map(|(b, n)| format!("{b}:{n}")).collect();
-        pairs.join(",")
+impl From<BTreeMap<u32, u64>> for Histogram {
+    fn from(buckets: BTreeMap<u32, u64>) -> Histogram {
+        let count = buckets.values().sum();
+        Histogram { buckets, count }
     }
+}
 
-    pub fn decode(text: &str) -> Option<Histogram> {
-        let mut h = Histogram::default();
-        for pair in text.split(',').filter(|p| !p.is_empty()) {
-            let (b, n) = pair.split_once(':')?;
-            let n: u64 = n.parse().ok()?;
-            *h.buckets.entry(b.parse().ok()?).or_insert(0) += n;
-            h.count += n;
-        }
-        Some(h)
+impl From<Histogram> for BTreeMap<u32, u64> {
+    fn from(histogram: Histogram) -> BTreeMap<u32, u64> {
+        histogram.buckets
     }
 }
 
@@ -68,7 +67,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn quantiles_are_within_a_bucket_and_survive_encoding() {
+    fn quantiles_are_within_a_bucket_and_survive_json() {
         let mut h = Histogram::default();
         for us in 1..=1000u64 {
             h.record(Duration::from_micros(us));
@@ -77,7 +76,7 @@ mod tests {
             let got = h.quantile_us(q);
             assert!((got / want - 1.0).abs() < 0.021, "q{q}: {got} vs {want}");
         }
-        let back = Histogram::decode(&h.encode()).unwrap();
+        let back: Histogram = serde_json::from_str(&serde_json::to_string(&h).unwrap()).unwrap();
         assert_eq!(back, h);
         let mut twice = back.clone();
         twice.merge(&h);

@@ -211,8 +211,8 @@ fn run_case(
     if terminated && case.window == RUNTIME {
         return Ok(("job_terminated".into(), None));
     }
-    if let Some(outcome) = outcome {
-        return Ok((outcome, None));
+    if let Some(reported) = outcome {
+        return Ok((reported.outcome, reported.detail));
     }
     if terminated {
         return Ok(("job_terminated".into(), None));
@@ -516,7 +516,9 @@ fn report(
     hang_after: Duration,
     call: impl FnOnce() -> std::result::Result<(), MpiError>,
 ) -> Result<()> {
-    let bounded = failpoint::exit_unless_done(hang_after, || publish_outcome("hang".into()));
+    let bounded = failpoint::exit_unless_done(hang_after, || {
+        publish_outcome(ProberOutcome { outcome: "hang".into(), detail: None })
+    });
     let result = call();
     drop(bounded);
     print_outcome(&result);
@@ -525,10 +527,11 @@ fn report(
 
 fn print_outcome(result: &std::result::Result<(), MpiError>) {
     match result {
-        Ok(()) => publish_outcome("ok".into()),
-        Err(e) => {
-            publish_outcome(format!("{} detail={}", e.kind_name(), e.to_string().replace(' ', "_")))
-        }
+        Ok(()) => publish_outcome(ProberOutcome { outcome: "ok".into(), detail: None }),
+        Err(e) => publish_outcome(ProberOutcome {
+            outcome: e.kind_name().to_owned(),
+            detail: Some(e.to_string()),
+        }),
     }
 }
 
@@ -537,23 +540,36 @@ fn print_outcome(result: &std::result::Result<(), MpiError>) {
 /// output it has not forwarded yet.
 const OUTCOME_FILE_VAR: &str = "FTKV_PROBE_OUTCOME";
 
-/// Prints `outcome=<text>` and writes it to the outcome file, when the driver named one.
-fn publish_outcome(text: String) {
+/// What the prober saw of its call (`outcome {json}`, on stdout and in the outcome file).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+struct ProberOutcome {
+    /// `ok`, `hang`, or the error's class.
+    outcome: String,
+    /// The error's message.
+    detail: Option<String>,
+}
+
+/// Prints the prober's outcome report and writes it to the outcome file, when the driver
+/// named one.
+fn publish_outcome(outcome: ProberOutcome) {
+    let line = crate::launch::report_line("outcome", &outcome);
     if let Some(path) = std::env::var_os(OUTCOME_FILE_VAR) {
-        if let Err(e) = std::fs::write(&path, format!("outcome={text}\n")) {
+        if let Err(e) = std::fs::write(&path, format!("{line}\n")) {
             eprintln!("ftkv: writing the probe outcome to {path:?}: {e}");
         }
     }
-    println!("outcome={text}");
+    println!("{line}");
 }
 
-/// The prober's outcome: its stdout line, else the outcome file it wrote.
-fn prober_outcome(out: &crate::launch::JobOutput, file: &std::path::Path) -> Option<String> {
-    if let Some(outcome) = out.rank_value(PROBER as usize, "outcome") {
-        return Some(outcome.to_owned());
+/// The prober's outcome: its stdout report, else the one in the outcome file it wrote.
+fn prober_outcome(out: &crate::launch::JobOutput, file: &std::path::Path) -> Option<ProberOutcome> {
+    let reported: Option<ProberOutcome> = out.rank_report(PROBER as usize, "outcome").ok()?;
+    if reported.is_some() {
+        return reported;
     }
     let text = std::fs::read_to_string(file).ok()?;
-    crate::launch::field(text.trim(), "outcome").map(str::to_owned)
+    let json = text.trim().strip_prefix("outcome ")?;
+    serde_json::from_str(json).ok()
 }
 
 /// Ranks other than the prober stay alive (and hold their window memory) until the prober is

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context, Result};
 use ftkv::Recovery;
 use ftkv_mpi::Mpi;
+use ftkv_tasks::events::Progress as PoolProgress;
 use ftkv_tasks::nqueens::NQueens;
 use ftkv_tasks::pool::{self, Interval, PoolConfig};
 use ftkv_tasks::problem::{check_exact, Reference};
@@ -17,7 +18,7 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
 use crate::args::{self, Opt};
-use crate::launch::{field, kill_random_rank, JobOutput, Launch};
+use crate::launch::{kill_random_rank, JobOutput, Launch};
 use crate::progress::Progress;
 
 /// What the pool computes: a UTS tree (the reference's flags or a sample name) or N-Queens.
@@ -76,7 +77,7 @@ impl Workload {
     }
 }
 
-/// The rank side: runs the pool and prints `result ...` and `done=yes` on every survivor.
+/// The rank side: runs the pool and prints its `result {json}` report on every survivor.
 pub fn rank_main(
     workload: &str,
     interval: &str,
@@ -116,7 +117,6 @@ pub fn rank_main(
         ms: outcome.elapsed.as_secs_f64() * 1e3,
     };
     println!("{}", crate::launch::report_line("result", &result));
-    println!("done=yes");
     drop(world);
     mpi.finalize_bounded(Duration::from_secs(3))?;
     Ok(())
@@ -452,7 +452,6 @@ impl Watch {
     }
 
     fn observe(&mut self, rank: usize, text: &str, elapsed: Duration) {
-        let value = |key: &str| field(text, key);
         if text.starts_with("result ") && self.result_at.is_none() {
             self.result_at = Some(elapsed);
             let still_stopped =
@@ -467,12 +466,11 @@ impl Watch {
         }
         if let Some(pid) = text.strip_prefix("pid=").and_then(|p| p.trim().parse().ok()) {
             self.pids.insert(rank, pid);
-        } else if text.starts_with("progress") {
-            if let Some(tasks) = value("tasks").and_then(|t| t.parse().ok()) {
-                self.tasks.insert(rank, tasks);
-                let at = elapsed.as_secs_f64() * 1e3;
-                self.series.entry(rank).or_default().push((at, tasks));
-            }
+        } else if let Some(progress) = text.strip_prefix("progress ") {
+            let Ok(progress) = serde_json::from_str::<PoolProgress>(progress) else { return };
+            self.tasks.insert(rank, progress.tasks);
+            let at = elapsed.as_secs_f64() * 1e3;
+            self.series.entry(rank).or_default().push((at, progress.tasks));
         } else if let Some(info) = text.strip_prefix("recovered ") {
             let Ok(info) = serde_json::from_str::<pool::RecoveryInfo>(info) else { return };
             if !info.adopted.is_empty() && !self.adopters.contains(&rank) {

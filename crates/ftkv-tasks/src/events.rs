@@ -28,11 +28,20 @@ impl PoolEvent {
     }
 }
 
+/// The JSON of a progress line (`progress {json}`): what [`PoolEvent::Progress`] carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Progress {
+    pub tasks: u64,
+    pub nodes: u64,
+}
+
 impl fmt::Display for PoolEvent {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            PoolEvent::Progress { tasks, nodes } => {
-                write!(f, "progress tasks={tasks} nodes={nodes}")
+            &PoolEvent::Progress { tasks, nodes } => {
+                let json =
+                    serde_json::to_string(&Progress { tasks, nodes }).map_err(|_| fmt::Error)?;
+                write!(f, "progress {json}")
             }
             PoolEvent::Recovering => write!(f, "recovering"),
             PoolEvent::Recovered(info) => {

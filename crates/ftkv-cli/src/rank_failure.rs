@@ -13,18 +13,24 @@ const ERROR_EXIT: i32 = 1;
 /// Exit code of a rank that ended the job because of a panic.
 const PANIC_EXIT: i32 = 101;
 
-/// Prints `e` as this rank's error and ends the job.
+/// Prints `e` as this rank's error (also to the launcher's record,
+/// [`crate::launch::record_rank_error`]) and ends the job.
 pub fn end_job_on_error(e: &anyhow::Error) -> ! {
-    eprintln!("{}: error: {e:#}", rank_label());
+    report(&format!("{}: error: {e:#}", rank_label()));
     ftkv_mpi::end_job(ERROR_EXIT)
 }
 
-/// Makes a panic on any thread of this rank print its message and end the job.
+/// Makes a panic on any thread of this rank print its message (and record it) and end the job.
 pub fn end_job_on_panic() {
     std::panic::set_hook(Box::new(|info| {
-        eprintln!("{}: panic: {info}", rank_label());
+        report(&format!("{}: panic: {info}", rank_label()));
         ftkv_mpi::end_job(PANIC_EXIT)
     }));
+}
+
+fn report(line: &str) {
+    eprintln!("{line}");
+    crate::launch::record_rank_error(env::world_rank(), line);
 }
 
 fn rank_label() -> String {

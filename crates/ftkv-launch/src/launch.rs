@@ -113,7 +113,12 @@ impl Launch {
 
     /// The `mpirun` command line on `hosts` (ftkv's variables set in this process are passed
     /// on to the ranks: `FTKV_FAILPOINT`, `FTKV_TRACE`).
-    fn command(&self, hosts: &Hosts, cluster: Option<&SimulatedCluster>) -> Result<Command> {
+    fn command(
+        &self,
+        hosts: &Hosts,
+        cluster: Option<&SimulatedCluster>,
+        rank_errors: &Path,
+    ) -> Result<Command> {
         let mut cmd = match cluster {
             Some(cluster) => cluster.launcher(&env::mpirun()),
             None => Command::new(env::mpirun()),
@@ -129,6 +134,7 @@ impl Launch {
         for (key, value) in &self.env {
             cmd.env(key, value).args(["-x", key]);
         }
+        cmd.env(RANK_ERRORS_VAR, rank_errors).args(["-x", RANK_ERRORS_VAR]);
         for key in FORWARDED {
             if std::env::var_os(key).is_some() && !self.env.iter().any(|(k, _)| k == key) {
                 cmd.args(["-x", key]);
@@ -175,7 +181,8 @@ impl Launch {
             None => Hosts::from_env()?,
         };
         let cluster = self.cluster_for(&hosts)?;
-        let command = self.command(&hosts, cluster.as_ref())?;
+        let rank_errors = RankErrors::create()?;
+        let command = self.command(&hosts, cluster.as_ref(), &rank_errors.dir)?;
         let shm_before = shm_segments();
         let start = Instant::now();
         let mut child = spawn(command, self.attached)?;
@@ -194,6 +201,7 @@ impl Launch {
         Ok(RunningJob {
             _slot: slot,
             child,
+            rank_errors,
             cluster,
             processes,
             lines,
@@ -206,10 +214,66 @@ impl Launch {
     }
 }
 
+/// The variable naming the directory where a rank that ends the job writes its error line
+/// too ([`record_rank_error`]): the launcher forwards output asynchronously, and a job ended at
+/// once can lose the very line that says why.
+pub const RANK_ERRORS_VAR: &str = "FTKV_RANK_ERRORS";
+
+/// Appends `line` to this rank's file in the job's [`RANK_ERRORS_VAR`] directory, when the
+/// rank runs under a [`Launch`]; a failure to write is ignored (the line went to stderr too).
+pub fn record_rank_error(rank: Option<i32>, line: &str) {
+    use std::io::Write;
+    let Some(dir) = std::env::var_os(RANK_ERRORS_VAR) else { return };
+    let name = rank.map_or_else(|| format!("pid-{}", std::process::id()), |r| format!("rank-{r}"));
+    let file =
+        std::fs::OpenOptions::new().create(true).append(true).open(Path::new(&dir).join(name));
+    if let Ok(mut file) = file {
+        let _ = writeln!(file, "{line}");
+    }
+}
+
+/// A job's directory of rank error lines ([`RANK_ERRORS_VAR`]), removed with the job.
+struct RankErrors {
+    dir: PathBuf,
+}
+
+impl RankErrors {
+    fn create() -> Result<RankErrors> {
+        static JOBS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = JOBS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("ftkv-rank-errors-{}-{n}", std::process::id());
+        let dir = std::env::temp_dir().join(name);
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        Ok(RankErrors { dir })
+    }
+
+    /// Appends to `stderr` the recorded lines it does not contain (each once, tagged as read
+    /// from the file).
+    fn append_missing(&self, stderr: &mut String) {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else { return };
+        let mut names: Vec<PathBuf> = entries.filter_map(|e| Some(e.ok()?.path())).collect();
+        names.sort();
+        let texts: Vec<String> =
+            names.iter().filter_map(|path| std::fs::read_to_string(path).ok()).collect();
+        let lines = texts.iter().flat_map(|t| t.lines()).filter(|l| !l.is_empty());
+        let missing: Vec<&str> = lines.filter(|l| !stderr.contains(*l)).collect();
+        for line in missing {
+            stderr.push_str(&format!("[rank error, recorded] {line}\n"));
+        }
+    }
+}
+
+impl Drop for RankErrors {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 /// A job that is running: its stdout lines as they come, and its end.
 pub struct RunningJob {
     _slot: std::sync::MutexGuard<'static, ()>,
     child: Child,
+    rank_errors: RankErrors,
     /// Dropped (removed) after the job's processes have ended.
     cluster: Option<SimulatedCluster>,
     processes: JobProcesses,
@@ -257,8 +321,9 @@ impl RunningJob {
             reader.join().expect("stdout reader panicked");
         }
         self.seen.extend(self.lines.try_iter());
-        let stderr =
+        let mut stderr =
             self.err_reader.take().map(|r| r.join().unwrap_or_default()).unwrap_or_default();
+        self.rank_errors.append_missing(&mut stderr);
         let stdout = self.seen.join("\n");
         Ok(JobOutput::parse(&stdout, stderr, status, timed_out, self.start.elapsed()))
     }
@@ -936,6 +1001,23 @@ mod tests {
         );
         assert_eq!(out.agreed_failed(5, "done=yes"), vec![1, 3]);
         assert_eq!(out.own_stderr(2).collect::<Vec<_>>(), vec![" ftkv: x"]);
+    }
+
+    #[test]
+    fn recorded_rank_errors_missing_from_stderr_are_appended_once() {
+        let errors = RankErrors::create().expect("a directory");
+        let dir = errors.dir.clone();
+        std::fs::write(dir.join("rank-1"), "ftkv: rank 1: error: lost\n").unwrap();
+        std::fs::write(dir.join("rank-2"), "ftkv: rank 2: error: forwarded\n").unwrap();
+        let mut stderr = "[1,2]<stderr>: ftkv: rank 2: error: forwarded\n".to_owned();
+        errors.append_missing(&mut stderr);
+        assert_eq!(
+            stderr,
+            "[1,2]<stderr>: ftkv: rank 2: error: forwarded\n\
+             [rank error, recorded] ftkv: rank 1: error: lost\n"
+        );
+        drop(errors);
+        assert!(!dir.exists(), "the directory goes with the job");
     }
 
     #[test]

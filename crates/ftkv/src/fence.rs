@@ -166,6 +166,20 @@ pub(crate) fn read_copy<W: FabricWindow>(
     Ok(newest(halves, &fence))
 }
 
+/// The highest version a header of one remote copy names that its fence does not void (0:
+/// none), from one scope of three small gets: whether a newer version than one about to be
+/// copied there was written meanwhile (complete or still being written).
+pub(crate) fn newest_header_version<W: FabricWindow>(
+    window: &W,
+    copy: &Copy,
+    geometry: SlotGeometry,
+) -> FabricResult<u64> {
+    let mut blocks = [[0u8; HEADER_LEN]; 3];
+    let (fence, headers) = read_fence_and_headers(window, copy, geometry, &mut blocks)?;
+    let versions = headers.iter().filter_map(|bytes| Header::decode(bytes));
+    Ok(versions.filter(|h| !fence.voids(h)).map(|h| h.version).max().unwrap_or(0))
+}
+
 /// The fence and the two half headers of a remote slot, read again while the fence is caught
 /// mid-rewrite.
 fn read_fence_and_headers<'b, W: FabricWindow>(

@@ -22,7 +22,7 @@ use super::{put_committed, RepairReport, LOCALIZED_ATTEMPTS};
 use crate::detector::{Health, Lane};
 use crate::error::{Error, Result};
 use crate::fabric::{Fabric, FabricError};
-use crate::fence::{read_copy, Fencer};
+use crate::fence::{newest_header_version, read_copy, Fencer};
 use crate::key::Key;
 use crate::layout::{Copy, Layout};
 use crate::recovery;
@@ -277,6 +277,11 @@ impl<F: Fabric> Follower<F> {
     /// of was never acknowledged (an acknowledged write is on every holder): nothing to move.
     /// The copy names this rank as its writer: the new holder fenced the failed owner, and
     /// would void a version that names it.
+    ///
+    /// Others may write such a key meanwhile (a transaction, a handed put) on routes that
+    /// already follow the failure; a new holder whose slot names a version as new as the
+    /// surviving one or newer is left alone, so the older copy does not land over a newer write.
+    /// (A write that lands between that check and the copy, two versions ahead, is not caught.)
     fn repair_orphans(
         &self,
         current: &Layout,
@@ -288,6 +293,10 @@ impl<F: Fabric> Follower<F> {
         for &key in orphaned.iter().filter(mine) {
             let (old, targets) = moved_copies(current, next, key)?;
             if let Some(mut newest) = self.newest_surviving(current, old)? {
+                let targets = self.behind(current, &targets, newest.header.version)?;
+                if targets.is_empty() {
+                    continue;
+                }
                 newest.header.writer = self.me;
                 self.copy_to(current, &targets, &newest)?;
                 keys += 1;
@@ -339,6 +348,20 @@ impl<F: Fabric> Follower<F> {
             }
         }
         Ok(newest)
+    }
+
+    /// The copies of `targets` whose slots name no version as new as `version`.
+    fn behind(&self, current: &Layout, targets: &[Copy], version: u64) -> Result<Vec<Copy>> {
+        let mut behind = Vec::with_capacity(targets.len());
+        for copy in targets {
+            self.health.enter_call_on(Lane::Repairer);
+            let found = newest_header_version(self.window.window(), copy, self.geometry);
+            self.health.leave_call_on(Lane::Repairer);
+            if found.map_err(|e| self.failure(current, e))? < version {
+                behind.push(*copy);
+            }
+        }
+        Ok(behind)
     }
 
     /// Writes a committed version (data, then header, into its half) to `targets`.

@@ -247,18 +247,21 @@ impl RankErrors {
         Ok(RankErrors { dir })
     }
 
-    /// Appends to `stderr` the recorded lines it does not contain (each once, tagged as read
-    /// from the file).
+    /// Appends to `stderr` the recorded lines it does not contain, each once and tagged with
+    /// the file it was recorded in (`rank-<r>`).
     fn append_missing(&self, stderr: &mut String) {
         let Ok(entries) = std::fs::read_dir(&self.dir) else { return };
-        let mut names: Vec<PathBuf> = entries.filter_map(|e| Some(e.ok()?.path())).collect();
-        names.sort();
-        let texts: Vec<String> =
-            names.iter().filter_map(|path| std::fs::read_to_string(path).ok()).collect();
-        let lines = texts.iter().flat_map(|t| t.lines()).filter(|l| !l.is_empty());
-        let missing: Vec<&str> = lines.filter(|l| !stderr.contains(*l)).collect();
-        for line in missing {
-            stderr.push_str(&format!("[rank error, recorded] {line}\n"));
+        let mut paths: Vec<PathBuf> = entries.filter_map(|e| Some(e.ok()?.path())).collect();
+        paths.sort();
+        let mut missing = Vec::new();
+        for path in &paths {
+            let Ok(text) = std::fs::read_to_string(path) else { continue };
+            let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+            let lines = text.lines().filter(|l| !l.is_empty() && !stderr.contains(*l));
+            missing.extend(lines.map(|l| (name.clone().unwrap_or_default(), l.to_owned())));
+        }
+        for (name, line) in missing {
+            stderr.push_str(&format!("[recorded by {name}] {line}\n"));
         }
     }
 }
@@ -1014,7 +1017,7 @@ mod tests {
         assert_eq!(
             stderr,
             "[1,2]<stderr>: ftkv: rank 2: error: forwarded\n\
-             [rank error, recorded] ftkv: rank 1: error: lost\n"
+             [recorded by rank-1] ftkv: rank 1: error: lost\n"
         );
         drop(errors);
         assert!(!dir.exists(), "the directory goes with the job");

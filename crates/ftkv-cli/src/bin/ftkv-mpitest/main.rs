@@ -31,7 +31,9 @@ fn main() {
 /// Reports the error and leaves without MPI_Finalize, which waits for peers that may never come.
 fn fail(case: &str, e: &anyhow::Error) -> ! {
     println!("{}", report_line("error", &ErrorReport { message: format!("{e:#}") }));
-    eprintln!("ftkv-mpitest {case}: {e:#}");
+    let line = format!("ftkv-mpitest {case}: {e:#}");
+    eprintln!("{line}");
+    ftkv_cli::launch::record_rank_error(ftkv_cli::env::world_rank(), &line);
     failpoint::exit_now(1)
 }
 

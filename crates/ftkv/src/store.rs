@@ -613,15 +613,7 @@ impl<F: Fabric> Store<F> {
     /// so every survivor's next store call returns [`Error::RecoveryNeeded`] and
     /// [`Store::recover`] rebuilds the store globally.
     fn escalate(&self, why: &str) -> Error {
-        crate::events::warn(format!(
-            "worker {}: failures of {:?} need global recovery: {why}",
-            self.me,
-            self.health.failed_workers(self.workers)
-        ));
-        self.health.raise_alarm();
-        if let Err(e) = self.comm.revoke() {
-            crate::events::warn(format!("revoking the store for global recovery: {e}"));
-        }
+        follow::send_to_global_recovery(self.me, &self.health, self.workers, &*self.comm, why);
         Error::RecoveryNeeded { failed: self.newly_failed() }
     }
 

@@ -67,16 +67,7 @@ struct Routes {
 /// What a localized repair reads and writes, shared by the store and its repairer thread for
 /// one set of windows (a global recovery makes a new one).
 pub(crate) struct Follower<F: Fabric> {
-    pub me: i32,
-    pub workers: usize,
-    pub hosts: Vec<u32>,
-    pub kinds: usize,
-    pub geometry: SlotGeometry,
-    pub poll_interval: Duration,
-    pub health: Arc<Health>,
-    pub comm: Arc<F>,
-    pub window: Arc<Fencer<F::Window>>,
-    pub acked: Arc<Acked>,
+    parts: FollowerParts<F>,
     routes: Mutex<Routes>,
     /// Signalled when the routes changed, a repair was interrupted, or a store call waits.
     changed: Condvar,
@@ -84,7 +75,7 @@ pub(crate) struct Follower<F: Fabric> {
     running: AtomicBool,
 }
 
-/// The parts of a [`Follower`] besides its routes.
+/// What a [`Follower`] works with besides its routes.
 pub(crate) struct FollowerParts<F: Fabric> {
     pub me: i32,
     pub workers: usize,
@@ -108,30 +99,9 @@ pub(crate) struct Followed {
 impl<F: Fabric> Follower<F> {
     /// A follower whose routes start at `layout`, following no failure generation yet.
     pub fn new(parts: FollowerParts<F>, layout: Layout) -> Follower<F> {
-        let FollowerParts {
-            me,
-            workers,
-            hosts,
-            kinds,
-            geometry,
-            poll_interval,
-            health,
-            comm,
-            window,
-            acked,
-        } = parts;
         let routes = Routes { layout, followed: None, interrupted: 0, repairs: Vec::new() };
         Follower {
-            me,
-            workers,
-            hosts,
-            kinds,
-            geometry,
-            poll_interval,
-            health,
-            comm,
-            window,
-            acked,
+            parts,
             routes: Mutex::new(routes),
             changed: Condvar::new(),
             running: AtomicBool::new(true),
@@ -162,7 +132,7 @@ impl<F: Fabric> Follower<F> {
                 });
             }
             let stopped = !self.running.load(Ordering::Acquire);
-            if self.health.alarmed() || routes.interrupted != interrupted || stopped {
+            if self.parts.health.alarmed() || routes.interrupted != interrupted || stopped {
                 return Err(Error::RecoveryNeeded { failed: self.newly_failed(&routes.layout) });
             }
             routes = self.wait(routes);
@@ -182,7 +152,7 @@ impl<F: Fabric> Follower<F> {
     }
 
     fn wait<'a>(&self, routes: MutexGuard<'a, Routes>) -> MutexGuard<'a, Routes> {
-        match self.changed.wait_timeout(routes, self.poll_interval) {
+        match self.changed.wait_timeout(routes, self.parts.poll_interval) {
             Ok((routes, _)) => routes,
             Err(poisoned) => poisoned.into_inner().0,
         }
@@ -195,15 +165,15 @@ impl<F: Fabric> Follower<F> {
         let mut routes = self.lock();
         let mut interrupted_in_a_row = 0;
         while !stop.load(Ordering::Acquire) {
-            let generation = self.health.generation();
-            if routes.followed != Some(generation) && !self.health.alarmed() {
+            let generation = self.parts.health.generation();
+            if routes.followed != Some(generation) && !self.parts.health.alarmed() {
                 match self.follow(&mut routes, generation) {
                     Ok(()) => interrupted_in_a_row = 0,
                     Err(e) => {
                         routes.interrupted += 1;
                         interrupted_in_a_row += 1;
                         if !e.needs_recovery() {
-                            crate::events::warn(format!("worker {}: repair: {e}", self.me));
+                            crate::events::warn(format!("worker {}: repair: {e}", self.parts.me));
                         }
                         if interrupted_in_a_row >= LOCALIZED_ATTEMPTS {
                             let why = format!("failures kept interrupting a repair (last: {e})");
@@ -221,9 +191,9 @@ impl<F: Fabric> Follower<F> {
     /// copies on failed workers down their chains, and copies there what this worker repairs.
     fn follow(&self, routes: &mut Routes, generation: u64) -> Result<()> {
         let started = Instant::now();
-        let failed = self.health.failed_workers(self.workers);
+        let failed = self.parts.health.failed_workers(self.parts.workers);
         let current = &routes.layout;
-        self.window.fence(&failed).map_err(|e| self.failure(current, e))?;
+        self.parts.window.fence(&failed).map_err(|e| self.failure(current, e))?;
         let (next, orphaned) = self.relocated_layout(current, &failed)?;
         let (own_keys, own_bytes) = self.repair_own_keys(current, &next)?;
         let (orphan_keys, orphan_bytes) = self.repair_orphans(current, &next, &orphaned)?;
@@ -246,7 +216,7 @@ impl<F: Fabric> Follower<F> {
     /// route changes (see [`Follower::repair_orphans`]).
     fn relocated_layout(&self, current: &Layout, failed: &[i32]) -> Result<(Layout, Vec<Key>)> {
         let live: Vec<i32> = current.live.iter().copied().filter(|w| !failed.contains(w)).collect();
-        if !recovery::keeps_quorum(&current.live, &live, &self.hosts) {
+        if !recovery::keeps_quorum(&current.live, &live, &self.parts.hosts) {
             return Err(self.escalate(current, "the survivors hold no quorum across hosts"));
         }
         let Some(next) = current.relocate(failed) else {
@@ -268,7 +238,7 @@ impl<F: Fabric> Follower<F> {
     /// The first holder of `key` in the `current` route not known failed.
     fn first_live_holder(&self, current: &Layout, key: Key) -> Option<i32> {
         let route = current.route(key)?;
-        route.iter().find(|c| !self.health.is_failed(c.worker)).map(|c| c.worker)
+        route.iter().find(|c| !self.parts.health.is_failed(c.worker)).map(|c| c.worker)
     }
 
     /// Copies the newest surviving version of each `orphaned` key (its owner failed, so it
@@ -289,7 +259,7 @@ impl<F: Fabric> Follower<F> {
         orphaned: &[Key],
     ) -> Result<(usize, u64)> {
         let (mut keys, mut bytes) = (0, 0);
-        let mine = |key: &&Key| self.first_live_holder(current, **key) == Some(self.me);
+        let mine = |key: &&Key| self.first_live_holder(current, **key) == Some(self.parts.me);
         for &key in orphaned.iter().filter(mine) {
             let (old, targets) = moved_copies(current, next, key)?;
             if let Some(mut newest) = self.newest_surviving(current, old)? {
@@ -297,7 +267,7 @@ impl<F: Fabric> Follower<F> {
                 if targets.is_empty() {
                     continue;
                 }
-                newest.header.writer = self.me;
+                newest.header.writer = self.parts.me;
                 self.copy_to(current, &targets, &newest)?;
                 keys += 1;
                 bytes += newest.data.len() as u64 * targets.len() as u64;
@@ -311,14 +281,14 @@ impl<F: Fabric> Follower<F> {
     /// no surviving copy sends the store to global recovery, which reports it lost.
     fn repair_own_keys(&self, current: &Layout, next: &Layout) -> Result<(usize, u64)> {
         let (mut keys, mut bytes) = (0, 0);
-        for kind in 0..self.kinds {
-            let key = Key::new(self.me, kind as u16);
+        for kind in 0..self.parts.kinds {
+            let key = Key::new(self.parts.me, kind as u16);
             let (old, targets) = moved_copies(current, next, key)?;
             if targets.is_empty() {
                 continue;
             }
             let Some(newest) = self.newest_surviving(current, old)? else {
-                if self.acked.get(kind) > 0 {
+                if self.parts.acked.get(kind) > 0 {
                     let why = format!("no copy of the own key {key} survived");
                     return Err(self.escalate(current, &why));
                 }
@@ -334,12 +304,12 @@ impl<F: Fabric> Follower<F> {
     /// The newest complete version on the live copies of `route`, read with watchdog-bounded
     /// gets.
     fn newest_surviving(&self, current: &Layout, route: &[Copy]) -> Result<Option<Committed>> {
-        let window = self.window.window();
+        let window = self.parts.window.window();
         let mut newest: Option<Committed> = None;
-        for copy in route.iter().filter(|c| !self.health.is_failed(c.worker)) {
-            self.health.enter_call_on(Lane::Repairer);
-            let found = read_copy(window, copy, self.geometry);
-            self.health.leave_call_on(Lane::Repairer);
+        for copy in route.iter().filter(|c| !self.parts.health.is_failed(c.worker)) {
+            self.parts.health.enter_call_on(Lane::Repairer);
+            let found = read_copy(window, copy, self.parts.geometry);
+            self.parts.health.leave_call_on(Lane::Repairer);
             let found = found.map_err(|e| self.failure(current, e))?;
             if let Some(found) = found {
                 if newest.as_ref().is_none_or(|n| found.header.version > n.header.version) {
@@ -354,9 +324,10 @@ impl<F: Fabric> Follower<F> {
     fn behind(&self, current: &Layout, targets: &[Copy], version: u64) -> Result<Vec<Copy>> {
         let mut behind = Vec::with_capacity(targets.len());
         for copy in targets {
-            self.health.enter_call_on(Lane::Repairer);
-            let found = newest_header_version(self.window.window(), copy, self.geometry);
-            self.health.leave_call_on(Lane::Repairer);
+            self.parts.health.enter_call_on(Lane::Repairer);
+            let found =
+                newest_header_version(self.parts.window.window(), copy, self.parts.geometry);
+            self.parts.health.leave_call_on(Lane::Repairer);
             if found.map_err(|e| self.failure(current, e))? < version {
                 behind.push(*copy);
             }
@@ -366,12 +337,12 @@ impl<F: Fabric> Follower<F> {
 
     /// Writes a committed version (data, then header, into its half) to `targets`.
     fn copy_to(&self, current: &Layout, targets: &[Copy], committed: &Committed) -> Result<()> {
-        let window = self.window.window();
-        self.health.enter_call_on(Lane::Repairer);
-        let written = put_committed(window, targets, committed, self.geometry);
-        self.health.leave_call_on(Lane::Repairer);
+        let window = self.parts.window.window();
+        self.parts.health.enter_call_on(Lane::Repairer);
+        let written = put_committed(window, targets, committed, self.parts.geometry);
+        self.parts.health.leave_call_on(Lane::Repairer);
         written.map_err(|e| self.failure(current, e))?;
-        if targets.iter().any(|c| self.health.is_failed(c.worker)) {
+        if targets.iter().any(|c| self.parts.health.is_failed(c.worker)) {
             return Err(Error::RecoveryNeeded { failed: self.newly_failed(current) });
         }
         Ok(())
@@ -385,30 +356,42 @@ impl<F: Fabric> Follower<F> {
         }
         if let FabricError::ProcFailed { peer: Some(rank), .. } = e {
             if let Some(&worker) = current.live.get(rank as usize) {
-                self.health.mark_failed(worker);
+                self.parts.health.mark_failed(worker);
             }
         }
         Error::RecoveryNeeded { failed: self.newly_failed(current) }
     }
 
     fn newly_failed(&self, current: &Layout) -> Vec<i32> {
-        current.live.iter().copied().filter(|&w| self.health.is_failed(w)).collect()
+        current.live.iter().copied().filter(|&w| self.parts.health.is_failed(w)).collect()
     }
 
     /// Gives up on localized recovery: raises the alarm and revokes the store's communicator,
     /// so every survivor's next store call returns [`Error::RecoveryNeeded`] and
     /// [`Store::recover`](super::Store::recover) rebuilds the store globally.
     pub fn escalate(&self, current: &Layout, why: &str) -> Error {
-        crate::events::warn(format!(
-            "worker {}: failures of {:?} need global recovery: {why}",
-            self.me,
-            self.health.failed_workers(self.workers)
-        ));
-        self.health.raise_alarm();
-        if let Err(e) = self.comm.revoke() {
-            crate::events::warn(format!("revoking the store for global recovery: {e}"));
-        }
+        let FollowerParts { me, workers, ref health, ref comm, .. } = self.parts;
+        send_to_global_recovery(me, health, workers, &**comm, why);
         Error::RecoveryNeeded { failed: self.newly_failed(current) }
+    }
+}
+
+/// Raises the alarm and revokes the store's communicator `comm` (every survivor's detector
+/// sees the revocation), after saying why worker `me` gives up on localized recovery.
+pub(super) fn send_to_global_recovery<F: Fabric>(
+    me: i32,
+    health: &Health,
+    workers: usize,
+    comm: &F,
+    why: &str,
+) {
+    crate::events::warn(format!(
+        "worker {me}: failures of {:?} need global recovery: {why}",
+        health.failed_workers(workers)
+    ));
+    health.raise_alarm();
+    if let Err(e) = comm.revoke() {
+        crate::events::warn(format!("revoking the store for global recovery: {e}"));
     }
 }
 

@@ -158,30 +158,37 @@ impl<F: Fabric> Follower<F> {
         }
     }
 
-    /// The repairer thread's loop: follows every new failure generation until `stop`. After
-    /// [`LOCALIZED_ATTEMPTS`] interrupted repairs in a row it sends the store to global
-    /// recovery.
+    /// The repairer thread's loop: follows every new failure generation until `stop`. An
+    /// interrupted repair is tried again after four polls (time for the detector to publish
+    /// the failure behind the error, as the call path waits); after [`LOCALIZED_ATTEMPTS`]
+    /// interrupted repairs in a row it sends the store to global recovery.
     fn run(&self, stop: &AtomicBool) {
         let mut routes = self.lock();
         let mut interrupted_in_a_row = 0;
         while !stop.load(Ordering::Acquire) {
             let generation = self.parts.health.generation();
             if routes.followed != Some(generation) && !self.parts.health.alarmed() {
-                match self.follow(&mut routes, generation) {
-                    Ok(()) => interrupted_in_a_row = 0,
-                    Err(e) => {
-                        routes.interrupted += 1;
-                        interrupted_in_a_row += 1;
-                        if !e.needs_recovery() {
-                            crate::events::warn(format!("worker {}: repair: {e}", self.parts.me));
-                        }
-                        if interrupted_in_a_row >= LOCALIZED_ATTEMPTS {
-                            let why = format!("failures kept interrupting a repair (last: {e})");
-                            self.escalate(&routes.layout, &why);
-                        }
+                let followed = self.follow(&mut routes, generation);
+                if let Err(e) = &followed {
+                    routes.interrupted += 1;
+                    interrupted_in_a_row += 1;
+                    if !e.needs_recovery() {
+                        crate::events::warn(format!("worker {}: repair: {e}", self.parts.me));
                     }
+                    if interrupted_in_a_row >= LOCALIZED_ATTEMPTS {
+                        let why = format!("failures kept interrupting a repair (last: {e})");
+                        self.escalate(&routes.layout, &why);
+                    }
+                } else {
+                    interrupted_in_a_row = 0;
                 }
                 self.changed.notify_all();
+                if followed.is_err() {
+                    drop(routes);
+                    std::thread::sleep(self.parts.poll_interval * 4);
+                    routes = self.lock();
+                    continue;
+                }
             }
             routes = self.wait(routes);
         }

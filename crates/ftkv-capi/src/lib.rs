@@ -12,8 +12,8 @@
 //! data and buffer pointers have the bytes their length says.
 
 #![allow(non_camel_case_types)]
-// The functions are for C, where `unsafe` means nothing: each one's pointer contract is in its
-// documentation (and the header's); every dereference is in `ftkv_mpi::c_abi`.
+// The functions are for C: each one's pointer contract is in its documentation (and the
+// header's); every dereference of a C pointer is in `ftkv_mpi::c_abi`, the FFI crate.
 
 use std::cell::RefCell;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};

@@ -107,12 +107,14 @@ pub fn rank_main(
     };
     let t = outcome.total;
     let result = RankResult {
-        nodes: t.nodes,
-        leaves: t.leaves,
-        depth: t.max_depth as u64,
-        tasks: outcome.tasks,
-        checkpoints: outcome.checkpoints,
-        store_bytes: outcome.store_bytes,
+        computation: Computation {
+            nodes: t.nodes,
+            leaves: t.leaves,
+            depth: t.max_depth as u64,
+            tasks: outcome.tasks,
+            checkpoints: outcome.checkpoints,
+            store_bytes: outcome.store_bytes,
+        },
         failed: outcome.failed.iter().map(|&w| w as usize).collect(),
         ms: outcome.elapsed.as_secs_f64() * 1e3,
     };
@@ -122,17 +124,25 @@ pub fn rank_main(
     Ok(())
 }
 
-/// What a surviving worker reports at the end (a `result {json}` line): the whole
-/// computation's result, the survivors' sums, the failed workers as the survivors agreed, and
-/// its own run time. Every survivor's is the same but for `ms`.
-#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
-pub struct RankResult {
+/// The whole computation's result and the survivors' sums, as every survivor reports them
+/// and a run's report repeats them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, serde::Deserialize)]
+pub struct Computation {
     pub nodes: u64,
     pub leaves: u64,
     pub depth: u64,
     pub tasks: u64,
     pub checkpoints: u64,
     pub store_bytes: u64,
+}
+
+/// What a surviving worker reports at the end (a `result {json}` line): the computation, the
+/// failed workers as the survivors agreed, and its own run time. Every survivor's is the same
+/// but for `ms`.
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+pub struct RankResult {
+    #[serde(flatten)]
+    pub computation: Computation,
     pub failed: Vec<usize>,
     pub ms: f64,
 }
@@ -212,12 +222,8 @@ impl Demo {
 /// What one run of the pool reported.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct RunReport {
-    pub nodes: u64,
-    pub leaves: u64,
-    pub depth: u64,
-    pub tasks: u64,
-    pub checkpoints: u64,
-    pub store_bytes: u64,
+    #[serde(flatten)]
+    pub computation: Computation,
     pub wall_ms: f64,
     /// Ranks this driver SIGKILLed.
     pub killed: Vec<usize>,
@@ -319,7 +325,8 @@ fn run_pool_job(exe: &Path, demo: &Demo, show: bool) -> Result<RunReport> {
         tail(&out)
     );
     let mut report = result_of(&out, demo, &watch)?;
-    let total = Counts { nodes: report.nodes, leaves: report.leaves, max_depth: 0 };
+    let done = &report.computation;
+    let total = Counts { nodes: done.nodes, leaves: done.leaves, max_depth: 0 };
     report.matches_published = demo
         .workload
         .published()
@@ -634,12 +641,7 @@ fn result_of(out: &JobOutput, demo: &Demo, watch: &Watch) -> Result<RunReport> {
     }
     Ok(RunReport {
         failed,
-        nodes: first.nodes,
-        leaves: first.leaves,
-        depth: first.depth,
-        tasks: first.tasks,
-        checkpoints: first.checkpoints,
-        store_bytes: first.store_bytes,
+        computation: first.computation.clone(),
         wall_ms: first.ms,
         killed: watch.killed.clone(),
         kill_ms: watch.kill_ms.clone(),
@@ -659,9 +661,9 @@ fn print_verdict(demo: &Demo, r: &RunReport) {
     println!(
         "{}: {} nodes, {} leaves, depth {}",
         demo.workload.describe(),
-        r.nodes,
-        r.leaves,
-        r.depth
+        r.computation.nodes,
+        r.computation.leaves,
+        r.computation.depth
     );
     match (demo.workload.published(), r.matches_published) {
         (Some((nodes, leaves)), Some(ok)) => println!(
@@ -691,10 +693,10 @@ fn print_verdict(demo: &Demo, r: &RunReport) {
     }
     println!(
         "checkpoint traffic: {} checkpoints, {:.2} MiB written by the survivors ({} copies each); {} tasks run (recomputed work included); pool time {:.0} ms",
-        r.checkpoints,
-        r.store_bytes as f64 / (1 << 20) as f64,
+        r.computation.checkpoints,
+        r.computation.store_bytes as f64 / (1 << 20) as f64,
         demo.copies,
-        r.tasks,
+        r.computation.tasks,
         r.wall_ms
     );
 }
@@ -726,8 +728,8 @@ pub fn run_bench(
                 i + 1,
                 if checkpointing { "on " } else { "off" },
                 report.wall_ms,
-                report.checkpoints,
-                report.store_bytes as f64 / (1 << 20) as f64
+                report.computation.checkpoints,
+                report.computation.store_bytes as f64 / (1 << 20) as f64
             ));
             times.push(report);
             progress.advance_to(2 * i as u64 + 1 + u64::from(checkpointing));

@@ -74,9 +74,14 @@ fn assert_exact(out: &JobOutput, ranks: usize, killed: &[usize], nodes: Option<u
             eprintln!("rank {rank} failed without a kill; the survivors agreed it failed");
             continue;
         };
-        assert_eq!(result.leaves, leaves, "rank {rank}: {result:?}\n{}", out.transcript());
+        assert_eq!(
+            result.computation.leaves,
+            leaves,
+            "rank {rank}: {result:?}\n{}",
+            out.transcript()
+        );
         if let Some(nodes) = nodes {
-            assert_eq!(result.nodes, nodes, "rank {rank}: {result:?}");
+            assert_eq!(result.computation.nodes, nodes, "rank {rank}: {result:?}");
         }
         let missing: Vec<&usize> = killed.iter().filter(|k| !result.failed.contains(k)).collect();
         assert!(missing.is_empty(), "rank {rank} missed {missing:?}: {result:?}");

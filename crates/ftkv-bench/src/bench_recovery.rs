@@ -10,7 +10,7 @@ use serde::Serialize;
 use crate::bench::unix_us;
 use crate::bench_store::size_name;
 use crate::reports::{GlobalRecoveryReport, GrowthReport, LocalizedRecoveryReport, Report};
-use ftkv_launch::launch::{kill_pid, JobOutput, Launch};
+use ftkv_launch::launch::{kill_pid, union_of_failed, JobOutput, Launch};
 
 /// One recovery measurement.
 #[derive(Debug, Clone, Serialize)]
@@ -87,11 +87,7 @@ fn reports_by_rank<T: Report>(out: &JobOutput, ranks: usize) -> Result<Vec<Optio
 
 /// The ranks the survivors agreed failed: the union of their reports' failed workers, sorted.
 fn agreed_failed(reports: &[Option<GlobalRecoveryReport>]) -> Vec<usize> {
-    let workers = reports.iter().flatten().flat_map(|r| &r.failed);
-    let mut failed: Vec<usize> = workers.filter_map(|&w| usize::try_from(w).ok()).collect();
-    failed.sort_unstable();
-    failed.dedup();
-    failed
+    union_of_failed(reports.iter().flatten().flat_map(|r| r.failed.iter().copied()))
 }
 
 /// The survivors' reports of kind `T`: those of every rank but `victim` and the ranks

@@ -25,7 +25,9 @@ use serde::{Deserialize, Serialize};
 pub use ftkv::history::{allowed, Observed, Op};
 use ftkv::history::{observe, planned_write, value};
 use ftkv_launch::args::{self, Opt};
-use ftkv_launch::launch::{kill_random_rank, report_line, JobOutput, Launch, RunningJob};
+use ftkv_launch::launch::{
+    kill_random_rank, report_line, union_of_failed, JobOutput, Launch, RunningJob,
+};
 
 /// Campaign parameters.
 #[derive(Debug, Clone)]
@@ -467,11 +469,7 @@ pub fn done_report(out: &JobOutput, rank: usize) -> Option<DoneReport> {
 /// The failed workers the finished ranks agreed on (the union of their [`DoneReport`]s),
 /// sorted, without repeats.
 pub fn agreed_failed(out: &JobOutput, ranks: usize) -> Vec<usize> {
-    let mut failed: Vec<usize> =
-        (0..ranks).filter_map(|r| done_report(out, r)).flat_map(|d| d.failed).collect();
-    failed.sort_unstable();
-    failed.dedup();
-    failed
+    union_of_failed((0..ranks).filter_map(|r| done_report(out, r)).flat_map(|d| d.failed))
 }
 
 /// Who was killed, and for each survivor that did not finish its last lines and its stderr.

@@ -797,23 +797,6 @@ impl JobOutput {
         self.by_rank.get(&rank).map_or(&[], Vec::as_slice)
     }
 
-    /// The value `v` of the first `key=v` word that rank `rank` printed.
-    pub fn rank_value(&self, rank: usize, key: &str) -> Option<&str> {
-        self.rank_lines(rank).iter().find_map(|line| field(line, key))
-    }
-
-    /// The worker ids that ranks listed as `failed=1,3` on the first line starting with
-    /// `prefix` (their report of the failed set they agreed on), sorted, without repeats.
-    pub fn agreed_failed(&self, ranks: usize, prefix: &str) -> Vec<usize> {
-        let report = |r: usize| self.rank_lines(r).iter().find(|l| l.starts_with(prefix));
-        let lists = (0..ranks).filter_map(|r| field(report(r)?, "failed"));
-        let mut failed: Vec<usize> =
-            lists.flat_map(|l| l.split(',').filter_map(|w| w.parse().ok())).collect();
-        failed.sort_unstable();
-        failed.dedup();
-        failed
-    }
-
     /// Rank `rank`'s reports of `kind`, in order: its stdout lines `kind {json}` (as
     /// [`report_line`] writes them), each parsed into `T`; `Err` names a line that does not.
     pub fn rank_reports<T: serde::de::DeserializeOwned>(
@@ -920,9 +903,13 @@ pub fn report_line<T: serde::Serialize>(kind: &str, value: &T) -> String {
     format!("{kind} {json}")
 }
 
-/// The value `v` of the first `key=v` word in `line` (ranks report their results this way).
-pub fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
-    line.split_whitespace().find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
+/// The union of the failed sets the ranks reported (worker ids; a negative id is no worker),
+/// sorted, without repeats: the failed set the survivors agreed on.
+pub fn union_of_failed<W: TryInto<usize>>(reported: impl IntoIterator<Item = W>) -> Vec<usize> {
+    let mut failed: Vec<usize> = reported.into_iter().filter_map(|w| w.try_into().ok()).collect();
+    failed.sort_unstable();
+    failed.dedup();
+    failed
 }
 
 /// `[1,3]<stdout>: text` → `(3, "text")`.
@@ -993,16 +980,20 @@ mod tests {
     }
 
     #[test]
-    fn the_agreed_failed_set_comes_from_each_rank_s_report_line() {
+    fn the_agreed_failed_set_is_the_sorted_union_of_the_reports() {
+        assert_eq!(union_of_failed([3, 1, -1, 1, 3]), vec![1, 3]);
+        assert_eq!(union_of_failed(Vec::<usize>::new()), Vec::<usize>::new());
+    }
+
+    #[test]
+    fn own_stderr_is_one_rank_s_lines_without_the_tag() {
         let out = JobOutput::parse(
-            "[1,0]<stdout>: recovered failed=9\n[1,0]<stdout>: done=yes failed=3,1\n\
-             [1,2]<stdout>: done=yes failed=1,3\n[1,4]<stdout>: done=yes failed=-\n",
+            "",
             "[1,2]<stderr>: ftkv: x\n[1,0]<stderr>: y\n".into(),
             None,
             false,
             Duration::ZERO,
         );
-        assert_eq!(out.agreed_failed(5, "done=yes"), vec![1, 3]);
         assert_eq!(out.own_stderr(2).collect::<Vec<_>>(), vec![" ftkv: x"]);
     }
 
@@ -1021,20 +1012,6 @@ mod tests {
         );
         drop(errors);
         assert!(!dir.exists(), "the directory goes with the job");
-    }
-
-    #[test]
-    fn rank_value_finds_the_first_key() {
-        let out = JobOutput::parse(
-            "[1,2]<stdout>: size=4 x=1\n[1,2]<stdout>: x=2\n",
-            String::new(),
-            None,
-            false,
-            Duration::ZERO,
-        );
-        assert_eq!(out.rank_value(2, "x"), Some("1"));
-        assert_eq!(out.rank_value(2, "size"), Some("4"));
-        assert_eq!(out.rank_value(1, "x"), None);
     }
 
     #[test]

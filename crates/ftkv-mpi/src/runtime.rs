@@ -93,7 +93,7 @@ impl Mpi {
             return Err(other("MPI_Query_thread", "MPI_THREAD_MULTIPLE is not provided"));
         }
         INITIALISED.store(true, Ordering::SeqCst);
-        ignore_broken_pipes();
+        ignore_broken_pipes()?;
         // Marked finalised already: `Mpi::finalize` on it is a no-op.
         Ok(Mpi { runtime: Arc::new(Runtime { finalized: AtomicBool::new(true) }) })
     }
@@ -133,20 +133,30 @@ impl Mpi {
 /// process with `SIGPIPE` (as Rust programs do from the start; a C program that links ftkv
 /// would otherwise die with the first peer it writes to after that peer's death: across 3
 /// simulated hosts a survivor of the C example died of SIGPIPE in 8 of 15 runs before this, in
-/// none of 6 after). A handler the program installed stays.
-fn ignore_broken_pipes() {
-    // SAFETY: querying and setting the disposition of SIGPIPE with sigaction(2) on valid,
-    // zero-initialised structs; no handler function is installed.
-    unsafe {
-        let mut current: libc::sigaction = std::mem::zeroed();
-        if libc::sigaction(libc::SIGPIPE, std::ptr::null(), &mut current) == 0
-            && current.sa_sigaction == libc::SIG_DFL
-        {
-            let mut ignore: libc::sigaction = std::mem::zeroed();
-            ignore.sa_sigaction = libc::SIG_IGN;
-            libc::sigaction(libc::SIGPIPE, &ignore, std::ptr::null_mut());
-        }
+/// none of 6 after). A handler the program installed stays. An error names the sigaction(2)
+/// call that failed.
+fn ignore_broken_pipes() -> Result<()> {
+    let failed = |what: &str| {
+        other("sigaction(SIGPIPE)", &format!("{what}: {}", std::io::Error::last_os_error()))
+    };
+    // SAFETY: querying the disposition of SIGPIPE with sigaction(2) into a valid,
+    // zero-initialised struct.
+    let mut current: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; a null new action only reads the current one.
+    if unsafe { libc::sigaction(libc::SIGPIPE, std::ptr::null(), &mut current) } != 0 {
+        return Err(failed("reading the disposition"));
     }
+    if current.sa_sigaction != libc::SIG_DFL {
+        return Ok(());
+    }
+    // SAFETY: a zero-initialised sigaction is valid; SIG_IGN installs no handler function.
+    let mut ignore: libc::sigaction = unsafe { std::mem::zeroed() };
+    ignore.sa_sigaction = libc::SIG_IGN;
+    // SAFETY: setting SIGPIPE's disposition from a valid struct; the old one is not asked for.
+    if unsafe { libc::sigaction(libc::SIGPIPE, &ignore, std::ptr::null_mut()) } != 0 {
+        return Err(failed("ignoring it"));
+    }
+    Ok(())
 }
 
 /// Ends the whole job after an error on this rank and leaves the process with `code`.

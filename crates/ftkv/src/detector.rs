@@ -33,8 +33,9 @@ pub(crate) struct Health {
     alarm_on_failure: bool,
     alarm: AtomicBool,
     /// Entries and exits of data-path calls, odd while one is inside: the owner's calls
-    /// ([`Lane::Owner`]) and the repairer thread's ([`Lane::Repairer`]), watched apart.
-    in_call: [AtomicU64; 2],
+    /// ([`Lane::Owner`]), the repairer thread's ([`Lane::Repairer`]) and the replicator
+    /// thread's ([`Lane::Replicator`]), watched apart.
+    in_call: [AtomicU64; Lane::ALL.len()],
     /// When the clock thread last ticked, in nanoseconds since `born` (0: no clock runs).
     tick_at: AtomicU64,
     /// When the detector thread last began a round, in nanoseconds since `born` (0: none yet),
@@ -52,7 +53,7 @@ impl Health {
             generation: AtomicU64::new(0),
             alarm_on_failure,
             alarm: AtomicBool::new(false),
-            in_call: [AtomicU64::new(0), AtomicU64::new(0)],
+            in_call: Lane::ALL.map(|_| AtomicU64::new(0)),
             tick_at: AtomicU64::new(0),
             detector_at: AtomicU64::new(0),
             detector_step: AtomicU64::new(0),
@@ -183,6 +184,12 @@ pub(crate) enum Lane {
     Owner = 0,
     /// The repairer thread of localized recovery ([`crate::store`]'s `follow` module).
     Repairer = 1,
+    /// The replicator thread that writes the other copies of asynchronous puts.
+    Replicator = 2,
+}
+
+impl Lane {
+    const ALL: [Lane; 3] = [Lane::Owner, Lane::Repairer, Lane::Replicator];
 }
 
 /// The running detector and clock threads; stopped and joined on drop.
@@ -313,7 +320,7 @@ fn tick<F: Fabric>(
 }
 
 fn run<F: Fabric>(watch: Watch<F>, stop: &AtomicBool) {
-    let mut stuck = [StuckCall::new(Lane::Owner), StuckCall::new(Lane::Repairer)];
+    let mut stuck = Lane::ALL.map(StuckCall::new);
     let mut fenced_generation = 0;
     while !stop.load(Ordering::Acquire) {
         watch.health.enter_detector_step(DetectorStep::Progress);

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use super::Store;
+use crate::detector::{Health, Lane};
 use crate::error::{Error, Result};
 use crate::fabric::{Fabric, FabricError, FabricResult, FabricWindow, RmaOps};
 use crate::fence::Fencer;
@@ -17,6 +18,8 @@ use crate::slot::{Header, HEADER_LEN};
 /// One version's other copies, for the replicator thread.
 struct Job<W> {
     window: Arc<Fencer<W>>,
+    /// Where the watchdog sees the job's one-sided calls ([`Lane::Replicator`]).
+    health: Arc<Health>,
     targets: Vec<Copy>,
     half: i64,
     header: [u8; HEADER_LEN],
@@ -56,14 +59,18 @@ impl<W> Drop for Replicator<W> {
     }
 }
 
+/// Writes one job's copies, its one-sided calls bounded by the watchdog like the owner's.
 fn write_copies<W: FabricWindow>(job: &Job<W>) -> FabricResult<()> {
-    job.window.window().scope(|s| {
+    job.health.enter_call_on(Lane::Replicator);
+    let written = job.window.window().scope(|s| {
         for copy in &job.targets {
             s.put(copy.rank, copy.disp + job.half + HEADER_LEN as i64, &job.data)?;
             s.put(copy.rank, copy.disp + job.half, &job.header)?;
         }
         Ok(())
-    })
+    });
+    job.health.leave_call_on(Lane::Replicator);
+    written
 }
 
 /// A put of [`Store::put_async`] whose first copy is complete and whose other copies are being
@@ -197,7 +204,9 @@ impl<F: Fabric> Store<F> {
         let jobs = self.replicator.as_ref().and_then(|r| r.jobs.as_ref()).ok_or(Error::Closed)?;
         let (done, finished) = mpsc::sync_channel(1);
         let half = self.geometry.half_offset(header.version) as i64;
-        let job = Job { window, targets, half, header: header.encode(), data: data.clone(), done };
+        let health = self.health.clone();
+        let (header, data) = (header.encode(), data.clone());
+        let job = Job { window, health, targets, half, header, data, done };
         jobs.send(job).map_err(|_| Error::RecoveryFailed("the replicator thread ended".into()))?;
         Ok(finished)
     }

@@ -142,14 +142,13 @@ impl Report for StoreRunReport {
     const KIND: &'static str = "store_run";
 }
 
-/// What [`JobOutput::rank_reports`] does with a line of kind `T` (a `JobOutput` cannot be
-/// built outside ftkv-launch): the JSON after `KIND ` parsed into `T`.
+/// `line` as rank 0 of a job printed it, read back by the drivers' own path
+/// ([`Report::first_of`]).
 #[cfg(test)]
 pub(crate) fn read_back<T: Report>(line: &str) -> T {
-    let json = line.strip_prefix(T::KIND).and_then(|rest| rest.strip_prefix(' '));
-    let json = json.filter(|j| j.starts_with('{'));
-    let json = json.unwrap_or_else(|| panic!("{line:?} is not a {} report", T::KIND));
-    serde_json::from_str(json).unwrap_or_else(|e| panic!("{line:?}: {e}"))
+    let out = JobOutput::from_stdout(&format!("[1,0]<stdout>: {line}\n"));
+    let report = T::first_of(&out, 0).unwrap_or_else(|e| panic!("{line:?}: {e}"));
+    report.unwrap_or_else(|| panic!("{line:?} is not a {} report", T::KIND))
 }
 
 #[cfg(test)]

@@ -774,6 +774,13 @@ pub struct JobOutput {
 }
 
 impl JobOutput {
+    /// The output of a job that printed `stdout` (`[1,<rank>]<stdout>: ...` lines) and nothing
+    /// else, and ended with no status: for checking that reports read back as they were
+    /// written.
+    pub fn from_stdout(stdout: &str) -> JobOutput {
+        JobOutput::parse(stdout, String::new(), None, false, Duration::ZERO)
+    }
+
     fn parse(
         stdout: &str,
         stderr: String,

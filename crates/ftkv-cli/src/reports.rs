@@ -36,13 +36,6 @@ pub struct IdleOwnerReport {
     pub woke_at_us: u64,
 }
 
-/// Microseconds since the Unix epoch (comparable across the ranks of one machine).
-pub fn unix_us() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as u64)
-}
-
 /// A check that passed, for report kinds that carry nothing else (`done {}`, `rma {}`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct Passed {}

@@ -10,13 +10,16 @@ use ftkv::history::{check_value, value};
 use ftkv::txn::{Expect, Outcome, TxId, Txn};
 use ftkv::txn_log;
 use ftkv::{Config, Error, Key, Store};
+use ftkv_cli::bench::unix_us;
 use ftkv_cli::chaos;
 use ftkv_cli::launch::report_line;
 use ftkv_cli::reports::{
-    unix_us, AckedRound, CheckpointRead, DeclaredReport, FencedReport, IdleObserverReport,
-    IdleOwnerReport, LocalizedReport, Passed, RejectedReport, RoundRead, TxnReport,
+    AckedRound, CheckpointRead, DeclaredReport, FencedReport, IdleObserverReport, IdleOwnerReport,
+    LocalizedReport, RejectedReport, RoundRead, TxnReport,
 };
 use ftkv_mpi::{failpoint, Comm};
+
+use super::report_passed;
 
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
@@ -121,11 +124,6 @@ fn report_all(store: &mut Store, workers: i32) -> Result<()> {
         println!("{}", report_line("read", &CheckpointRead { owner, round, loot_present }));
     }
     Ok(())
-}
-
-/// Prints `kind {}`: the step `kind` passed on this rank.
-fn report_passed(kind: &str) {
-    println!("{}", report_line(kind, &Passed {}));
 }
 
 fn expect_err(

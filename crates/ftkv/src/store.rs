@@ -578,7 +578,10 @@ impl<F: Fabric> Store<F> {
         if generation == self.followed {
             return Ok(());
         }
-        let repairer = self.repairer.as_ref().ok_or(Error::Closed)?;
+        // No repairer between a recovery that gave up and the next one: recover again.
+        let Some(repairer) = self.repairer.as_ref() else {
+            return Err(Error::RecoveryNeeded { failed: self.newly_failed() });
+        };
         let followed = repairer.follower().await_routes(generation)?;
         self.layout = followed.layout;
         self.followed = followed.generation;

@@ -143,7 +143,9 @@ impl<F: Fabric> Store<F> {
     /// copies are issued to a replicator thread. The returned handle waits for them ([`PendingPut::wait`], or when dropped).
     ///
     /// Completion: `Ok(handle)` means the first holder has the new version. Failure: as
-    /// [`Store::put`]. What a failure can lose: until the handle is waited for, the new version
+    /// [`Store::put`]; with localized recovery a failure met before the first copy is written
+    /// makes this put a blocking one (every copy written when it returns). What a failure can
+    /// lose: until the handle is waited for, the new version
     /// may be on the first holder only; if the owner dies then, a recovery reads it back when
     /// that holder survives, the previous version otherwise (never a mix). After `wait`
     /// returned `Ok`, the guarantee is the blocking put's.
@@ -166,13 +168,33 @@ impl<F: Fabric> Store<F> {
     pub fn put_async(&mut self, key: Key, value: &[u8]) -> Result<PendingPut<'_, F>> {
         self.check_own(key)?;
         self.check_value(value)?;
+        let version = self.next_own_version(key);
+        let header = Header::for_value(value, version, self.epoch, self.me);
+        let data: Arc<[u8]> = Arc::from(value);
+        let rest = match self.start_async(key, header, &data) {
+            Err(e) if e.needs_recovery() && self.config.recovery == Recovery::Localized => {
+                // A failure met on the way: the blocking write follows it and writes every copy.
+                self.write(key, header, value)?;
+                None
+            }
+            started => started?,
+        };
+        Ok(PendingPut { store: self, key, header, data, rest, waited: false })
+    }
+
+    /// Writes the first copy of `header`'s version (on this host when a holder is here) and
+    /// hands the others to the replicator; the receiver of their completion, if there are any.
+    fn start_async(
+        &mut self,
+        key: Key,
+        header: Header,
+        data: &Arc<[u8]>,
+    ) -> Result<Option<mpsc::Receiver<FabricResult<()>>>> {
         if self.config.recovery == Recovery::Localized {
             self.follow_failures()?;
         }
         self.ensure_healthy()?;
         self.ensure_not_suspended();
-        let version = self.next_own_version(key);
-        let header = Header::for_value(value, version, self.epoch, self.me);
         let route = self.route(key)?;
         self.ensure_alive(route)?;
         let mut copies = route.to_vec();
@@ -183,11 +205,11 @@ impl<F: Fabric> Store<F> {
         }
         let (first, others) = copies.split_at(1.min(copies.len()));
         let others = others.to_vec();
-        self.put_to(first, header, value)?;
-        let data: Arc<[u8]> = Arc::from(value);
-        let rest =
-            if others.is_empty() { None } else { Some(self.replicate(others, header, &data)?) };
-        Ok(PendingPut { store: self, key, header, data, rest, waited: false })
+        self.put_to(first, header, data)?;
+        if others.is_empty() {
+            return Ok(None);
+        }
+        self.replicate(others, header, data).map(Some)
     }
 
     /// Hands the copies to `targets` to the replicator thread (started on first use).

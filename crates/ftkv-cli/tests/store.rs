@@ -271,6 +271,24 @@ fn a_rank_killed_from_outside_is_repaired_locally_while_the_others_write() {
     assert_survivors_read(&out, ranks, &[victim], |_| (1..100_000).collect());
 }
 
+/// As above, every write an asynchronous put that is waited for (`put_async` + `wait`): the
+/// first copy on this host, the others from the replicator thread, rewritten to the new
+/// routes when a holder fails meanwhile. Nothing acknowledged is lost and no survivor falls
+/// back to global recovery.
+#[test]
+fn asynchronous_puts_through_a_kill_from_outside_lose_nothing() {
+    let (ranks, victim) = (6, 4);
+    let launch = job("store-localized", ranks).env("STORE_SECONDS", "3").env("STORE_ASYNC", "1");
+    let out = localized_job_with_outside_kills(launch, ranks, &[victim]);
+    for rank in (0..ranks).filter(|&r| r != victim) {
+        let report = localized_report(&out, rank);
+        assert_eq!(report.global, None, "rank {rank}: {report:?}");
+        assert_full_and_current(&report, rank);
+    }
+    assert_recovered(&out, ranks, &[victim], &[victim as i32]);
+    assert_survivors_read(&out, ranks, &[victim], |_| (1..100_000).collect());
+}
+
 /// Both ranks of the last host (ranks 4 and 5 of 6, mapped by slot over 3 simulated hosts
 /// under `FTKV_NODES=3`) SIGKILLed from outside at once. Across hosts every key keeps a copy
 /// on another host and a reserve there, so no survivor falls back to global recovery; on one

@@ -335,16 +335,24 @@ fn checkpoint_seq(store: &mut Store, owner: i32) -> Result<u32> {
     Ok(seq)
 }
 
-/// Overwrites the own checkpoint for `secs` seconds; returns the last acknowledged write and
-/// why the store had to recover globally, if it had to.
+/// Overwrites the own checkpoint for `secs` seconds (with `STORE_ASYNC`, each through
+/// `put_async` and its `wait`); returns the last acknowledged write and why the store had to
+/// recover globally, if it had to.
 fn write_for(store: &mut Store, secs: usize) -> Result<(u32, Option<String>)> {
     let me = store.worker();
     let until = std::time::Instant::now() + std::time::Duration::from_secs(secs as u64);
+    let asynchronous = std::env::var_os("STORE_ASYNC").is_some();
     let (mut last, mut global) = (1, None);
     let mut seq = 1;
     while std::time::Instant::now() < until {
         seq += 1;
-        match store.put(Key::new(me, 0), &value(me, seq, 1024)) {
+        let checkpoint = value(me, seq, 1024);
+        let written = if asynchronous {
+            store.put_async(Key::new(me, 0), &checkpoint).and_then(|pending| pending.wait())
+        } else {
+            store.put(Key::new(me, 0), &checkpoint)
+        };
+        match written {
             Ok(()) => last = seq,
             Err(e) if e.needs_recovery() => {
                 global = Some(e.to_string().replace(' ', "_"));

@@ -2,10 +2,11 @@
 //! holders, writers mid-put and ranks in recovery. Every run has a hard timeout and every
 //! survivor's own output is checked. `FTKV_TEST_BTL=tcp` runs the same jobs over `btl self,tcp`.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use ftkv_cli::chaos::RecoveryReport;
-use ftkv_cli::launch::{kill_pid, JobOutput, Launch};
+use ftkv_cli::launch::{kill_pid, with_start_retries, JobOutput, Launch, RunningJob};
 use ftkv_cli::reports::{
     AckedRound, CasReport, CheckpointRead, ErrorReport, IdleObserverReport, IdleOwnerReport,
     LocalizedReport, Passed, RejectedReport, RoundRead, TxnReport,
@@ -230,17 +231,22 @@ fn localized_with_outside_kills(ranks: usize, victims: &[usize]) -> JobOutput {
 
 /// Runs `launch` (a `store-localized` job), SIGKILLs `victims` from outside 0.8 s after every
 /// rank is ready, and returns the job's output.
+/// A job whose `mpirun` could not start at all is started again, as [`Launch::run`] does.
 fn localized_job_with_outside_kills(launch: Launch, ranks: usize, victims: &[usize]) -> JobOutput {
-    let mut running = launch.spawn().expect("mpirun starts");
-    let mut pids = std::collections::HashMap::new();
-    while pids.len() < ranks {
-        let Some((Some(rank), line)) = running.next_line(Duration::from_secs(60)) else {
-            panic!("the ranks did not get ready:\n{}", running.finish().unwrap().transcript());
-        };
-        if let Some(pid) = line.strip_prefix("ready pid=").and_then(|p| p.trim().parse().ok()) {
-            pids.insert(rank, pid);
+    let started = with_start_retries("store test", || {
+        let mut running = launch.spawn()?;
+        match ready_pids(&mut running, ranks) {
+            Some(pids) => Ok((Ok((running, pids)), None)),
+            None => {
+                let out = running.finish()?;
+                let again = out.never_started().then(|| "mpirun could not start".to_owned());
+                Ok((Err(out), again))
+            }
         }
-    }
+    });
+    let (mut running, pids) = started.expect("mpirun starts").unwrap_or_else(|out| {
+        panic!("the ranks did not get ready:\n{}", out.transcript());
+    });
     std::thread::sleep(Duration::from_millis(800));
     for victim in victims {
         assert!(kill_pid(pids[victim]).expect("kill"), "rank {victim} ended before its kill");
@@ -249,6 +255,19 @@ fn localized_job_with_outside_kills(launch: Launch, ranks: usize, victims: &[usi
     let out = running.finish().expect("the job's output");
     assert!(!out.timed_out, "job hung:\n{}", out.transcript());
     out
+}
+
+/// Each rank's pid from its `ready pid=<pid>` line (at most 60 s of waiting for a line);
+/// `None` when the job's output ended first.
+fn ready_pids(running: &mut RunningJob, ranks: usize) -> Option<HashMap<usize, u32>> {
+    let mut pids = HashMap::new();
+    while pids.len() < ranks {
+        let (Some(rank), line) = running.next_line(Duration::from_secs(60))? else { continue };
+        if let Some(pid) = line.strip_prefix("ready pid=").and_then(|p| p.trim().parse().ok()) {
+            pids.insert(rank, pid);
+        }
+    }
+    Some(pids)
 }
 
 /// Localized recovery on real MPI: a rank SIGKILLed from outside while every rank overwrites

@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 use crate::events::{self, PoolEvent};
 use ftkv::codec;
 use ftkv::fabric::{Fabric, FabricError};
-use ftkv::txn::{Outcome as TxOutcome, Txn};
+use ftkv::txn::{Decision, Outcome as TxOutcome, Txn};
 use ftkv::{Key, Recovery, Store};
 
 use crate::problem::Problem;
@@ -179,6 +179,9 @@ struct Driver<'p, P: Problem, F: Fabric> {
     adopted: Vec<i32>,
     last_progress: Instant,
     recoveries: Vec<RecoveryInfo>,
+    /// A settle whose transaction call failed (the store fell back to global recovery), with
+    /// the state it would commit: the recovery's [`Store::finish_transactions`] decides it.
+    in_doubt: Option<(Settle, Checkpoint<P::Task>)>,
 }
 
 /// Runs `problem` on every rank of `world` (collective) and returns the result on every
@@ -230,6 +233,7 @@ pub fn run<P: Problem, F: Fabric>(world: &F, problem: &P, config: &PoolConfig) -
         adopted: Vec::new(),
         last_progress: Instant::now(),
         recoveries: Vec::new(),
+        in_doubt: None,
     };
     driver.start()?;
     let (total, sums) = driver.work()?;
@@ -494,7 +498,14 @@ impl<P: Problem, F: Fabric> Driver<'_, P, F> {
             }
             state = new_state;
             writes
-        })?;
+        });
+        let outcome = match outcome {
+            Ok(outcome) => outcome,
+            Err(e) => {
+                self.in_doubt = state.map(|state| (settle, state));
+                return Err(e.into());
+            }
+        };
         if corrupt {
             return Err(PoolError::Corrupt("checkpoint"));
         }
@@ -607,10 +618,18 @@ impl<P: Problem, F: Fabric> Driver<'_, P, F> {
         }
     }
 
-    /// After the store recovered: a new communicator, then the machine's rejoin commands
-    /// (fresh checkpoint, barrier, everyone's state, this worker's part of the plan).
+    /// After the store recovered: a new communicator, the transactions the failures left half
+    /// done finished (a settle of this worker's among them takes effect if it committed),
+    /// then the machine's rejoin commands (fresh checkpoint, barrier, everyone's state, this
+    /// worker's part of the plan).
     fn rejoin(&mut self) -> Result<()> {
         self.comm = self.store.communicator()?;
+        let decision = self.store.finish_transactions()?;
+        if let Some((settle, state)) = self.in_doubt.take() {
+            if decision == Some(Decision::Committed) {
+                self.machine.settled(settle, state);
+            }
+        }
         self.agreed = false;
         let live = self.store.live().to_vec();
         self.ranks = live.clone();

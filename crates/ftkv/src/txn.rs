@@ -1,7 +1,7 @@
 //! The transaction protocol core: multi-key transactions (reads, writes, deletes and
 //! conditionals on version or value) with a coordinator whose decision is replicated, written
 //! against an abstract [`Backend`] so the deterministic simulator ([`crate::sim_txn`]) can run
-//! it with kills at every step. Not yet wired to [`crate::Store`].
+//! it with kills at every step; [`crate::Store::transaction`] runs it on the store.
 //!
 //! Protocol of a coordinator `c` running transaction `t` (its id names `c`):
 //!
@@ -27,6 +27,11 @@
 //! so a transaction is applied on every key or on none. Locks held until after the writes make
 //! committed transactions serializable (two-phase locking); reads outside transactions are not
 //! isolated from them.
+//!
+//! A coordinator that survives a failure its transaction could not get past (the store fell
+//! back to global recovery, which frees every lock) finishes the transaction itself after the
+//! recovery by the same rules ([`finish_own`]) and so learns the decision; the backups finish
+//! the failed coordinators' transactions then too ([`resolve_duties`]).
 
 use serde::{Deserialize, Serialize};
 
@@ -304,25 +309,63 @@ pub enum Resolution {
 /// this one fails reads the same decision.
 pub fn resolve<B: Backend>(backend: &mut B, coordinator: i32) -> Result<Resolution, B::Error> {
     backend.step("tx_resolve")?;
-    let Some(mut record) = backend.read_record(coordinator)? else {
+    let Some(record) = backend.read_record(coordinator)? else {
         return Ok(Resolution::Nothing);
     };
+    let (id, open) = (record.id, record.state);
+    close(backend, record)?;
+    Ok(match open {
+        RecordState::Committed => Resolution::RolledForward(id),
+        RecordState::Locking => Resolution::Aborted(id),
+        RecordState::Done | RecordState::Aborted => Resolution::Nothing,
+    })
+}
+
+/// How a coordinator's own transaction ended, as its record decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Every write is applied.
+    Committed,
+    /// Nothing was written.
+    Aborted,
+}
+
+/// Finishes the coordinator's own transaction `id` when its [`run`] failed with a backend
+/// error that the coordinator survived (a global recovery interrupted it): rolls a `Committed`
+/// record forward, aborts a `Locking` one, releases its locks, and returns the decision. No
+/// record of `id` (an older transaction's record is the newest) means its announcement never
+/// became durable, so nothing of it was written.
+pub fn finish_own<B: Backend>(backend: &mut B, id: TxId) -> Result<Decision, B::Error> {
+    backend.step("tx_finish")?;
+    let record = backend.read_record(id.coordinator())?;
+    let Some(record) = record.filter(|r| r.id == id) else { return Ok(Decision::Aborted) };
+    Ok(match close(backend, record)? {
+        RecordState::Done => Decision::Committed,
+        _ => Decision::Aborted,
+    })
+}
+
+/// Brings `record` to its end state (`Done` or `Aborted`) and releases its locks: a
+/// `Committed` one is written again to every live holder and rolled forward, a `Locking` one
+/// is marked `Aborted`. Returns the end state.
+fn close<B: Backend>(backend: &mut B, mut record: TxRecord) -> Result<RecordState, B::Error> {
+    let coordinator = record.id.coordinator();
     match record.state {
         RecordState::Done | RecordState::Aborted => {
             unlock(backend, &record.keys, record.id)?;
-            Ok(Resolution::Nothing)
+            Ok(record.state)
         }
         RecordState::Committed => {
             backend.write_record(coordinator, &record)?;
             apply(backend, &record)?;
-            Ok(Resolution::RolledForward(record.id))
+            Ok(RecordState::Done)
         }
         RecordState::Locking => {
             record.state = RecordState::Aborted;
             backend.step("tx_abort")?;
             backend.write_record(coordinator, &record)?;
             unlock(backend, &record.keys, record.id)?;
-            Ok(Resolution::Aborted(record.id))
+            Ok(RecordState::Aborted)
         }
     }
 }

@@ -12,7 +12,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use common::within;
 use ftkv::fabric::local::{LocalCluster, LocalFabric};
-use ftkv::txn::{Expect, Outcome, TxId, Txn};
+use ftkv::fabric::Fabric;
+use ftkv::txn::{Decision, Expect, Outcome, TxId, Txn};
 use ftkv::txn_log::{append, judge as judge_logs, log_of};
 use ftkv::{Config, Key, Store};
 
@@ -175,4 +176,82 @@ fn a_conditional_move_deletes_the_source_and_a_stale_one_aborts() {
             store.sync().expect("a barrier");
         })
     });
+}
+
+/// Waits (bounded) until `done` holds.
+fn wait_until(what: &str, done: impl Fn() -> bool) {
+    for _ in 0..20_000 {
+        if done() {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    panic!("{what}: not within 20 s");
+}
+
+/// A transaction that a global recovery interrupts after its commit decision (its first write
+/// applied, its second not) is finished after the recovery, by its coordinator
+/// ([`Store::finish_transactions`] reports it committed) or, when the coordinator died there,
+/// by its backup: every survivor then reads both writes. The second write's key loses both
+/// copies (workers 3 and 4) of its owner's earlier put while the coordinator is stopped before
+/// writing it, which the localized store cannot repair: it falls back to global recovery.
+#[test]
+fn a_transaction_a_global_recovery_interrupts_after_its_commit_is_finished_after_it() {
+    for coordinator_dies in [false, true] {
+        let name = format!("an interrupted transaction, coordinator dies: {coordinator_dies}");
+        within(60, name, move || interrupted_by_global_recovery(coordinator_dies));
+    }
+}
+
+fn interrupted_by_global_recovery(coordinator_dies: bool) {
+    let cluster = LocalCluster::new(RANKS);
+    cluster.stop_at(0, "tx_apply", 2);
+    // Holders (one host, 2 copies): (0, 0) on 1 and 2, (2, 0) on 3 and 4, worker 0's
+    // transaction record on 2 and 3.
+    let (mine, theirs) = (Key::new(0, 0), Key::new(2, 0));
+    let outcomes = cluster.run(|fabric| {
+        let mut store = Store::create(&fabric, config()).expect("a store");
+        let me = store.worker();
+        if me == 2 {
+            store.put(theirs, b"before").expect("a put");
+        }
+        store.sync().expect("a barrier");
+        if me >= 3 {
+            wait_until("the kill", || cluster.is_dead(me));
+            fabric.failpoint("ends a killed worker");
+        }
+        match store.worker() {
+            0 => {
+                let written =
+                    vec![(mine, Some(b"mine".to_vec())), (theirs, Some(b"theirs".to_vec()))];
+                let txn = Txn { writes: written, ..Txn::default() };
+                let interrupted = store.transaction(&txn, |_| Vec::new());
+                assert!(
+                    matches!(&interrupted, Err(e) if e.needs_recovery()),
+                    "the recovery interrupts the transaction: {interrupted:?}"
+                );
+            }
+            1 => {
+                wait_until("the coordinator stops", || cluster.is_stopped(0));
+                let killed: &[i32] = if coordinator_dies { &[0, 3, 4] } else { &[3, 4] };
+                cluster.kill_all(killed);
+                wait_until("the fall back to global recovery", || store.needs_recovery());
+                cluster.resume(0);
+            }
+            _ => {}
+        }
+        wait_until("the alarm", || store.needs_recovery());
+        store.recover().expect("the global recovery");
+        let decision = store.finish_transactions().expect("finishing the transactions");
+        store.sync().expect("a barrier");
+        let mut read = |key| store.get(key).expect("a read");
+        (me, decision, read(mine), read(theirs))
+    });
+    assert_eq!(outcomes[0].is_none(), coordinator_dies, "the coordinator lives iff not killed");
+    for (worker, decision, mine, theirs) in outcomes.into_iter().flatten() {
+        let expected = if worker == 0 { Some(Decision::Committed) } else { None };
+        assert_eq!(decision, expected, "worker {worker}'s own last transaction");
+        assert_eq!(mine.as_deref(), Some(&b"mine"[..]), "worker {worker} reads the first write");
+        assert_eq!(theirs.as_deref(), Some(&b"theirs"[..]), "worker {worker} reads the second");
+    }
 }

@@ -11,7 +11,7 @@ use crate::fabric::{Fabric, FabricWindow};
 use crate::key::{Key, Recovery, TX_RECORD_KIND};
 use crate::layout::Copy;
 use crate::slot::{Header, LOCK_AT};
-use crate::txn::{self, Backend, Outcome, Reads, TxError, TxId, TxRecord, Txn};
+use crate::txn::{self, Backend, Decision, Outcome, Reads, TxError, TxId, TxRecord, Txn};
 
 /// How long a transaction waits before it tries a held lock again.
 const LOCK_RETRY_PAUSE: Duration = Duration::from_micros(200);
@@ -28,7 +28,8 @@ impl<F: Fabric> Store<F> {
     /// finishes the transaction (its writes land everywhere if the record said committed,
     /// nowhere otherwise) once it learns of the failure, at its next transaction,
     /// [`Store::follow`] or [`Store::resolve_transactions`]. [`Error::RecoveryNeeded`] from a
-    /// localized store that had to fall back leaves the same decision to the record.
+    /// localized store that had to fall back leaves the same decision to the record: after the
+    /// global recovery, [`Store::finish_transactions`] finishes the transaction and reports it.
     ///
     /// Needs [`Config::with_transactions`](crate::Config::with_transactions) and localized
     /// recovery. Keys a transaction writes must not also be written by plain puts (their
@@ -103,6 +104,26 @@ impl<F: Fabric> Store<F> {
         let mut backend = StoreBackend { store: self, record_kind };
         txn::resolve_duties(&mut backend)?;
         Ok(self.resolved_coordinators.len() - before)
+    }
+
+    /// After every [`Store::recover`] (global recovery frees every lock but applies no
+    /// transaction): finishes the transactions the failures left half done whose decision
+    /// this worker holds, and returns how this worker's own last transaction ended (`None`: it
+    /// never ran one).
+    ///
+    /// It rolls forward or aborts, by their records, the open transactions of failed
+    /// coordinators whose backup this worker is, and its own last transaction when its call
+    /// failed (a `Committed` record is applied everywhere, a `Locking` one aborted). A caller
+    /// whose [`Store::transaction`] returned an error learns here whether it committed;
+    /// every survivor must call it before anyone reads keys that transactions write.
+    /// Failure: a new failure returns [`Error::RecoveryNeeded`]; after the next recovery a new
+    /// call finishes the same transactions (it is idempotent) and reports the same decision.
+    pub fn finish_transactions(&mut self) -> Result<Option<Decision>> {
+        let Ok(record_kind) = self.transaction_record_kind() else { return Ok(None) };
+        let last = (self.transactions > 0).then(|| TxId::new(self.me, self.transactions));
+        let mut backend = StoreBackend { store: self, record_kind };
+        txn::resolve_duties(&mut backend)?;
+        last.map(|id| txn::finish_own(&mut backend, id)).transpose()
     }
 
     /// The failed workers whose open transaction this worker resolved as their backup, in the
@@ -212,6 +233,7 @@ impl<F: Fabric> Backend for StoreBackend<'_, F> {
 
     fn step(&mut self, name: &'static str) -> Result<()> {
         self.store.comm.failpoint(name);
+        self.store.comm.stall_point(name);
         Ok(())
     }
 

@@ -217,3 +217,50 @@ fn localized_recovery_survives_kills_inside_the_settling_transactions() {
     }
     assert!(doubles >= 3, "the double failure happened in only {doubles} of 12 runs");
 }
+
+/// A buddy's adoption whose transaction the store's fall back to global recovery interrupts
+/// after the commit decision: worker 2 is killed from outside, its buddy 3 is stopped in the
+/// adoption between its two writes (the dead worker's emptied checkpoint is written, its own
+/// is not), and workers 4 and 5, the two holders of 3's checkpoint, are killed meanwhile. That
+/// key lost every copy, so everyone recovers globally; the adoption is finished after it and
+/// the count stays exact.
+#[test]
+fn an_adoption_interrupted_by_a_fall_back_to_global_recovery_is_kept() {
+    let cluster = LocalCluster::new(6);
+    cluster.stop_at(3, "tx_apply", 2);
+    let config = PoolConfig { copies: 2, ..configured(6, 91, Recovery::Localized) };
+    let (done, result) = mpsc::channel();
+    std::thread::spawn(move || {
+        let problem = NQueens::new(13).expect("a valid size");
+        let outcomes = std::thread::scope(|s| {
+            let run = s.spawn(|| {
+                cluster.run(|fabric| pool::run(&fabric, &problem, &config).expect("no error"))
+            });
+            std::thread::sleep(Duration::from_millis(30));
+            cluster.kill(2);
+            let stopped = (0..20_000).any(|_| {
+                std::thread::sleep(Duration::from_millis(1));
+                cluster.is_stopped(3)
+            });
+            if stopped {
+                cluster.kill_all(&[4, 5]);
+                // Time for 3's store to notice (in-process detection takes microseconds), so
+                // that its next write fails.
+                std::thread::sleep(Duration::from_millis(200));
+                cluster.resume(3);
+            }
+            (stopped, run.join().expect("the pool's threads end"))
+        });
+        let _ = done.send(outcomes);
+    });
+    let (stopped, outcomes) = result.recv_timeout(RUN_BOUND).expect("the pool ends in time");
+    assert!(stopped, "the buddy stopped inside its adoption: {outcomes:?}");
+    assert_exact(&outcomes, 13, &[2, 4, 5]);
+    for outcome in outcomes.iter().flatten() {
+        let global = outcome.stats.recoveries.iter().filter(|r| !r.localized).count();
+        assert!(global >= 1, "the survivors fell back to global recovery: {outcome:?}");
+    }
+    let buddy = outcomes[3].as_ref().expect("the buddy survives");
+    let localized = buddy.stats.recoveries.iter().filter(|r| r.localized).count();
+    assert_eq!(localized, 0, "the fall back interrupted the buddy's adoption: {buddy:?}");
+}

@@ -24,7 +24,9 @@
 //! a dead worker's stored checkpoint into its own, as a thief or buddy it resolves a dead
 //! victim's loot key, as a victim it takes back loot its dead thief never checkpointed, each
 //! in one [`Store::transaction`] ([`Settle`]). Every other worker only forgets the dead one.
-//! A store that cannot repair a failure locally sends everyone down the global path.
+//! A store that cannot repair a failure locally sends everyone down the global path; a settle
+//! whose transaction that interrupted is finished after the global recovery
+//! ([`Store::finish_transactions`]) and takes effect on its worker if it committed.
 //!
 //! **Termination**: the leader (the first live worker) probes every live worker for (busy,
 //! loot sent to and received from live workers, view of the failed set) in waves of

@@ -124,7 +124,7 @@ impl LocalCluster {
         self.world.lock().armed.insert((rank, name.to_string()), nth.max(1));
     }
 
-    /// Stops `rank` at its `nth` (1-based) pass through stall point `name` until
+    /// Stops `rank` at its `nth` (1-based) pass through stall point or failpoint `name` until
     /// [`LocalCluster::resume`]: a SIGSTOP at a chosen instant.
     pub fn stop_at(&self, rank: i32, name: &str, nth: usize) {
         self.world.lock().stops.insert((rank, name.to_string()), nth.max(1));
@@ -492,8 +492,13 @@ impl Fabric for LocalFabric {
         payload.is::<Killed>()
     }
 
+    /// Also a stall point: [`LocalCluster::stop_at`] stops a rank at a failpoint too.
     fn failpoint(&self, name: &str) {
         check_alive(&self.world, self.me);
+        let stop_armed = self.world.lock().stops.contains_key(&(self.me, name.to_string()));
+        if stop_armed {
+            self.stall_point(name);
+        }
         let mut state = self.world.lock();
         let Some(left) = state.armed.get_mut(&(self.me, name.to_string())) else { return };
         *left -= 1;

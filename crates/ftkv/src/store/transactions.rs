@@ -233,7 +233,6 @@ impl<F: Fabric> Backend for StoreBackend<'_, F> {
 
     fn step(&mut self, name: &'static str) -> Result<()> {
         self.store.comm.failpoint(name);
-        self.store.comm.stall_point(name);
         Ok(())
     }
 

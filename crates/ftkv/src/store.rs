@@ -129,6 +129,9 @@ pub struct Store<F: Fabric = DefaultFabric> {
     repairs: Vec<RepairReport>,
     /// Transactions this worker started (the next one's sequence number − 1).
     transactions: u32,
+    /// This worker's transaction whose call failed before it knew the outcome (its record
+    /// decides it; [`Store::finish_transactions`] finishes it).
+    open_transaction: Option<crate::txn::TxId>,
     /// Failed coordinators whose open transaction this worker resolved as their backup.
     resolved_coordinators: Vec<i32>,
     /// The thread that writes the other copies of [`Store::put_async`]s (started by the first).
@@ -210,6 +213,7 @@ impl<F: Fabric> Store<F> {
             followed: 0,
             repairs: Vec::new(),
             transactions: 0,
+            open_transaction: None,
             resolved_coordinators: Vec::new(),
             replicator: None,
             repairer: None,

@@ -82,7 +82,10 @@ impl<F: Fabric> Store<F> {
         let mut backend = StoreBackend { store: self, record_kind };
         match txn::run(&mut backend, id, txn, update) {
             Ok(outcome) => Ok(outcome),
-            Err(TxError::Backend(e)) => Err(e),
+            Err(TxError::Backend(e)) => {
+                self.open_transaction = Some(id);
+                Err(e)
+            }
             Err(TxError::Contended { key, attempts }) => {
                 Err(Error::TransactionContended { key, attempts })
             }
@@ -108,22 +111,27 @@ impl<F: Fabric> Store<F> {
 
     /// After every [`Store::recover`] (global recovery frees every lock but applies no
     /// transaction): finishes the transactions the failures left half done whose decision
-    /// this worker holds, and returns how this worker's own last transaction ended (`None`: it
-    /// never ran one).
+    /// this worker holds, and returns how this worker's transaction ended whose
+    /// [`Store::transaction`] call failed with an error (`None`: no such transaction).
     ///
     /// It rolls forward or aborts, by their records, the open transactions of failed
-    /// coordinators whose backup this worker is, and its own last transaction when its call
-    /// failed (a `Committed` record is applied everywhere, a `Locking` one aborted). A caller
-    /// whose [`Store::transaction`] returned an error learns here whether it committed;
-    /// every survivor must call it before anyone reads keys that transactions write.
+    /// coordinators whose backup this worker is, and its own (a `Committed` record is applied
+    /// everywhere, a `Locking` one aborted). Every survivor must call it before anyone reads
+    /// keys that transactions write.
+    ///
     /// Failure: a new failure returns [`Error::RecoveryNeeded`]; after the next recovery a new
     /// call finishes the same transactions (it is idempotent) and reports the same decision.
+    /// [`Error::KeyLost`] when this worker's own record lost every copy (more failures than
+    /// copies − 1): the decision is gone. A failed coordinator's lost record leaves nothing to
+    /// finish.
     pub fn finish_transactions(&mut self) -> Result<Option<Decision>> {
         let Ok(record_kind) = self.transaction_record_kind() else { return Ok(None) };
-        let last = (self.transactions > 0).then(|| TxId::new(self.me, self.transactions));
+        let open = self.open_transaction;
         let mut backend = StoreBackend { store: self, record_kind };
         txn::resolve_duties(&mut backend)?;
-        last.map(|id| txn::finish_own(&mut backend, id)).transpose()
+        let decision = open.map(|id| txn::finish_own(&mut backend, id)).transpose()?;
+        self.open_transaction = None;
+        Ok(decision)
     }
 
     /// The failed workers whose open transaction this worker resolved as their backup, in the
@@ -252,8 +260,15 @@ impl<F: Fabric> Backend for StoreBackend<'_, F> {
         self.store.write_at(key, version, value)
     }
 
+    /// A failed coordinator's record that lost every copy reads as none: nothing is left to
+    /// resolve (a global recovery, the only way past a lost key, freed its locks).
     fn read_record(&mut self, coordinator: i32) -> Result<Option<TxRecord>> {
-        let (_, value) = self.store.read_versioned(Key::new(coordinator, self.record_kind))?;
+        let key = Key::new(coordinator, self.record_kind);
+        let value = match self.store.read_versioned(key) {
+            Ok((_, value)) => value,
+            Err(Error::KeyLost(_)) if coordinator != self.store.me => None,
+            Err(e) => return Err(e),
+        };
         Ok(value.as_deref().and_then(crate::codec::decode))
     }
 

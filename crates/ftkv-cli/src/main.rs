@@ -684,11 +684,13 @@ fn run_sim(model: SimModel, seed: u64, runs: u64, trace: bool) -> Result<()> {
         let pool = ftkv_tasks::sim::campaign_in(seed, runs, mode);
         let kills: Vec<String> = pool.kills.iter().map(|(at, n)| format!("{at}: {n}")).collect();
         println!(
-            "{name} runs={runs} violations={} digest={:016x} steals={} recoveries={} kills={{{}}}",
+            "{name} runs={runs} violations={} digest={:016x} steals={} recoveries={} \
+             fall_backs={} kills={{{}}}",
             pool.failing.len(),
             pool.digest,
             pool.steals,
             pool.rejoins,
+            pool.fall_backs,
             kills.join(", ")
         );
         failing.extend(pool.failing.into_iter().map(|r| (name, r)));

@@ -12,7 +12,8 @@
 //! (also inside a collective or a recovery), during a put (the value reaches some holders);
 //! a put that never returns, ended by the watchdog as a fail-stop; a slow worker (scheduled an
 //! eighth as often); messages delayed and reordered between senders (from one sender they
-//! arrive in order, as MPI's are).
+//! arrive in order, as MPI's are); with localized recovery, the store falling back to global
+//! recovery inside a settle's transaction (see [`InDoubt`]).
 //!
 //! The simulated fabric keeps ULFM's guarantees and no more (as [`ftkv::sim`]'s): agreements
 //! and the store's recovery complete among the live members with one result; a barrier or
@@ -36,7 +37,7 @@ use crate::nqueens::NQueens;
 use crate::pool::{sum_contributions, Sums};
 use crate::problem::{check_exact, solve_sequential, Problem, Reference};
 use crate::protocol::{self, Command, Interval, PoolMessage, Settings, Settle, Slot, Stored};
-use crate::state::Loot;
+use crate::state::{Checkpoint, Loot};
 use crate::uts::{self, Counts};
 
 /// Virtual microseconds after which the watchdog ends a worker whose put never returns.
@@ -66,6 +67,8 @@ pub struct PoolRun {
     /// Loot sent (successful steals) and recoveries completed, over all workers.
     pub steals: u64,
     pub rejoins: u64,
+    /// Settles during which the store fell back to global recovery.
+    pub fall_backs: u64,
     /// One line per step when traced.
     pub log: Vec<String>,
 }
@@ -81,6 +84,7 @@ pub struct Campaign {
     pub kills: BTreeMap<&'static str, u64>,
     pub steals: u64,
     pub rejoins: u64,
+    pub fall_backs: u64,
 }
 
 /// Runs the scenario of `seed`.
@@ -120,6 +124,7 @@ pub fn campaign_in(first_seed: u64, runs: u64, mode: Mode) -> Campaign {
         }
         summary.steals += run.steals;
         summary.rejoins += run.rejoins;
+        summary.fall_backs += run.fall_backs;
         if !run.report.violations.is_empty() {
             summary.failing.push(run.report);
         }
@@ -171,7 +176,14 @@ fn simulate<P: Problem>(
         digest: sim.digest,
         steps: sim.steps,
     };
-    PoolRun { report, kills: sim.kills, steals: sim.steals, rejoins: sim.rejoins, log }
+    PoolRun {
+        report,
+        kills: sim.kills,
+        steals: sim.steals,
+        rejoins: sim.rejoins,
+        fall_backs: sim.fall_backs,
+        log,
+    }
 }
 
 /// When an armed worker dies.
@@ -252,7 +264,24 @@ struct SimWorker<'p, P: Problem> {
     slow: bool,
     /// Its queue holds (the rest of) a rejoin; a failure starts the recovery again.
     rejoining: bool,
+    /// Its settle that the store's fall back to global recovery interrupted.
+    in_doubt: Option<InDoubt<P::Task>>,
 }
+
+/// A settle's transaction that the store's fall back to global recovery interrupted, as
+/// `ftkv::Store::transaction` leaves it: decided by its record (`committed`), its writes (in
+/// order) applied up to some point when committed, none when not. The store's
+/// `finish_transactions` applies the rest after the recovery, on the coordinator or, once it
+/// died, on its backup; the coordinator's machine then takes `state` if it committed.
+struct InDoubt<T> {
+    settle: Settle,
+    writes: Vec<Write>,
+    state: Option<Checkpoint<T>>,
+    committed: bool,
+}
+
+/// A write of the simulated store: key (owner, slot) and value (`None`: a delete).
+type Write = (i32, Slot, Option<Vec<u8>>);
 
 /// A communicator generation.
 struct Epoch {
@@ -305,6 +334,11 @@ struct Sim<'p, P: Problem> {
     /// Loot sent and recoveries completed, over all workers.
     steals: u64,
     rejoins: u64,
+    /// Localized: the settle (counted over all workers, those that write) during which the
+    /// store falls back to global recovery.
+    fall_back_at: Option<usize>,
+    settles: usize,
+    fall_backs: u64,
 }
 
 impl<'p, P: Problem> Sim<'p, P> {
@@ -350,9 +384,12 @@ impl<'p, P: Problem> Sim<'p, P> {
             .then(|| (rng.gen_range(0..n as i32), rng.gen_range(1..12)))
             .filter(|(w, _)| !armed.contains_key(w));
         let slow = rng.gen_bool(0.3).then(|| rng.gen_range(0..n as i32));
+        let fall_back_at =
+            (mode == Mode::Localized && rng.gen_bool(0.3)).then(|| rng.gen_range(1..4usize));
         let scenario = format!(
             "{name}, {n} workers, {mode:?} recovery, batch {}, {interval:?}, delay ≤ \
-             {max_delay} µs, kills {armed:?}, stalled put {stall:?}, slow {slow:?}",
+             {max_delay} µs, kills {armed:?}, stalled put {stall:?}, slow {slow:?}, fall back \
+             at settle {fall_back_at:?}",
             settings.batch
         );
         let workers = (0..n as i32)
@@ -376,6 +413,7 @@ impl<'p, P: Problem> Sim<'p, P> {
                     stalls_at_put: stall.filter(|(w, _)| *w == id).map(|(_, at)| at),
                     slow: slow == Some(id),
                     rejoining: false,
+                    in_doubt: None,
                 }
             })
             .collect();
@@ -400,6 +438,9 @@ impl<'p, P: Problem> Sim<'p, P> {
             loot_puts: 0,
             steals: 0,
             rejoins: 0,
+            fall_back_at,
+            settles: 0,
+            fall_backs: 0,
         }
     }
 
@@ -583,6 +624,10 @@ impl<'p, P: Problem> Sim<'p, P> {
         self.kills.push(why);
         self.workers[i].phase = Phase::Dead;
         self.workers[i].kill = None;
+        // Its backup rolls a committed record forward before anyone reads what it wrote.
+        if let Some(in_doubt) = self.workers[i].in_doubt.take().filter(|d| d.committed) {
+            self.apply(&in_doubt.writes);
+        }
         if self.mode == Mode::Localized {
             self.land_or_drop_in_flight(self.workers[i].id);
         }
@@ -818,15 +863,17 @@ impl<'p, P: Problem> Sim<'p, P> {
     }
 
     /// One [`Settle`] as one atomic transaction on the simulated store (as [`crate::pool`]
-    /// runs it through `Store::transaction`).
+    /// runs it through `Store::transaction`), or, at the scenario's chosen settle, one the
+    /// store's fall back to global recovery interrupts ([`Sim::fall_back`]).
     fn settle(&mut self, i: usize, settle: Settle) {
         let me = self.workers[i].id;
+        let mut writes: Vec<Write> = Vec::new();
         let new = match settle {
             Settle::Adopt { dead } => {
                 let theirs = self.stored(dead, Slot::Checkpoint);
                 let adoption = self.workers[i].machine.with_adopted(dead, theirs);
                 adoption.map(|(mine, emptied)| {
-                    self.set(dead, Slot::Checkpoint, Some(emptied.encode()));
+                    writes.push((dead, Slot::Checkpoint, Some(emptied.encode())));
                     mine
                 })
             }
@@ -838,24 +885,71 @@ impl<'p, P: Problem> Sim<'p, P> {
                 }
                 let victims = self.stored(victim, Slot::Checkpoint);
                 let thiefs = (loot.thief != me).then(|| self.stored(loot.thief, Slot::Checkpoint));
-                let new =
-                    machine.with_loot(victim, &loot, victims.as_ref(), thiefs.flatten().as_ref());
-                self.set(victim, Slot::Loot, None);
-                new
+                writes.push((victim, Slot::Loot, None));
+                machine.with_loot(victim, &loot, victims.as_ref(), thiefs.flatten().as_ref())
             }
             Settle::TakeBack { thief } => {
                 let thiefs = self.stored(thief, Slot::Checkpoint);
-                let new = self.workers[i].machine.with_taken_back(thiefs.as_ref());
-                self.set(me, Slot::Loot, None);
-                if new.is_none() {
-                    self.workers[i].machine.clear_pending();
-                }
-                new
+                writes.push((me, Slot::Loot, None));
+                self.workers[i].machine.with_taken_back(thiefs.as_ref())
             }
         };
-        if let Some(state) = new {
-            self.set(me, Slot::Checkpoint, Some(state.encode()));
-            self.workers[i].machine.settled(settle, state);
+        if let Some(state) = &new {
+            writes.push((me, Slot::Checkpoint, Some(state.encode())));
+        }
+        if writes.is_empty() {
+            return;
+        }
+        self.settles += 1;
+        if self.fall_back_at == Some(self.settles) && self.nobody_finished() {
+            return self.fall_back(i, InDoubt { settle, writes, state: new, committed: false });
+        }
+        self.apply(&writes);
+        match new {
+            Some(state) => self.workers[i].machine.settled(settle, state),
+            None if matches!(settle, Settle::TakeBack { .. }) => {
+                self.workers[i].machine.clear_pending()
+            }
+            None => {}
+        }
+    }
+
+    fn apply(&mut self, writes: &[Write]) {
+        for (owner, slot, value) in writes {
+            self.set(*owner, *slot, value.clone());
+        }
+    }
+
+    /// Whether no worker has ended: a fall back to global recovery needs every survivor.
+    fn nobody_finished(&self) -> bool {
+        !self.workers.iter().any(|w| matches!(w.phase, Phase::Done(_) | Phase::Ended(..)))
+    }
+
+    /// The store falls back to global recovery inside worker `i`'s settle transaction: the
+    /// record decides it (committed or not, at random); committed, a prefix of its writes
+    /// has landed. The worker's call fails, and it starts the global recovery.
+    fn fall_back(&mut self, i: usize, mut in_doubt: InDoubt<P::Task>) {
+        in_doubt.committed = self.rng.gen_bool(0.5);
+        if in_doubt.committed {
+            let landed = self.rng.gen_range(0..=in_doubt.writes.len());
+            self.apply(&in_doubt.writes[..landed]);
+        }
+        self.trace(i, 0x700 | u64::from(in_doubt.committed));
+        self.fall_backs += 1;
+        self.workers[i].in_doubt = Some(in_doubt);
+        self.start_recovery(i);
+    }
+
+    /// After the store's recovery, before worker `i` rejoins: `Store::finish_transactions`
+    /// finishes its interrupted settle, and a committed one takes effect on its machine.
+    fn finish_in_doubt(&mut self, i: usize) {
+        let Some(in_doubt) = self.workers[i].in_doubt.take() else { return };
+        if !in_doubt.committed {
+            return;
+        }
+        self.apply(&in_doubt.writes);
+        if let Some(state) = in_doubt.state {
+            self.workers[i].machine.settled(in_doubt.settle, state);
         }
     }
 
@@ -981,6 +1075,7 @@ impl<'p, P: Problem> Sim<'p, P> {
         })[0] as usize;
         let live = self.epochs[new].members.clone();
         let now = Duration::from_micros(self.now);
+        self.finish_in_doubt(i);
         let w = &mut self.workers[i];
         w.epoch = new;
         w.agreed = false;
@@ -1084,6 +1179,7 @@ mod tests {
         assert!(run.failing.is_empty(), "{} failing seeds, e.g.\n{shown}", run.failing.len());
         assert!(run.rejoins > 100, "workers settled failures in only {} runs' steps", run.rejoins);
         assert!(run.kills.keys().any(|k| *k == "buddy_after_adopting"), "{:?}", run.kills);
+        assert!(run.fall_backs > 10, "the store fell back in only {} settles", run.fall_backs);
     }
 
     #[test]

@@ -588,10 +588,9 @@ impl<'p, P: Problem> Sim<'p, P> {
         let members = &self.epochs[epoch].members;
         let absent_alive = members.iter().any(|m| self.alive(*m) && !c.joined.contains_key(m));
         let absent_dead = members.iter().any(|m| !self.alive(*m) && !c.joined.contains_key(m));
+        // A store barrier fails on a death in either mode: the pool then recovers globally.
         let regular = matches!(kind, Kind::Sync | Kind::Gather);
-        // The localized pool's only barrier (before any work) waits for the live members.
-        let fails = regular && self.mode == Mode::Global;
-        !absent_alive || (fails && (absent_dead || self.epochs[epoch].revoked))
+        !absent_alive || (regular && (absent_dead || self.epochs[epoch].revoked))
     }
 
     fn maybe_kill_a_waiting_worker(&mut self) {
@@ -1012,7 +1011,7 @@ impl<'p, P: Problem> Sim<'p, P> {
         self.trace(i, 0x500 | (kind as u64) << 4);
         match context {
             Context::Sync => {
-                if self.mode == Mode::Localized || self.regular_succeeds(key) {
+                if self.regular_succeeds(key) {
                     self.workers[i].phase = Phase::Working;
                 } else {
                     self.start_recovery(i);

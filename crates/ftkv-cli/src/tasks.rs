@@ -340,7 +340,7 @@ fn watch_pool_job(launch: &Launch, demo: &Demo, show: bool) -> Result<(JobOutput
     let mut rng = SmallRng::seed_from_u64(demo.seed);
     let expected = demo.workload.published().and_then(|(nodes, leaves)| nodes.or(Some(leaves)));
     let progress = if show { Progress::new("demo", expected) } else { Progress::plain("demo") };
-    let mut watch = Watch::new(plan_kills(&mut rng, demo.kills), expected, progress);
+    let mut watch = Watch::new(plan_kills(&mut rng, demo.kills), expected, demo.copies, progress);
     watch.stop = demo.stop.map(|length| Stop::planned(&mut rng, length));
     while job.is_running() || watch.pending_output {
         let line = job.next_line(Duration::from_millis(5));
@@ -410,6 +410,12 @@ struct Watch {
     expected: Option<u64>,
     recoveries: Vec<Vec<(f64, f64)>>,
     recovered_lines: HashMap<usize, usize>,
+    /// Per rank: the failed workers its recoveries dealt with.
+    recovered_failed: HashMap<usize, Vec<i32>>,
+    /// Copies of every key: at most `copies − 1` kills may wait for their recovery at a time.
+    copies: usize,
+    /// The kill (its index in `plan`) for which the wait was shown.
+    held_shown: Option<usize>,
     /// Per rank: its recoveries that stopped every survivor (`mode=global`).
     global_lines: HashMap<usize, usize>,
     last_shown: Instant,
@@ -419,7 +425,7 @@ struct Watch {
 }
 
 impl Watch {
-    fn new(plan: Vec<f64>, expected: Option<u64>, progress: Progress) -> Watch {
+    fn new(plan: Vec<f64>, expected: Option<u64>, copies: usize, progress: Progress) -> Watch {
         Watch {
             stop: None,
             result_at: None,
@@ -433,6 +439,9 @@ impl Watch {
             expected,
             recoveries: Vec::new(),
             recovered_lines: HashMap::new(),
+            recovered_failed: HashMap::new(),
+            copies,
+            held_shown: None,
             global_lines: HashMap::new(),
             last_shown: Instant::now(),
             pending_output: true,
@@ -486,6 +495,7 @@ impl Watch {
             if !info.localized {
                 *self.global_lines.entry(rank).or_insert(0) += 1;
             }
+            self.recovered_failed.entry(rank).or_default().extend(&info.failed);
             let seen = self.recovered_lines.entry(rank).or_insert(0);
             let nth = *seen;
             *seen += 1;
@@ -506,7 +516,7 @@ impl Watch {
 
     fn maybe_kill(&mut self, job: &crate::launch::RunningJob, rng: &mut SmallRng) -> Result<()> {
         let Some(&at) = self.plan.get(self.killed.len()) else { return Ok(()) };
-        if self.progress(job.elapsed()) < at || self.pids.len() < 2 {
+        if self.progress(job.elapsed()) < at || self.pids.len() < 2 || self.hold_kill(job) {
             return Ok(());
         }
         let Some(victim) = kill_random_rank(&self.pids, &self.killed, rng)? else {
@@ -520,6 +530,35 @@ impl Watch {
         let at = job.elapsed().as_secs_f64();
         self.progress.line(&format!("{at:>6.2} s: SIGKILL rank {victim}"));
         Ok(())
+    }
+
+    /// Whether the next kill must wait: `copies − 1` killed ranks are not yet recovered from
+    /// on every live rank, and one more failure could take every copy of a key (beyond what
+    /// the store promises). Shown once per kill.
+    fn hold_kill(&mut self, job: &crate::launch::RunningJob) -> bool {
+        let unrecovered = self.unrecovered_kills();
+        let hold = self.copies > 1 && unrecovered >= self.copies - 1;
+        if hold && self.held_shown != Some(self.killed.len()) {
+            self.held_shown = Some(self.killed.len());
+            self.progress.line(&format!(
+                "{:>6.2} s: next kill held until the survivors recovered ({unrecovered} killed \
+                 ranks not yet recovered from, {} copies)",
+                job.elapsed().as_secs_f64(),
+                self.copies
+            ));
+        }
+        hold
+    }
+
+    /// The killed ranks that some live rank has not yet reported recovered from.
+    fn unrecovered_kills(&self) -> usize {
+        let live = self.pids.keys().filter(|r| !self.killed.contains(r));
+        let live: Vec<&usize> = live.collect();
+        let recovered_by = |rank: &usize, killed: usize| {
+            self.recovered_failed.get(rank).is_some_and(|f| f.contains(&(killed as i32)))
+        };
+        let recovered = |killed: &&usize| live.iter().all(|rank| recovered_by(rank, **killed));
+        self.killed.iter().filter(|k| !recovered(k)).count()
     }
 
     /// SIGSTOPs the planned worker once the work reached its moment, and SIGCONTs it after its

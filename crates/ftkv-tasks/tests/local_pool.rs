@@ -246,7 +246,7 @@ fn an_adoption_interrupted_by_a_fall_back_to_global_recovery_is_kept() {
                 cluster.kill_all(&[4, 5]);
                 // Time for 3's store to notice (in-process detection takes microseconds), so
                 // that its next write fails.
-                std::thread::sleep(Duration::from_millis(200));
+                std::thread::sleep(Duration::from_millis(300));
                 cluster.resume(3);
             }
             (stopped, run.join().expect("the pool's threads end"))

@@ -236,6 +236,9 @@ fn interrupted_by_global_recovery(coordinator_dies: bool) {
                 let killed: &[i32] = if coordinator_dies { &[0, 3, 4] } else { &[3, 4] };
                 cluster.kill_all(killed);
                 wait_until("the fall back to global recovery", || store.needs_recovery());
+                // The coordinator's detector (1 ms rounds) learns of it too before it goes on:
+                // otherwise its write reaches the dead holders' memory and returns.
+                std::thread::sleep(std::time::Duration::from_millis(300));
                 cluster.resume(0);
             }
             _ => {}

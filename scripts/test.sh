@@ -21,9 +21,10 @@ across_hosts() {
 }
 step "set-up"
 scripts/setup.sh
-step "fmt and clippy"
+step "fmt, clippy and docs"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --quiet -- -D warnings
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --quiet
 step "the store and the pool without MPI (no ftkv-mpi in the build): unit and in-process tests"
 cargo test --release -p ftkv -p ftkv-tasks --no-default-features
 cargo clippy -p ftkv -p ftkv-tasks --no-default-features --all-targets --quiet -- -D warnings

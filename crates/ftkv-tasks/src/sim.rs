@@ -13,7 +13,8 @@
 //! a put that never returns, ended by the watchdog as a fail-stop; a slow worker (scheduled an
 //! eighth as often); messages delayed and reordered between senders (from one sender they
 //! arrive in order, as MPI's are); with localized recovery, the store falling back to global
-//! recovery inside a settle's transaction (see [`InDoubt`]).
+//! recovery inside a settle's transaction (decided by its record, finished after the recovery
+//! as `Store::finish_transactions` does).
 //!
 //! The simulated fabric keeps ULFM's guarantees and no more (as [`ftkv::sim`]'s): agreements
 //! and the store's recovery complete among the live members with one result; a barrier or

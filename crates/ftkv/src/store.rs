@@ -870,6 +870,7 @@ impl<F: Fabric> Store<F> {
     ///     let mut store = Store::create(&fabric, Config::new(["checkpoint"], 2)).unwrap();
     ///     let me = store.worker();
     ///     store.put(Key::new(me, 0), format!("last of {me}").as_bytes()).unwrap();
+    ///     store.sync().unwrap(); // every put is complete before worker 2 dies
     ///     fabric.failpoint("after_put");
     ///     // The detector notices within milliseconds; 10 s bound the wait.
     ///     for _ in 0..10_000 {

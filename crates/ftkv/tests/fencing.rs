@@ -7,9 +7,9 @@ mod common;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::within;
+use common::{wait_until, within};
 use ftkv::fabric::local::{LocalCluster, LocalFabric};
 use ftkv::{Config, Key, Recovery, Store};
 
@@ -37,14 +37,6 @@ struct Script {
     late_put_ok: AtomicBool,
     /// Survivors done reading after the late write.
     done: AtomicUsize,
-}
-
-fn wait_until(what: &str, mut ready: impl FnMut() -> bool) {
-    let started = Instant::now();
-    while !ready() {
-        assert!(started.elapsed() < Duration::from_secs(20), "never happened: {what}");
-        std::thread::sleep(Duration::from_millis(1));
-    }
 }
 
 /// What each survivor read of the stopped rank's key: after noticing it failed, and after

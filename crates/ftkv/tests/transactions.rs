@@ -10,7 +10,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use common::within;
+use common::{wait_until, within};
 use ftkv::fabric::local::{LocalCluster, LocalFabric};
 use ftkv::fabric::Fabric;
 use ftkv::txn::{Decision, Expect, Outcome, TxId, Txn};
@@ -176,17 +176,6 @@ fn a_conditional_move_deletes_the_source_and_a_stale_one_aborts() {
             store.sync().expect("a barrier");
         })
     });
-}
-
-/// Waits (bounded) until `done` holds.
-fn wait_until(what: &str, done: impl Fn() -> bool) {
-    for _ in 0..20_000 {
-        if done() {
-            return;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(1));
-    }
-    panic!("{what}: not within 20 s");
 }
 
 /// A transaction that a global recovery interrupts after its commit decision (its first write

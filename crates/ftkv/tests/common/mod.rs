@@ -28,6 +28,15 @@ pub fn within<T: Send + 'static>(
     }
 }
 
+/// Waits until `ready` holds, failing the test if it does not within 20 s.
+pub fn wait_until(what: &str, mut ready: impl FnMut() -> bool) {
+    let started = std::time::Instant::now();
+    while !ready() {
+        assert!(started.elapsed() < Duration::from_secs(20), "never happened: {what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 /// Marks write `seq` of `key` acknowledged.
 pub fn acknowledge(history: &History, key: (i32, u16), seq: u32) {
     let mut history = history.lock().unwrap();

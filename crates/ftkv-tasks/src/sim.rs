@@ -902,7 +902,7 @@ impl<'p, P: Problem> Sim<'p, P> {
         }
         self.settles += 1;
         if self.fall_back_at == Some(self.settles) && self.nobody_finished() {
-            return self.fall_back(i, InDoubt { settle, writes, state: new, committed: false });
+            return self.fall_back(i, settle, writes, new);
         }
         self.apply(&writes);
         match new {
@@ -928,15 +928,21 @@ impl<'p, P: Problem> Sim<'p, P> {
     /// The store falls back to global recovery inside worker `i`'s settle transaction: the
     /// record decides it (committed or not, at random); committed, a prefix of its writes
     /// has landed. The worker's call fails, and it starts the global recovery.
-    fn fall_back(&mut self, i: usize, mut in_doubt: InDoubt<P::Task>) {
-        in_doubt.committed = self.rng.gen_bool(0.5);
-        if in_doubt.committed {
-            let landed = self.rng.gen_range(0..=in_doubt.writes.len());
-            self.apply(&in_doubt.writes[..landed]);
+    fn fall_back(
+        &mut self,
+        i: usize,
+        settle: Settle,
+        writes: Vec<Write>,
+        state: Option<Checkpoint<P::Task>>,
+    ) {
+        let committed = self.rng.gen_bool(0.5);
+        if committed {
+            let landed = self.rng.gen_range(0..=writes.len());
+            self.apply(&writes[..landed]);
         }
-        self.trace(i, 0x700 | u64::from(in_doubt.committed));
+        self.trace(i, 0x700 | u64::from(committed));
         self.fall_backs += 1;
-        self.workers[i].in_doubt = Some(in_doubt);
+        self.workers[i].in_doubt = Some(InDoubt { settle, writes, state, committed });
         self.start_recovery(i);
     }
 

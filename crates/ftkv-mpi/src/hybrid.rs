@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use crate::comm::Comm;
 use crate::error::{MpiError, Result};
+use crate::extent::Extents;
 use crate::remote::{Atomics, Links, Memory, Remote};
 use crate::runtime::other;
 use crate::window::{LockedWindow, RmaScope, Window};
@@ -30,6 +31,12 @@ pub struct HostWindow {
     /// The connections to other hosts; dropped (serving threads joined) before the window is
     /// freed.
     links: Option<Arc<Links>>,
+    /// Every member's extents; members on this host reach them directly.
+    extents: Extents,
+    /// This member's rank among the window's members.
+    member: i32,
+    /// Whether this member is the first of its host (it removes the host's extents at close).
+    first_on_host: bool,
     _host: Comm,
 }
 
@@ -41,6 +48,7 @@ impl HostWindow {
     pub fn allocate(comm: &Comm, len: usize) -> Result<HostWindow> {
         let hosts = host_ids(comm)?;
         let me = comm.rank() as usize;
+        let extents = Extents::new(window_name(comm)?);
         let color = first_on_host(&hosts, hosts[me]) as i32;
         let host = comm.split(color, comm.rank())?;
         let local = Window::allocate(&host, len)?.lock_all()?;
@@ -53,12 +61,21 @@ impl HostWindow {
             comm.dup()?.connect_pairs()?;
             let (base, len) = local.window().local_memory();
             let own = host.rank();
-            let memory = Memory { base, len, atomics: Atomics { ops: local.window().ops(), own } };
+            let atomics = Atomics { ops: local.window().ops(), own };
+            let memory = Memory { base, len, atomics, extents, member: me as i32 };
             Some(Arc::new(Links::connect(comm, &remote, memory)?))
         } else {
             None
         };
-        Ok(HostWindow { local: Some(local), host_rank, links, _host: host })
+        Ok(HostWindow {
+            local: Some(local),
+            host_rank,
+            links,
+            extents,
+            member: me as i32,
+            first_on_host: color == me as i32,
+            _host: host,
+        })
     }
 
     /// Waits until every member stopped reaching this member's memory over its connection
@@ -96,6 +113,7 @@ impl HostWindow {
             links: self.links.clone(),
             rma: RmaScope::new(self.local().window().ops()),
             batches: Vec::new(),
+            extents: self.extents,
         };
         let issued = issue(&mut scope);
         let completed = scope.complete();
@@ -140,6 +158,12 @@ impl HostWindow {
         self.local().window().read_local(offset, out)
     }
 
+    /// Copies the first `out.len()` bytes of this member's own extent `id`; bytes past its
+    /// end, or of an extent that does not exist, read as zero.
+    pub fn read_local_extent(&self, id: u64, out: &mut [u8]) -> Result<()> {
+        self.extents.read(self.member, id, out)
+    }
+
     /// Copies into this member's own window memory.
     pub fn write_local(&self, offset: usize, data: &[u8]) -> Result<()> {
         self.local().window().write_local(offset, data)
@@ -147,17 +171,25 @@ impl HostWindow {
 
     /// Waits for every member (collective; a dead member ends the wait with no error here),
     /// ends the connections, ends the epoch and frees the window (collective over the members
-    /// of this host).
+    /// of this host), and removes this member's extents; the host's first member removes
+    /// those of every member of its host (failed ones included).
     pub fn close(mut self) -> Result<()> {
         self.end_links(true);
         let local = self.local.take().expect("present until close");
-        local.unlock_all()?.free()
+        let freed = local.unlock_all()?.free();
+        self.extents.remove_all(Some(self.member));
+        if self.first_on_host {
+            self.extents.remove_all(None);
+        }
+        freed
     }
 
-    /// Ends the connections and leaves the window's memory allocated without a collective call
-    /// (for a window whose members may not all take part in freeing it).
+    /// Ends the connections, removes this member's extents and leaves the window's memory
+    /// allocated without a collective call (for a window whose members may not all take part
+    /// in freeing it).
     pub fn abandon(mut self) {
         self.end_links(false);
+        self.extents.remove_all(Some(self.member));
         std::mem::forget(self.local.take());
     }
 }
@@ -187,6 +219,12 @@ fn host_ids(comm: &Comm) -> Result<Vec<u32>> {
     Ok(all.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes"))).collect())
 }
 
+/// The window's name for its extents: member 0's fresh name, learned by every member.
+fn window_name(comm: &Comm) -> Result<u64> {
+    let all = comm.allgather(&Extents::fresh_window_name().to_le_bytes())?;
+    Ok(u64::from_le_bytes(all[..8].try_into().expect("8 bytes")))
+}
+
 fn first_on_host(hosts: &[u32], host: u32) -> usize {
     hosts.iter().position(|&h| h == host).expect("a member's own host is among the hosts")
 }
@@ -213,6 +251,7 @@ pub struct HostScope<'buf> {
     links: Option<Arc<Links>>,
     rma: RmaScope<'buf>,
     batches: Vec<(i32, Vec<Remote<'buf>>)>,
+    extents: Extents,
 }
 
 impl<'buf> HostScope<'buf> {
@@ -233,6 +272,40 @@ impl<'buf> HostScope<'buf> {
             Some(rank) => self.rma.get(rank, disp, out).map_err(unattributed),
             None => {
                 self.batch(target).push(Remote::Get { disp, out });
+                Ok(())
+            }
+        }
+    }
+
+    /// Makes `target`'s extent `id` hold `data` (see [`crate::extent`]): at once on this host,
+    /// when the scope completes on another.
+    pub fn put_extent(&mut self, target: i32, id: u64, data: &'buf [u8]) -> Result<()> {
+        match self.host_rank(target)? {
+            Some(_) => self.extents.write(target, id, data),
+            None => {
+                self.batch(target).push(Remote::ExtentPut { id, data });
+                Ok(())
+            }
+        }
+    }
+
+    /// Reads the first `out.len()` bytes of `target`'s extent `id` (zeros past its end).
+    pub fn get_extent(&mut self, target: i32, id: u64, out: &'buf mut [u8]) -> Result<()> {
+        match self.host_rank(target)? {
+            Some(_) => self.extents.read(target, id, out),
+            None => {
+                self.batch(target).push(Remote::ExtentGet { id, out });
+                Ok(())
+            }
+        }
+    }
+
+    /// Removes `target`'s extent `id` (nothing when there is none).
+    pub fn free_extent(&mut self, target: i32, id: u64) -> Result<()> {
+        match self.host_rank(target)? {
+            Some(_) => self.extents.free(target, id),
+            None => {
+                self.batch(target).push(Remote::ExtentFree { id });
                 Ok(())
             }
         }

@@ -12,6 +12,7 @@
 pub mod c_abi;
 mod comm;
 mod error;
+pub mod extent;
 pub mod failpoint;
 mod ffi;
 mod hybrid;

@@ -15,7 +15,7 @@
 //! `u64` displacement and length (little-endian), then every put's data and every
 //! compare-and-swap's operands (compare, swap: two `u64`) in operation order. Answer: every
 //! get's data and every compare-and-swap's previous value in operation order, then one status
-//! byte.
+//! byte. Extent operations carry the extent's id where the others carry a displacement.
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, Shutdown, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
@@ -25,16 +25,21 @@ use std::time::{Duration, Instant};
 
 use crate::comm::Comm;
 use crate::error::{MpiError, Result};
+use crate::extent::Extents;
 use crate::runtime::other;
 use crate::window::Ops;
 
 const OP_PUT: u8 = 1;
 const OP_GET: u8 = 2;
 const OP_COMPARE_AND_SWAP: u8 = 3;
+const OP_EXTENT_PUT: u8 = 4;
+const OP_EXTENT_GET: u8 = 5;
+const OP_EXTENT_FREE: u8 = 6;
 const ENTRY_LEN: usize = 17;
 const STATUS_OK: u8 = 0;
 const STATUS_OUT_OF_RANGE: u8 = 1;
 const STATUS_ATOMIC_FAILED: u8 = 2;
+const STATUS_EXTENT_FAILED: u8 = 3;
 
 /// Requests up to this size are sent with one write (header and data copied together).
 const COALESCE_LIMIT: usize = 64 * 1024;
@@ -51,6 +56,9 @@ pub(crate) struct Memory {
     pub base: *mut u8,
     pub len: usize,
     pub atomics: Atomics,
+    /// The window's extents, and this member's rank among the window's members.
+    pub extents: Extents,
+    pub member: i32,
 }
 
 /// How a serving thread runs atomic operations on its own memory: through the host's window
@@ -99,6 +107,17 @@ pub(crate) enum Remote<'buf> {
         disp: i64,
         operands: &'buf [u8; 16],
         held: &'buf mut [u8; 8],
+    },
+    ExtentPut {
+        id: u64,
+        data: &'buf [u8],
+    },
+    ExtentGet {
+        id: u64,
+        out: &'buf mut [u8],
+    },
+    ExtentFree {
+        id: u64,
     },
 }
 
@@ -200,6 +219,9 @@ impl Sent<'_, '_> {
                 Ok(STATUS_ATOMIC_FAILED) => {
                     self.fail(other("HostWindow", "a remote compare-and-swap failed at its target"))
                 }
+                Ok(STATUS_EXTENT_FAILED) => {
+                    self.fail(other("HostWindow", "a remote extent operation failed at its target"))
+                }
                 Ok(_) => {
                     self.fail(other("HostWindow", "a remote operation was outside the window"))
                 }
@@ -240,9 +262,9 @@ fn send_request(
     let mut peer = Peer { stream, target, members };
     let puts = || {
         ops.iter().filter_map(|op| match op {
-            Remote::Put { data, .. } => Some(*data),
+            Remote::Put { data, .. } | Remote::ExtentPut { data, .. } => Some(*data),
             Remote::CompareAndSwap { operands, .. } => Some(&operands[..]),
-            Remote::Get { .. } => None,
+            Remote::Get { .. } | Remote::ExtentGet { .. } | Remote::ExtentFree { .. } => None,
         })
     };
     let header_len = 4 + ops.len() * ENTRY_LEN;
@@ -266,6 +288,9 @@ fn encode_header(ops: &[Remote<'_>], header: &mut Vec<u8>) {
             Remote::Put { disp, data } => (OP_PUT, *disp, data.len()),
             Remote::Get { disp, out } => (OP_GET, *disp, out.len()),
             Remote::CompareAndSwap { disp, held, .. } => (OP_COMPARE_AND_SWAP, *disp, held.len()),
+            Remote::ExtentPut { id, data } => (OP_EXTENT_PUT, *id as i64, data.len()),
+            Remote::ExtentGet { id, out } => (OP_EXTENT_GET, *id as i64, out.len()),
+            Remote::ExtentFree { id } => (OP_EXTENT_FREE, *id as i64, 0),
         };
         header.push(code);
         header.extend_from_slice(&(disp as u64).to_le_bytes());
@@ -284,9 +309,9 @@ fn read_answer(
     let mut peer = Peer { stream, target, members };
     for op in ops {
         match op {
-            Remote::Get { out, .. } => peer.read_exact(out)?,
+            Remote::Get { out, .. } | Remote::ExtentGet { out, .. } => peer.read_exact(out)?,
             Remote::CompareAndSwap { held, .. } => peer.read_exact(held)?,
-            Remote::Put { .. } => {}
+            Remote::Put { .. } | Remote::ExtentPut { .. } | Remote::ExtentFree { .. } => {}
         }
     }
     let mut status = [0u8; 1];
@@ -351,10 +376,11 @@ fn serve(mut stream: TcpStream, memory: Memory) {
 }
 
 /// One part of an answer, in operation order: window bytes to copy (`None`: out of range,
-/// zeros), or a compare-and-swap's previous value.
+/// zeros), a compare-and-swap's previous value, or an extent's bytes.
 enum Answer {
     Copy(Option<*mut u8>, usize),
     Held(u64),
+    Extent(u64, usize),
 }
 
 /// What serving a request needs besides the window memory, kept from one request to the next.
@@ -366,54 +392,112 @@ struct ServeBuffers {
     answer: Vec<u8>,
 }
 
+/// One entry of a request: operation code, displacement (or extent id), length.
+struct Entry {
+    code: u8,
+    disp: u64,
+    len: u64,
+}
+
+impl Entry {
+    fn decode(bytes: &[u8]) -> Entry {
+        let word = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
+        Entry { code: bytes[0], disp: word(1), len: word(9) }
+    }
+}
+
 fn serve_request(
     stream: &mut TcpStream,
     memory: Memory,
     buffers: &mut ServeBuffers,
 ) -> std::io::Result<()> {
-    let ServeBuffers { entries, put_data, gets, answer } = buffers;
     let mut count = [0u8; 4];
     stream.read_exact(&mut count)?;
-    entries.resize(u32::from_le_bytes(count) as usize * ENTRY_LEN, 0);
-    stream.read_exact(entries)?;
+    buffers.entries.resize(u32::from_le_bytes(count) as usize * ENTRY_LEN, 0);
+    stream.read_exact(&mut buffers.entries)?;
     let mut status = STATUS_OK;
-    gets.clear();
-    for entry in entries.chunks_exact(ENTRY_LEN) {
-        let disp = u64::from_le_bytes(entry[1..9].try_into().expect("8 bytes"));
-        let len = u64::from_le_bytes(entry[9..17].try_into().expect("8 bytes"));
-        let target = memory.range(disp, len);
-        if target.is_none() {
-            status = STATUS_OUT_OF_RANGE;
-        }
-        match entry[0] {
-            OP_PUT => {
-                put_data.resize(len as usize, 0);
-                stream.read_exact(put_data)?;
-                if let Some(ptr) = target {
-                    // SAFETY: `ptr` is `len` bytes inside the window memory (range-checked),
-                    // which outlives this thread; `put_data` is a separate allocation.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(put_data.as_ptr(), ptr, put_data.len())
-                    };
-                }
-            }
-            OP_GET => gets.push(Answer::Copy(target, len as usize)),
-            OP_COMPARE_AND_SWAP => {
-                put_data.resize(16, 0);
-                stream.read_exact(put_data)?;
-                let aligned = disp % 8 == 0 && len == 8;
-                let held = match target.filter(|_| aligned) {
-                    Some(_) => memory.atomics.compare_and_swap(disp, put_data),
-                    None => None,
-                };
-                if target.is_some() && held.is_none() {
-                    status = STATUS_ATOMIC_FAILED;
-                }
-                gets.push(Answer::Held(held.unwrap_or(0)));
-            }
-            _ => status = STATUS_OUT_OF_RANGE,
+    buffers.gets.clear();
+    let entries = std::mem::take(&mut buffers.entries);
+    for entry in entries.chunks_exact(ENTRY_LEN).map(Entry::decode) {
+        let served = serve_entry(stream, memory, &entry, buffers)?;
+        if served != STATUS_OK {
+            status = served;
         }
     }
+    buffers.entries = entries;
+    write_answer(stream, memory, buffers, status)
+}
+
+/// Applies one entry (reading its data from `stream`); returns its status.
+fn serve_entry(
+    stream: &mut TcpStream,
+    memory: Memory,
+    entry: &Entry,
+    buffers: &mut ServeBuffers,
+) -> std::io::Result<u8> {
+    let ServeBuffers { put_data, gets, .. } = buffers;
+    let target = memory.range(entry.disp, entry.len);
+    let in_range = if target.is_some() { STATUS_OK } else { STATUS_OUT_OF_RANGE };
+    match entry.code {
+        OP_PUT => {
+            put_data.resize(entry.len as usize, 0);
+            stream.read_exact(put_data)?;
+            if let Some(ptr) = target {
+                // SAFETY: `ptr` is `len` bytes inside the window memory (range-checked),
+                // which outlives this thread; `put_data` is a separate allocation.
+                unsafe { std::ptr::copy_nonoverlapping(put_data.as_ptr(), ptr, put_data.len()) };
+            }
+            Ok(in_range)
+        }
+        OP_GET => {
+            gets.push(Answer::Copy(target, entry.len as usize));
+            Ok(in_range)
+        }
+        OP_COMPARE_AND_SWAP => {
+            put_data.resize(16, 0);
+            stream.read_exact(put_data)?;
+            let aligned = entry.disp % 8 == 0 && entry.len == 8;
+            let held = match target.filter(|_| aligned) {
+                Some(_) => memory.atomics.compare_and_swap(entry.disp, put_data),
+                None => None,
+            };
+            gets.push(Answer::Held(held.unwrap_or(0)));
+            Ok(match (target, held) {
+                (None, _) => STATUS_OUT_OF_RANGE,
+                (Some(_), None) => STATUS_ATOMIC_FAILED,
+                _ => STATUS_OK,
+            })
+        }
+        OP_EXTENT_PUT => {
+            put_data.resize(entry.len as usize, 0);
+            stream.read_exact(put_data)?;
+            Ok(extent_status(memory.extents.write(memory.member, entry.disp, put_data)))
+        }
+        OP_EXTENT_GET => {
+            gets.push(Answer::Extent(entry.disp, entry.len as usize));
+            Ok(STATUS_OK)
+        }
+        OP_EXTENT_FREE => Ok(extent_status(memory.extents.free(memory.member, entry.disp))),
+        _ => Ok(STATUS_OUT_OF_RANGE),
+    }
+}
+
+fn extent_status(done: Result<()>) -> u8 {
+    if done.is_ok() {
+        STATUS_OK
+    } else {
+        STATUS_EXTENT_FAILED
+    }
+}
+
+/// Answers a request: every get's bytes and compare-and-swap's value in order, then `status`.
+fn write_answer(
+    stream: &mut TcpStream,
+    memory: Memory,
+    buffers: &mut ServeBuffers,
+    mut status: u8,
+) -> std::io::Result<()> {
+    let ServeBuffers { gets, answer, .. } = buffers;
     answer.clear();
     for part in gets.iter() {
         let (target, len) = match *part {
@@ -422,6 +506,14 @@ fn serve_request(
                 continue;
             }
             Answer::Copy(target, len) => (target, len),
+            Answer::Extent(id, len) => {
+                let start = answer.len();
+                answer.resize(start + len, 0);
+                if memory.extents.read(memory.member, id, &mut answer[start..]).is_err() {
+                    status = STATUS_EXTENT_FAILED;
+                }
+                continue;
+            }
         };
         let start = answer.len();
         answer.resize(start + len, 0);

@@ -29,8 +29,8 @@ pub enum Error {
     )]
     ConfigMismatch { ranks: Vec<i32> },
     #[error(
-        "windows of {per_rank} bytes on each of {ranks} ranks exceed this host's {capacity} bytes \
-         of shared memory (lower max_value, kinds or copies)"
+        "windows of {per_rank} bytes on each of this host's {ranks} ranks exceed its {capacity} \
+         bytes of shared memory (lower initial_capacity, kinds, copies or spares)"
     )]
     WindowTooLarge { per_rank: usize, ranks: usize, capacity: u64 },
     #[error("the store is closed")]

@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::fabric::{FabricError, FabricResult, FabricWindow, RmaOps};
 use crate::key::Key;
+use crate::halves::{read_data, read_local_data};
 use crate::layout::Copy;
 use crate::slot::{
     newest, Committed, Fence, FenceRead, Header, SlotGeometry, FENCE_LEN, HEADER_LEN, MAX_FENCED,
@@ -121,10 +122,9 @@ fn read_local_raw<W: FabricWindow>(
         let mut header = vec![0u8; HEADER_LEN];
         window.read_local(at, &mut header)?;
         let Some(h) = Header::decode(&header) else { continue };
-        let len = (h.len as usize).min(geometry.half_len - HEADER_LEN);
-        let mut data = vec![0u8; len];
-        window.read_local(at + HEADER_LEN, &mut data)?;
-        halves.push((header, data));
+        if let Some(data) = read_local_data(window, disp, geometry, index, &h)? {
+            halves.push((header, data));
+        }
     }
     let fence = match Fence::decode(&fence) {
         FenceRead::Valid(fence) => fence,
@@ -158,10 +158,9 @@ pub(crate) fn read_copy<W: FabricWindow>(
         if fence.voids(&header) {
             continue;
         }
-        let mut data = vec![0u8; header.len.min(geometry.half_len as u64) as usize];
-        let at = copy.disp + (geometry.half_start(index) + HEADER_LEN) as i64;
-        window.scope(|s| s.get(copy.rank, at, &mut data))?;
-        halves.push((bytes.to_vec(), data));
+        if let Some(data) = read_data(window, copy, geometry, index, &header)? {
+            halves.push((bytes.to_vec(), data));
+        }
     }
     Ok(newest(halves, &fence))
 }

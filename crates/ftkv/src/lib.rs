@@ -44,6 +44,7 @@ mod error;
 pub mod events;
 pub mod fabric;
 mod fence;
+mod halves;
 pub mod history;
 mod key;
 pub mod layout;

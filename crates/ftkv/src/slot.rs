@@ -143,19 +143,40 @@ impl Header {
 }
 
 /// Geometry of the slots of one store: a fence block, then two halves of a header plus
-/// `max_value` bytes each, rounded up to 64 bytes.
+/// `inline` bytes each, rounded up to 64 bytes. A value up to the inline capacity lives in its
+/// half; a larger one (up to `max_value`) in the half's *extent*
+/// ([`crate::fabric::RmaOps::put_extent`], id [`SlotGeometry::extent_id`]), which grows and
+/// shrinks with it: no slot reserves the largest value a put may bring.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SlotGeometry {
     pub half_len: usize,
+    /// Largest value length a header may name; a longer one reads as a torn half.
+    pub max_value: usize,
 }
 
 impl SlotGeometry {
-    pub fn new(max_value: usize) -> SlotGeometry {
-        SlotGeometry { half_len: HEADER_LEN + max_value.div_ceil(64) * 64 }
+    /// Slots with `inline` bytes of value in each half and no limit on longer values.
+    pub fn new(inline: usize) -> SlotGeometry {
+        SlotGeometry { half_len: HEADER_LEN + inline.div_ceil(64) * 64, max_value: usize::MAX }
+    }
+
+    /// These slots for values up to `max_value` bytes.
+    pub fn limited(self, max_value: usize) -> SlotGeometry {
+        SlotGeometry { max_value, ..self }
     }
 
     pub fn slot_len(&self) -> usize {
         FENCE_LEN + 2 * self.half_len
+    }
+
+    /// Bytes of value a half holds in the window itself.
+    pub fn inline_capacity(&self) -> usize {
+        self.half_len - HEADER_LEN
+    }
+
+    /// Whether a value of `len` bytes lives in its half's extent instead of the window.
+    pub fn in_extent(&self, len: u64) -> bool {
+        len > self.inline_capacity() as u64
     }
 
     /// Offset of half `index` (0 or 1) from the slot's start.
@@ -166,6 +187,12 @@ impl SlotGeometry {
     /// Offset of the half that holds `version`, from the slot's start.
     pub fn half_offset(&self, version: u64) -> usize {
         self.half_start((version % 2) as usize)
+    }
+
+    /// The id of the extent of the half that holds `version` in the slot at `disp`: unique per
+    /// half within a holder's window.
+    pub fn extent_id(disp: i64, version: u64) -> u64 {
+        ((disp as u64) << 1) | (version % 2)
     }
 }
 

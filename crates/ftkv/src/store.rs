@@ -7,8 +7,9 @@ use std::time::{Duration, Instant};
 use crate::attempt::{self, Command, Event, Fault};
 use crate::detector::{Deadline, Detector, Health, Step, StepMarker, Watch};
 use crate::error::{Error, Result};
-use crate::fabric::{Fabric, FabricError, FabricWindow, RmaOps};
+use crate::fabric::{Fabric, FabricError, FabricWindow};
 use crate::fence::{read_copy, read_local_slot, Fencer};
+use crate::halves;
 use crate::key::{Config, Detection, Key, Recovery};
 use crate::layout::{Copy, Layout};
 use crate::recovery;
@@ -134,6 +135,8 @@ pub struct Store<F: Fabric = DefaultFabric> {
     open_transaction: Option<crate::txn::TxId>,
     /// Failed coordinators whose open transaction this worker resolved as their backup.
     resolved_coordinators: Vec<i32>,
+    /// Halves of keys this worker last wrote through an extent.
+    spills: halves::Spills,
     /// The thread that writes the other copies of [`Store::put_async`]s (started by the first).
     replicator: Option<asynchronous::Replicator<F::Window>>,
     /// The thread that repairs copies after failures ([`Recovery::Localized`] only).
@@ -170,7 +173,7 @@ impl<F: Fabric> Store<F> {
     /// ```
     pub fn create(comm: &F, config: Config) -> Result<Store<F>> {
         let workers = comm.size() as usize;
-        let geometry = SlotGeometry::new(config.max_value);
+        let geometry = SlotGeometry::new(config.initial_capacity).limited(config.max_value);
         let live: Vec<i32> = (0..comm.size()).collect();
         let me = comm.rank();
         let host = comm.host_id();
@@ -181,7 +184,8 @@ impl<F: Fabric> Store<F> {
             .and_then(|_| config.validate(workers))
             .map(|()| Layout::with_spares(&live, &hosts, config.shape(), geometry, me));
         let valid = valid.and_then(|layout| {
-            check_window_memory(comm, layout.window_len, workers).map(|()| layout)
+            let on_my_host = hosts.iter().filter(|&&h| h == hosts[me as usize]).count();
+            check_window_memory(comm, layout.window_len, on_my_host).map(|()| layout)
         });
         agree_on_config(comm, &config, valid.is_ok())?;
         let layout = valid?;
@@ -215,6 +219,7 @@ impl<F: Fabric> Store<F> {
             transactions: 0,
             open_transaction: None,
             resolved_coordinators: Vec::new(),
+            spills: halves::Spills::default(),
             replicator: None,
             repairer: None,
         };
@@ -548,24 +553,27 @@ impl<F: Fabric> Store<F> {
         if self.config.detection == Detection::Ping {
             self.ping_all(route)?;
         }
-        self.put_to(route, header, data)?;
+        let free_stale = self.spills.note(key, header.version, data.len(), self.geometry);
+        let route = self.route(key)?;
+        self.put_to(route, header, data, free_stale)?;
         self.ensure_alive(route)
     }
 
     /// Header and data of one version to the version's half on each of `targets`, complete at
-    /// every target when it returns.
-    fn put_to(&self, route: &[Copy], header: Header, data: &[u8]) -> Result<()> {
+    /// every target when it returns. `free_stale`: the half's extent held an earlier, larger
+    /// value that an inline one now replaces.
+    fn put_to(&self, route: &[Copy], header: Header, data: &[u8], free_stale: bool) -> Result<()> {
         let encoded = header.encode();
-        let half = self.geometry.half_offset(header.version) as i64;
+        let (version, geometry) = (header.version, self.geometry);
         let window = self.window.as_ref().ok_or(Error::Closed)?.window();
         let comm = &self.comm;
         self.health.enter_call();
         comm.stall_point("put_stall");
         let issued = window.scope(|s| {
             for copy in route {
-                s.put(copy.rank, copy.disp + half + HEADER_LEN as i64, data)?;
+                halves::issue_data(s, copy, geometry, version, data, free_stale)?;
                 comm.failpoint("put_before_header");
-                s.put(copy.rank, copy.disp + half, &encoded)?;
+                halves::issue_header(s, copy, geometry, version, &encoded)?;
                 comm.failpoint("put_between_copies");
             }
             Ok(())
@@ -1214,10 +1222,11 @@ fn agree_on_config<F: Fabric>(comm: &F, config: &Config, valid: bool) -> Result<
     Err(Error::ConfigMismatch { ranks: differing })
 }
 
-/// Refuses windows of `per_rank` bytes on each of `ranks` ranks that this host's shared memory
-/// could not hold if every rank ran on it (the conservative case: the host count is unknown
-/// here). Memory is reserved, not resident, until values are written, but Open MPI sizes the
-/// backing file for the whole reservation and fails when the file system is smaller.
+/// Refuses windows of `per_rank` bytes on each of this host's `ranks` ranks that its shared
+/// memory could not hold. Memory is reserved, not resident, until values are written, but Open
+/// MPI sizes the backing file for the whole reservation and fails when the file system is
+/// smaller. Values beyond a slot's inline capacity live in extents, which take memory only as
+/// they are written.
 fn check_window_memory<F: Fabric>(comm: &F, per_rank: usize, ranks: usize) -> Result<()> {
     let Some(capacity) = comm.shared_memory_capacity() else { return Ok(()) };
     let total = (per_rank as u128) * ranks as u128;
@@ -1284,15 +1293,9 @@ fn put_committed<W: FabricWindow>(
     committed: &Committed,
     geometry: SlotGeometry,
 ) -> std::result::Result<(), FabricError> {
-    let header = committed.header.encode();
-    let half = geometry.half_offset(committed.header.version) as i64;
-    window.scope(|s| {
-        for copy in targets {
-            s.put(copy.rank, copy.disp + half + HEADER_LEN as i64, &committed.data)?;
-            s.put(copy.rank, copy.disp + half, &header)?;
-        }
-        Ok(())
-    })
+    let encoded = committed.header.encode();
+    let (header, data) = (&committed.header, &committed.data[..]);
+    window.scope(|s| halves::issue_version(s, targets, geometry, header, &encoded, data, true))
 }
 
 impl<F: Fabric> Store<F> {

@@ -59,9 +59,33 @@ struct CommState {
     revoked: bool,
 }
 
-/// One window: each member's bytes, by rank.
+/// One window: each member's bytes, by rank, and each member's extents, by rank and id.
 struct Memory {
     ranks: Vec<Mutex<Vec<u8>>>,
+    extents: Mutex<HashMap<(i32, u64), Vec<u8>>>,
+}
+
+impl Memory {
+    fn extents(&self) -> MutexGuard<'_, HashMap<(i32, u64), Vec<u8>>> {
+        self.extents.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn put_extent(&self, target: i32, id: u64, data: &[u8]) -> FabricResult<()> {
+        if target < 0 || target as usize >= self.ranks.len() {
+            let msg = format!("no rank {target}");
+            return Err(FabricError::Other { op: "local extent", msg });
+        }
+        self.extents().insert((target, id), data.to_vec());
+        Ok(())
+    }
+
+    fn get_extent(&self, target: i32, id: u64, out: &mut [u8]) {
+        let extents = self.extents();
+        let held = extents.get(&(target, id)).map_or(&[][..], Vec::as_slice);
+        let n = held.len().min(out.len());
+        out[..n].copy_from_slice(&held[..n]);
+        out[n..].fill(0);
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -452,7 +476,8 @@ impl Fabric for LocalFabric {
                 let sizes =
                     deposits.iter().map(|d| LocalFabric::decode_id(d.as_deref().expect("all")));
                 let ranks = sizes.map(|n| Mutex::new(vec![0u8; n])).collect();
-                state.windows.push(Arc::new(Memory { ranks }));
+                let extents = Mutex::new(HashMap::new());
+                state.windows.push(Arc::new(Memory { ranks, extents }));
                 ((state.windows.len() - 1) as u64).to_le_bytes().to_vec()
             },
         )?;
@@ -606,6 +631,23 @@ impl<'buf> RmaOps<'buf> for LocalScope<'buf> {
         out.copy_from_slice(&bytes[disp as usize..disp as usize + out.len()]);
         Ok(())
     }
+
+    fn put_extent(&mut self, target: i32, id: u64, data: &'buf [u8]) -> FabricResult<()> {
+        check_alive(&self.world, self.me);
+        self.memory.put_extent(target, id, data)
+    }
+
+    fn get_extent(&mut self, target: i32, id: u64, out: &'buf mut [u8]) -> FabricResult<()> {
+        check_alive(&self.world, self.me);
+        self.memory.get_extent(target, id, out);
+        Ok(())
+    }
+
+    fn free_extent(&mut self, target: i32, id: u64) -> FabricResult<()> {
+        check_alive(&self.world, self.me);
+        self.memory.extents().remove(&(target, id));
+        Ok(())
+    }
 }
 
 impl FabricWindow for LocalWindow {
@@ -632,6 +674,12 @@ impl FabricWindow for LocalWindow {
         self.check_alive();
         let bytes = target_bytes(&self.memory, self.rank, offset as i64, out.len())?;
         out.copy_from_slice(&bytes[offset..offset + out.len()]);
+        Ok(())
+    }
+
+    fn read_local_extent(&self, id: u64, out: &mut [u8]) -> FabricResult<()> {
+        self.check_alive();
+        self.memory.get_extent(self.rank, id, out);
         Ok(())
     }
 

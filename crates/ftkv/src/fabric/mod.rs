@@ -141,6 +141,10 @@ pub trait FabricWindow: Send + Sync + 'static {
     /// Makes peers' completed puts visible to [`FabricWindow::read_local`].
     fn sync(&self) -> FabricResult<()>;
     fn read_local(&self, offset: usize, out: &mut [u8]) -> FabricResult<()>;
+    /// Copies the first `out.len()` bytes of this member's own extent `id` (see
+    /// [`RmaOps::put_extent`]); bytes past the extent's end, or of an extent that does not
+    /// exist, read as zero.
+    fn read_local_extent(&self, id: u64, out: &mut [u8]) -> FabricResult<()>;
     /// Copies `data` into this member's own window memory (visible to peers' later gets).
     fn write_local(&self, offset: usize, data: &[u8]) -> FabricResult<()>;
     /// Atomically replaces the little-endian u64 at `disp` (8-byte aligned) in `target`'s
@@ -165,7 +169,23 @@ pub trait FabricWindow: Send + Sync + 'static {
 }
 
 /// One-sided operations inside a [`FabricWindow::scope`]; buffers stay borrowed until it ends.
+///
+/// Besides its window memory, every member holds *extents*: memory segments of its own, named
+/// by a `u64` id within the window, each as long as the bytes last written to it. A value too
+/// large for its slot lives in one, so a window reserves no memory for the largest value a put
+/// may bring: an extent grows when a larger value is written and gives memory back when a
+/// smaller one is. Extents go with the window: closing it frees them.
 pub trait RmaOps<'buf> {
     fn put(&mut self, target: i32, disp: i64, data: &'buf [u8]) -> FabricResult<()>;
     fn get(&mut self, target: i32, disp: i64, out: &'buf mut [u8]) -> FabricResult<()>;
+    /// Makes `target`'s extent `id` hold `data` at its start: created when absent, grown when
+    /// shorter, shortened (its memory given back) when much longer. Complete at the target
+    /// when the scope returns. A target without the memory for it fails the call with
+    /// [`FabricError::Other`]; the extent may then hold part of `data`.
+    fn put_extent(&mut self, target: i32, id: u64, data: &'buf [u8]) -> FabricResult<()>;
+    /// Reads the first `out.len()` bytes of `target`'s extent `id` when the scope completes;
+    /// bytes past its end, or of an extent that does not exist, read as zero.
+    fn get_extent(&mut self, target: i32, id: u64, out: &'buf mut [u8]) -> FabricResult<()>;
+    /// Gives `target`'s extent `id` back (nothing happens when there is none).
+    fn free_extent(&mut self, target: i32, id: u64) -> FabricResult<()>;
 }

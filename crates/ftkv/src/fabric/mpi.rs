@@ -162,6 +162,10 @@ impl FabricWindow for HostWindow {
         Ok(HostWindow::read_local(self, offset, out)?)
     }
 
+    fn read_local_extent(&self, id: u64, out: &mut [u8]) -> FabricResult<()> {
+        Ok(HostWindow::read_local_extent(self, id, out)?)
+    }
+
     fn write_local(&self, offset: usize, data: &[u8]) -> FabricResult<()> {
         HostWindow::write_local(self, offset, data)?;
         HostWindow::sync(self)?;
@@ -194,5 +198,17 @@ impl<'buf> RmaOps<'buf> for HostScope<'buf> {
 
     fn get(&mut self, target: i32, disp: i64, out: &'buf mut [u8]) -> FabricResult<()> {
         Ok(HostScope::get(self, target, disp, out)?)
+    }
+
+    fn put_extent(&mut self, target: i32, id: u64, data: &'buf [u8]) -> FabricResult<()> {
+        Ok(HostScope::put_extent(self, target, id, data)?)
+    }
+
+    fn get_extent(&mut self, target: i32, id: u64, out: &'buf mut [u8]) -> FabricResult<()> {
+        Ok(HostScope::get_extent(self, target, id, out)?)
+    }
+
+    fn free_extent(&mut self, target: i32, id: u64) -> FabricResult<()> {
+        Ok(HostScope::free_extent(self, target, id)?)
     }
 }

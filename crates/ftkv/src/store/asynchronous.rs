@@ -9,11 +9,12 @@ use std::thread::JoinHandle;
 use super::Store;
 use crate::detector::{Health, Lane};
 use crate::error::{Error, Result};
-use crate::fabric::{Fabric, FabricError, FabricResult, FabricWindow, RmaOps};
+use crate::fabric::{Fabric, FabricError, FabricResult, FabricWindow};
 use crate::fence::Fencer;
 use crate::key::{Key, Recovery};
 use crate::layout::Copy;
-use crate::slot::{Header, HEADER_LEN};
+use crate::halves;
+use crate::slot::{Header, SlotGeometry, HEADER_LEN};
 
 /// One version's other copies, for the replicator thread.
 struct Job<W> {
@@ -21,9 +22,12 @@ struct Job<W> {
     /// Where the watchdog sees the job's one-sided calls ([`Lane::Replicator`]).
     health: Arc<Health>,
     targets: Vec<Copy>,
-    half: i64,
-    header: [u8; HEADER_LEN],
+    geometry: SlotGeometry,
+    header: Header,
+    encoded: [u8; HEADER_LEN],
     data: Arc<[u8]>,
+    /// Whether an inline value replaces a value in the half's extent (see [`halves::Spills`]).
+    free_stale: bool,
     done: mpsc::SyncSender<FabricResult<()>>,
 }
 
@@ -62,12 +66,9 @@ impl<W> Drop for Replicator<W> {
 /// Writes one job's copies, its one-sided calls bounded by the watchdog like the owner's.
 fn write_copies<W: FabricWindow>(job: &Job<W>) -> FabricResult<()> {
     job.health.enter_call_on(Lane::Replicator);
+    let (geometry, header, free) = (job.geometry, &job.header, job.free_stale);
     let written = job.window.window().scope(|s| {
-        for copy in &job.targets {
-            s.put(copy.rank, copy.disp + job.half + HEADER_LEN as i64, &job.data)?;
-            s.put(copy.rank, copy.disp + job.half, &job.header)?;
-        }
-        Ok(())
+        halves::issue_version(s, &job.targets, geometry, header, &job.encoded, &job.data, free)
     });
     job.health.leave_call_on(Lane::Replicator);
     written
@@ -205,11 +206,12 @@ impl<F: Fabric> Store<F> {
         }
         let (first, others) = copies.split_at(1.min(copies.len()));
         let others = others.to_vec();
-        self.put_to(first, header, data)?;
+        let free_stale = self.spills.note(key, header.version, data.len(), self.geometry);
+        self.put_to(first, header, data, free_stale)?;
         if others.is_empty() {
             return Ok(None);
         }
-        self.replicate(others, header, data).map(Some)
+        self.replicate(others, header, data, free_stale).map(Some)
     }
 
     /// Hands the copies to `targets` to the replicator thread (started on first use).
@@ -218,6 +220,7 @@ impl<F: Fabric> Store<F> {
         targets: Vec<Copy>,
         header: Header,
         data: &Arc<[u8]>,
+        free_stale: bool,
     ) -> Result<mpsc::Receiver<FabricResult<()>>> {
         let window = self.window.clone().ok_or(Error::Closed)?;
         if self.replicator.is_none() {
@@ -225,10 +228,10 @@ impl<F: Fabric> Store<F> {
         }
         let jobs = self.replicator.as_ref().and_then(|r| r.jobs.as_ref()).ok_or(Error::Closed)?;
         let (done, finished) = mpsc::sync_channel(1);
-        let half = self.geometry.half_offset(header.version) as i64;
-        let health = self.health.clone();
-        let (header, data) = (header.encode(), data.clone());
-        let job = Job { window, health, targets, half, header, data, done };
+        let (health, geometry) = (self.health.clone(), self.geometry);
+        let (encoded, data) = (header.encode(), data.clone());
+        let job =
+            Job { window, health, targets, geometry, header, encoded, data, free_stale, done };
         jobs.send(job).map_err(|_| Error::RecoveryFailed("the replicator thread ended".into()))?;
         Ok(finished)
     }

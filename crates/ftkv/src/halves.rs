@@ -1,0 +1,130 @@
+//! One version's bytes into and out of a copy's slot: into the window when the value fits the
+//! slot's inline capacity, into the half's extent when it does not (see [`SlotGeometry`]).
+//!
+//! Header and data go out in one scope, in no particular order; a reader trusts data only when
+//! it matches the header's hash, so a value in an extent is as safe from torn writes as one in
+//! the window.
+
+use crate::fabric::{FabricResult, FabricWindow, RmaOps};
+use crate::layout::Copy;
+use crate::slot::{Header, SlotGeometry, HEADER_LEN};
+
+/// Issues `data`, version `version`'s value, to `copy`'s slot (complete when the scope
+/// completes). With `free_stale`, a value that fits inline also gives back the half's extent,
+/// which an earlier, larger value of that half left.
+pub(crate) fn issue_data<'b, S: RmaOps<'b>>(
+    s: &mut S,
+    copy: &Copy,
+    geometry: SlotGeometry,
+    version: u64,
+    data: &'b [u8],
+    free_stale: bool,
+) -> FabricResult<()> {
+    let extent = SlotGeometry::extent_id(copy.disp, version);
+    if geometry.in_extent(data.len() as u64) {
+        return s.put_extent(copy.rank, extent, data);
+    }
+    let half = geometry.half_offset(version) as i64;
+    s.put(copy.rank, copy.disp + half + HEADER_LEN as i64, data)?;
+    if free_stale {
+        s.free_extent(copy.rank, extent)?;
+    }
+    Ok(())
+}
+
+/// Issues the encoded header of `version` to `copy`'s slot.
+pub(crate) fn issue_header<'b, S: RmaOps<'b>>(
+    s: &mut S,
+    copy: &Copy,
+    geometry: SlotGeometry,
+    version: u64,
+    encoded: &'b [u8],
+) -> FabricResult<()> {
+    s.put(copy.rank, copy.disp + geometry.half_offset(version) as i64, encoded)
+}
+
+/// Issues a whole version, data then header, to each of `targets`.
+pub(crate) fn issue_version<'b, S: RmaOps<'b>>(
+    s: &mut S,
+    targets: &[Copy],
+    geometry: SlotGeometry,
+    header: &Header,
+    encoded: &'b [u8],
+    data: &'b [u8],
+    free_stale: bool,
+) -> FabricResult<()> {
+    for copy in targets {
+        issue_data(s, copy, geometry, header.version, data, free_stale)?;
+        issue_header(s, copy, geometry, header.version, encoded)?;
+    }
+    Ok(())
+}
+
+/// The bytes `header` (decoded from half `index` of `copy`) names, read from the window or the
+/// half's extent; `None` for a length above the store's largest value (a half to ignore).
+pub(crate) fn read_data<W: FabricWindow>(
+    window: &W,
+    copy: &Copy,
+    geometry: SlotGeometry,
+    index: usize,
+    header: &Header,
+) -> FabricResult<Option<Vec<u8>>> {
+    let Some(mut data) = buffer_for(geometry, header) else { return Ok(None) };
+    if geometry.in_extent(header.len) {
+        let extent = SlotGeometry::extent_id(copy.disp, index as u64);
+        window.scope(|s| s.get_extent(copy.rank, extent, &mut data))?;
+    } else {
+        let at = copy.disp + (geometry.half_start(index) + HEADER_LEN) as i64;
+        window.scope(|s| s.get(copy.rank, at, &mut data))?;
+    }
+    Ok(Some(data))
+}
+
+/// As [`read_data`], from this rank's own slot at `disp`.
+pub(crate) fn read_local_data<W: FabricWindow>(
+    window: &W,
+    disp: usize,
+    geometry: SlotGeometry,
+    index: usize,
+    header: &Header,
+) -> FabricResult<Option<Vec<u8>>> {
+    let Some(mut data) = buffer_for(geometry, header) else { return Ok(None) };
+    if geometry.in_extent(header.len) {
+        window.read_local_extent(SlotGeometry::extent_id(disp as i64, index as u64), &mut data)?;
+    } else {
+        window.read_local(disp + geometry.half_start(index) + HEADER_LEN, &mut data)?;
+    }
+    Ok(Some(data))
+}
+
+fn buffer_for(geometry: SlotGeometry, header: &Header) -> Option<Vec<u8>> {
+    let len = usize::try_from(header.len).ok().filter(|&len| len <= geometry.max_value)?;
+    Some(vec![0u8; len])
+}
+
+/// The halves of keys a writer last filled with a value in an extent: when an inline value
+/// replaces one, the write gives the extent back. Knowing it here keeps the inline put free of
+/// extent calls otherwise.
+#[derive(Debug, Default)]
+pub(crate) struct Spills {
+    halves: std::collections::HashSet<(crate::key::Key, u64)>,
+}
+
+impl Spills {
+    /// Records that `key`'s `version` has `len` bytes; whether its half's extent is now stale.
+    pub fn note(
+        &mut self,
+        key: crate::key::Key,
+        version: u64,
+        len: usize,
+        geometry: SlotGeometry,
+    ) -> bool {
+        let half = (key, version % 2);
+        if geometry.in_extent(len as u64) {
+            self.halves.insert(half);
+            false
+        } else {
+            !self.halves.is_empty() && self.halves.remove(&half)
+        }
+    }
+}

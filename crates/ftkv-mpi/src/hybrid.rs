@@ -99,6 +99,14 @@ impl HostWindow {
         self.links.is_some()
     }
 
+    /// How many connections this member accepted while the window was created and dropped
+    /// because they did not prove to come from a member of this job (a wrong, incomplete or
+    /// late introduction, or a member's second connection). 0 when every member shares this
+    /// host (nothing listens then) or once the window is closed.
+    pub fn rejected_connections(&self) -> usize {
+        self.links.as_ref().map_or(0, |links| links.rejected())
+    }
+
     /// Runs `issue`, then completes every operation it issued: flushes the shared-memory ones
     /// and sends each other host's requests, then reads their answers (also when `issue`
     /// failed). `Ok` means every put is in its target's memory and every get filled its buffer.

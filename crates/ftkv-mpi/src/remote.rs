@@ -16,6 +16,14 @@
 //! compare-and-swap's operands (compare, swap: two `u64`) in operation order. Answer: every
 //! get's data and every compare-and-swap's previous value in operation order, then one status
 //! byte. Extent operations carry the extent's id where the others carry a displacement.
+//!
+//! Every listener is reachable by any process on the network while the connections are created,
+//! so a connection counts as a member's only once it proved it belongs to this job: its first
+//! [`INTRO_LEN`] bytes, the introduction, are [`INTRO_MAGIC`], the origin's and the target's
+//! member ranks (`u32`, little-endian) and the creation's [`Secret`]. Any other connection is
+//! dropped and counted ([`Links::rejected`]); it never fails the creation. Once every member's
+//! connection is accepted the listener is closed, so later connection attempts are refused by
+//! the kernel.
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, Shutdown, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
@@ -49,6 +57,18 @@ const WAIT_SLICE: Duration = Duration::from_millis(50);
 const CONNECT_DEADLINE: Duration = Duration::from_secs(20);
 /// Bytes of an address in the exchange: IPv4 address and port.
 const ADDRESS_LEN: usize = 6;
+/// What every introduction starts with.
+const INTRO_MAGIC: &[u8; 8] = b"FTKVLNK1";
+/// Bytes of a [`Secret`].
+const SECRET_LEN: usize = 16;
+/// Where an introduction holds the origin's rank, the target's rank and the secret.
+const INTRO_ORIGIN: usize = INTRO_MAGIC.len();
+const INTRO_TARGET: usize = INTRO_ORIGIN + 4;
+const INTRO_SECRET: usize = INTRO_TARGET + 4;
+/// Bytes of an introduction: magic, origin rank, target rank, secret.
+const INTRO_LEN: usize = INTRO_SECRET + SECRET_LEN;
+/// How long an accepted connection has to send its whole introduction.
+const INTRODUCTION_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// This member's window memory, as the serving threads reach it.
 #[derive(Clone, Copy)]
@@ -128,6 +148,9 @@ pub(crate) struct Links {
     /// inside once an operation on it failed.
     outgoing: Vec<Option<Mutex<Option<TcpStream>>>>,
     serving: Vec<(TcpStream, JoinHandle<()>)>,
+    /// Connections accepted while these were created and dropped for want of a genuine
+    /// introduction.
+    rejected: usize,
     /// A private duplicate of the members' communicator: ULFM's failure knowledge while an
     /// answer is awaited, and the barrier before the connections end.
     members: Comm,
@@ -137,21 +160,28 @@ impl Links {
     /// Connects every member to every member on another host (`remote[r]`: member `r` is on
     /// another host) and starts serving the incoming connections into `memory`. Collective over
     /// `comm`; fails with `ProcFailed` when a member cannot be reached within the deadline.
+    ///
+    /// Rank 0 draws a fresh [`Secret`] that every member learns over `comm`; each connection is
+    /// served only if its introduction carries it (stray connections are dropped and counted
+    /// by [`Links::rejected`]). The listener is closed when this returns: nothing listens
+    /// afterwards, so the kernel refuses any later connection to its port.
     pub fn connect(comm: &Comm, remote: &[bool], memory: Memory) -> Result<Links> {
+        let secret = Secret::share(comm)?;
         let listener = TcpListener::bind(SocketAddrV4::new(local_address()?, 0))
             .map_err(|e| io_error("binding the window listener", e, None))?;
         let addresses = exchange_addresses(comm, &listener)?;
+        let me = comm.rank();
+        let gate = Gate { secret: secret.clone(), me, remote: remote.to_vec() };
         let expected = remote.iter().filter(|&&r| r).count();
         let acceptor = std::thread::Builder::new()
             .name("ftkv-window-accept".into())
-            .spawn(move || accept_all(&listener, expected))
+            .spawn(move || accept_all(&listener, gate, expected, Instant::now() + CONNECT_DEADLINE))
             .map_err(|e| io_error("spawning the acceptor", e, None))?;
-        let me = comm.rank();
-        let outgoing = connect_all(&addresses, remote, me);
-        let incoming = acceptor.join().map_err(|_| other("Links", "the acceptor panicked"))?;
-        let (outgoing, incoming) = (outgoing?, incoming?);
-        let mut serving = Vec::with_capacity(incoming.len());
-        for (origin, stream) in incoming {
+        let outgoing = connect_all(&addresses, remote, me, &secret);
+        let accepted = acceptor.join().map_err(|_| other("Links", "the acceptor panicked"))?;
+        let (outgoing, accepted) = (outgoing?, accepted?);
+        let mut serving = Vec::with_capacity(accepted.members.len());
+        for (origin, stream) in accepted.members {
             let handle = stream.try_clone().map_err(|e| io_error("cloning", e, Some(origin)))?;
             let thread = std::thread::Builder::new()
                 .name("ftkv-window-serve".into())
@@ -159,7 +189,13 @@ impl Links {
                 .map_err(|e| io_error("spawning a server", e, Some(origin)))?;
             serving.push((handle, thread));
         }
-        Ok(Links { outgoing, serving, members: comm.dup()? })
+        Ok(Links { outgoing, serving, rejected: accepted.rejected, members: comm.dup()? })
+    }
+
+    /// How many connections this member accepted while the links were created and dropped
+    /// because they did not prove to come from a member of this job (see [`Acceptor`]).
+    pub fn rejected(&self) -> usize {
+        self.rejected
     }
 
     /// Waits until every member is done with the others' memory (`MPI_Barrier` on the
@@ -547,10 +583,13 @@ fn exchange_addresses(comm: &Comm, listener: &TcpListener) -> Result<Vec<SocketA
         .collect())
 }
 
+/// Connects to every member on another host and introduces this member (`me`) with `secret`.
+/// Fails with `ProcFailed` on the first member that cannot be reached within the deadline.
 fn connect_all(
     addresses: &[SocketAddrV4],
     remote: &[bool],
     me: i32,
+    secret: &Secret,
 ) -> Result<Vec<Option<Mutex<Option<TcpStream>>>>> {
     let mut outgoing = Vec::with_capacity(addresses.len());
     for (rank, address) in addresses.iter().enumerate() {
@@ -563,7 +602,8 @@ fn connect_all(
         let mut stream = TcpStream::connect_timeout(&SocketAddr::V4(*address), CONNECT_DEADLINE)
             .map_err(|e| io_error("connecting to a member", e, peer))?;
         configure(&stream).map_err(|e| io_error("configuring a connection", e, peer))?;
-        stream.write_all(&me.to_le_bytes()).map_err(|e| io_error("introducing", e, peer))?;
+        let introduction = introduction(secret, me, rank as i32);
+        stream.write_all(&introduction).map_err(|e| io_error("introducing", e, peer))?;
         let sliced = stream.set_read_timeout(Some(WAIT_SLICE));
         sliced
             .and_then(|()| stream.set_write_timeout(Some(WAIT_SLICE)))
@@ -573,35 +613,275 @@ fn connect_all(
     Ok(outgoing)
 }
 
-/// Accepts `expected` connections, each introduced by its origin's rank.
-fn accept_all(listener: &TcpListener, expected: usize) -> Result<Vec<(i32, TcpStream)>> {
-    let deadline = Instant::now() + CONNECT_DEADLINE;
-    listener.set_nonblocking(true).map_err(|e| io_error("configuring the listener", e, None))?;
-    let mut incoming = Vec::with_capacity(expected);
-    while incoming.len() < expected {
-        match listener.accept() {
-            Ok((mut stream, _)) => {
-                stream
-                    .set_nonblocking(false)
-                    .and_then(|()| configure(&stream))
-                    .map_err(|e| io_error("configuring a connection", e, None))?;
-                stream
-                    .set_read_timeout(Some(CONNECT_DEADLINE))
-                    .map_err(|e| io_error("configuring", e, None))?;
-                let mut rank = [0u8; 4];
-                stream
-                    .read_exact(&mut rank)
-                    .map_err(|e| io_error("reading an introduction", e, None))?;
-                stream.set_read_timeout(None).map_err(|e| io_error("configuring", e, None))?;
-                incoming.push((i32::from_le_bytes(rank), stream));
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            Err(e) => return Err(io_error("accepting the members' connections", e, None)),
+/// The secret of one creation of the links: rank 0 draws it from the kernel's random source and
+/// every member learns it over MPI. Never printed (no `Debug`).
+///
+/// An introduction carries the secret itself, not a hash keyed by it. What it guards against is
+/// a process that can connect to a listener but is no member and cannot read the job's
+/// traffic: it does not know the secret. The secret travels only over MPI and over the job's
+/// own connections, whose requests go in clear; whoever can read those could also replay the
+/// secret to a listener still accepting during that creation, or tamper with the requests
+/// themselves, which no introduction prevents, and a non-cryptographic keyed hash (xxh3) would
+/// not make it unforgeable either. Each creation draws a new secret and closes its listeners
+/// once created, so a secret read then opens nothing later.
+#[derive(Clone)]
+struct Secret([u8; SECRET_LEN]);
+
+impl Secret {
+    /// Reads a fresh secret from `/dev/urandom`.
+    fn draw() -> std::io::Result<Secret> {
+        let mut bytes = [0u8; SECRET_LEN];
+        std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+        Ok(Secret(bytes))
+    }
+
+    /// Rank 0's fresh secret, learnt by every member of `comm` (collective: every member
+    /// contributes a flag and a secret's bytes, only rank 0's are used). Fails on every member
+    /// alike when rank 0 could not draw one, so no member is left in a collective call.
+    fn share(comm: &Comm) -> Result<Secret> {
+        let mut mine = [0u8; 1 + SECRET_LEN];
+        let drawn = (comm.rank() == 0).then(Secret::draw);
+        if let Some(Ok(secret)) = &drawn {
+            mine[0] = 1;
+            mine[1..].copy_from_slice(&secret.0);
+        }
+        let all = comm.allgather(&mine)?;
+        match (drawn, all[0]) {
+            (Some(Err(e)), _) => Err(io_error("drawing the links' secret", e, None)),
+            (_, 1) => Ok(Secret(all[1..1 + SECRET_LEN].try_into().expect("16 bytes"))),
+            _ => Err(other("Links", "rank 0 could not draw the links' secret")),
         }
     }
-    Ok(incoming)
+
+    /// Whether `candidate` is this secret, compared in a time that does not depend on where
+    /// they differ.
+    fn matches(&self, candidate: &[u8]) -> bool {
+        let differ = self.0.iter().zip(candidate).fold(0u8, |acc, (a, b)| acc | (a ^ b));
+        candidate.len() == SECRET_LEN && differ == 0
+    }
+}
+
+/// The introduction `origin` sends first on its connection to `target`.
+fn introduction(secret: &Secret, origin: i32, target: i32) -> [u8; INTRO_LEN] {
+    let mut intro = [0u8; INTRO_LEN];
+    intro[..INTRO_ORIGIN].copy_from_slice(INTRO_MAGIC);
+    intro[INTRO_ORIGIN..INTRO_TARGET].copy_from_slice(&(origin as u32).to_le_bytes());
+    intro[INTRO_TARGET..INTRO_SECRET].copy_from_slice(&(target as u32).to_le_bytes());
+    intro[INTRO_SECRET..].copy_from_slice(&secret.0);
+    intro
+}
+
+/// Why an accepted connection was dropped instead of served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Rejected {
+    /// It did not start with [`INTRO_MAGIC`].
+    Magic,
+    /// Its secret was not this creation's.
+    Secret,
+    /// It was meant for another member.
+    Target,
+    /// Its origin is not a member on another host.
+    Origin,
+    /// Its origin's connection was accepted already.
+    Duplicate,
+    /// It ended before its introduction was whole.
+    Truncated,
+    /// Its introduction was not whole in time.
+    TimedOut,
+    /// Reading or configuring it failed otherwise.
+    Io,
+}
+
+/// A connection's verdict: its origin's rank, or why it is dropped.
+type Verdict = std::result::Result<i32, Rejected>;
+
+/// What an accepting member checks introductions against.
+struct Gate {
+    secret: Secret,
+    /// The accepting member's rank.
+    me: i32,
+    /// `remote[r]`: member `r` is on another host.
+    remote: Vec<bool>,
+}
+
+impl Gate {
+    /// The origin of a whole introduction if it is genuine: the magic, this creation's secret,
+    /// this member as target, and as origin a member on another host not in `connected` yet.
+    fn check(&self, intro: &[u8; INTRO_LEN], connected: &[bool]) -> Verdict {
+        let rank = |at: usize| u32::from_le_bytes(intro[at..at + 4].try_into().expect("4 bytes"));
+        if intro[..INTRO_ORIGIN] != INTRO_MAGIC[..] {
+            return Err(Rejected::Magic);
+        }
+        if !self.secret.matches(&intro[INTRO_SECRET..]) {
+            return Err(Rejected::Secret);
+        }
+        if i64::from(rank(INTRO_TARGET)) != i64::from(self.me) {
+            return Err(Rejected::Target);
+        }
+        let origin = rank(INTRO_ORIGIN) as usize;
+        if !self.remote.get(origin).copied().unwrap_or(false) {
+            return Err(Rejected::Origin);
+        }
+        if connected.get(origin).copied().unwrap_or(false) {
+            return Err(Rejected::Duplicate);
+        }
+        Ok(origin as i32)
+    }
+}
+
+/// An accepted connection whose introduction is read as it arrives, without waiting for it.
+struct Arrival {
+    stream: TcpStream,
+    intro: [u8; INTRO_LEN],
+    filled: usize,
+    /// When its time to send the whole introduction is up.
+    until: Instant,
+}
+
+impl Arrival {
+    /// Starts reading `stream`'s introduction, which must be whole before `until`.
+    fn new(stream: TcpStream, until: Instant) -> std::io::Result<Arrival> {
+        stream.set_nonblocking(true)?;
+        Ok(Arrival { stream, intro: [0; INTRO_LEN], filled: 0, until })
+    }
+
+    /// Reads what has arrived of the introduction (never a byte beyond it) and returns the
+    /// verdict once there is one: `None` while it is incomplete, starts with the magic and
+    /// `now` is before its time is up; else the origin's rank ([`Gate::check`]) or why the
+    /// connection is to be dropped.
+    fn poll(&mut self, now: Instant, gate: &Gate, connected: &[bool]) -> Option<Verdict> {
+        use std::io::ErrorKind::{Interrupted, WouldBlock};
+        while self.filled < INTRO_LEN {
+            match self.stream.read(&mut self.intro[self.filled..]) {
+                Ok(0) => return Some(Err(Rejected::Truncated)),
+                Ok(n) => self.filled += n,
+                Err(e) if e.kind() == Interrupted => {}
+                Err(e) if e.kind() == WouldBlock => {
+                    return (now >= self.until).then_some(Err(Rejected::TimedOut));
+                }
+                Err(_) => return Some(Err(Rejected::Io)),
+            }
+            if !INTRO_MAGIC.starts_with(&self.intro[..self.filled.min(INTRO_ORIGIN)]) {
+                return Some(Err(Rejected::Magic));
+            }
+        }
+        Some(gate.check(&self.intro, connected))
+    }
+
+    /// The connection of an admitted member, blocking again for its serving thread.
+    fn into_stream(self) -> std::io::Result<TcpStream> {
+        self.stream.set_nonblocking(false)?;
+        configure(&self.stream)?;
+        Ok(self.stream)
+    }
+}
+
+/// The state of accepting the members' connections: one thread accepts every connection and
+/// reads every introduction without blocking, so a silent or slow connection holds up no other.
+///
+/// A connection is rejected, that is dropped and counted, when its introduction is wrong
+/// ([`Gate::check`]), ends early, is not whole within [`INTRODUCTION_TIMEOUT`] of its accept,
+/// or is still incomplete when the last member's connection was admitted. Connections still
+/// waiting in the listener's backlog then are never accepted, so not counted: the kernel
+/// resets them when the listener closes.
+struct Acceptor {
+    gate: Gate,
+    /// `connected[r]`: member `r`'s connection was admitted.
+    connected: Vec<bool>,
+    arrivals: Vec<Arrival>,
+    members: Vec<(i32, TcpStream)>,
+    rejected: usize,
+}
+
+/// What accepting the members' connections ended with.
+struct Accepted {
+    /// Each member's admitted connection, with its rank.
+    members: Vec<(i32, TcpStream)>,
+    /// How many accepted connections were rejected ([`Acceptor`]).
+    rejected: usize,
+}
+
+/// Accepts connections on `listener` until `expected` members' were admitted through `gate`.
+/// Stray connections are rejected and counted, never an error. Fails with `ProcFailed` when
+/// `deadline` passes first, or with the listener's error if accepting fails otherwise.
+fn accept_all(
+    listener: &TcpListener,
+    gate: Gate,
+    expected: usize,
+    deadline: Instant,
+) -> Result<Accepted> {
+    listener.set_nonblocking(true).map_err(|e| io_error("configuring the listener", e, None))?;
+    let connected = vec![false; gate.remote.len()];
+    let mut acceptor =
+        Acceptor { gate, connected, arrivals: Vec::new(), members: Vec::new(), rejected: 0 };
+    while acceptor.members.len() < expected {
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(MpiError::ProcFailed {
+                op: "accepting the members' connections",
+                peer: None,
+            });
+        }
+        let accepted = acceptor.accept_one(listener, now)?;
+        if !acceptor.settle(now) && !accepted {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    let rejected = acceptor.rejected + acceptor.arrivals.len();
+    Ok(Accepted { members: acceptor.members, rejected })
+}
+
+impl Acceptor {
+    /// Accepts one waiting connection, if any, and starts reading its introduction; whether
+    /// one was waiting. Fails only when the listener fails.
+    fn accept_one(&mut self, listener: &TcpListener, now: Instant) -> Result<bool> {
+        use std::io::ErrorKind::{ConnectionAborted, Interrupted, WouldBlock};
+        match listener.accept() {
+            Ok((stream, _)) => {
+                match Arrival::new(stream, now + INTRODUCTION_TIMEOUT) {
+                    Ok(arrival) => self.arrivals.push(arrival),
+                    Err(_) => self.rejected += 1,
+                }
+                Ok(true)
+            }
+            Err(e) if e.kind() == WouldBlock => Ok(false),
+            Err(e) if matches!(e.kind(), Interrupted | ConnectionAborted) => Ok(true),
+            Err(e) => Err(io_error("accepting the members' connections", e, None)),
+        }
+    }
+
+    /// Reads every pending introduction; admits the genuine members' connections and rejects
+    /// the others once there is a verdict. Whether any got one.
+    fn settle(&mut self, now: Instant) -> bool {
+        let pending = self.arrivals.len();
+        let mut at = 0;
+        while at < self.arrivals.len() {
+            match self.arrivals[at].poll(now, &self.gate, &self.connected) {
+                None => at += 1,
+                Some(verdict) => {
+                    let arrival = self.arrivals.swap_remove(at);
+                    self.decide(arrival, verdict);
+                }
+            }
+        }
+        self.arrivals.len() != pending
+    }
+
+    /// Admits `arrival` as its origin's connection if `verdict` says so and it can be made
+    /// blocking again; otherwise drops it and counts it rejected.
+    fn decide(&mut self, arrival: Arrival, verdict: Verdict) {
+        let admitted = verdict.and_then(|origin| match arrival.into_stream() {
+            Ok(stream) => Ok((origin, stream)),
+            Err(_) => Err(Rejected::Io),
+        });
+        match admitted {
+            Ok((origin, stream)) => {
+                self.connected[origin as usize] = true;
+                self.members.push((origin, stream));
+            }
+            Err(_) => self.rejected += 1,
+        }
+    }
 }
 
 fn configure(stream: &TcpStream) -> std::io::Result<()> {
@@ -664,5 +944,142 @@ mod tests {
     fn a_closed_connection_is_a_failed_peer() {
         let e = io_error("x", std::io::Error::from(std::io::ErrorKind::UnexpectedEof), Some(3));
         assert_eq!(e, MpiError::ProcFailed { op: "x", peer: Some(3) });
+    }
+
+    const SECRET: Secret = Secret([7; SECRET_LEN]);
+
+    /// Member 0's gate: members 1 and 2 on other hosts, 3 on its own.
+    fn gate() -> Gate {
+        Gate { secret: SECRET, me: 0, remote: vec![false, true, true, false] }
+    }
+
+    /// The verdict on a connection that sends `sent`, then closes (`close`) or stays silent;
+    /// `connected`: the members already admitted.
+    fn verdict(sent: &[u8], close: bool, connected: &[bool]) -> Verdict {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let mut client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        client.write_all(sent).unwrap();
+        let client = (!close).then_some(client);
+        let (stream, _) = listener.accept().unwrap();
+        let until = Instant::now() + Duration::from_millis(200);
+        let mut arrival = Arrival::new(stream, until).unwrap();
+        let verdict = loop {
+            match arrival.poll(Instant::now(), &gate(), connected) {
+                Some(verdict) => break verdict,
+                None => std::thread::sleep(Duration::from_millis(1)),
+            }
+        };
+        drop(client);
+        verdict
+    }
+
+    const NONE: [bool; 4] = [false; 4];
+
+    #[test]
+    fn a_genuine_introduction_is_admitted() {
+        assert_eq!(verdict(&introduction(&SECRET, 1, 0), false, &NONE), Ok(1));
+        assert_eq!(verdict(&introduction(&SECRET, 2, 0), true, &NONE), Ok(2));
+    }
+
+    #[test]
+    fn garbage_is_rejected_at_once() {
+        let request = b"GET / HTTP/1.1\r\nHost: ftkv\r\n\r\n";
+        assert_eq!(verdict(request, false, &NONE), Err(Rejected::Magic));
+        assert_eq!(verdict(&[0xAB; 64], true, &NONE), Err(Rejected::Magic));
+    }
+
+    #[test]
+    fn a_forged_secret_is_rejected() {
+        let mut forged = introduction(&SECRET, 1, 0);
+        forged[INTRO_LEN - 1] ^= 1;
+        assert_eq!(verdict(&forged, false, &NONE), Err(Rejected::Secret));
+        let other = Secret([8; SECRET_LEN]);
+        assert_eq!(verdict(&introduction(&other, 1, 0), false, &NONE), Err(Rejected::Secret));
+    }
+
+    #[test]
+    fn a_second_connection_of_a_member_is_rejected() {
+        let connected = [false, true, false, false];
+        let intro = introduction(&SECRET, 1, 0);
+        assert_eq!(verdict(&intro, false, &connected), Err(Rejected::Duplicate));
+    }
+
+    #[test]
+    fn only_members_on_other_hosts_introducing_to_this_one_are_admitted() {
+        let to_other = introduction(&SECRET, 1, 2);
+        assert_eq!(verdict(&to_other, false, &NONE), Err(Rejected::Target));
+        for origin in [0, 3, 4, -1] {
+            let intro = introduction(&SECRET, origin, 0);
+            assert_eq!(verdict(&intro, false, &NONE), Err(Rejected::Origin), "{origin}");
+        }
+    }
+
+    #[test]
+    fn a_short_introduction_then_close_is_rejected() {
+        let intro = introduction(&SECRET, 1, 0);
+        assert_eq!(verdict(&intro[..20], true, &NONE), Err(Rejected::Truncated));
+        assert_eq!(verdict(&[], true, &NONE), Err(Rejected::Truncated));
+    }
+
+    #[test]
+    fn a_silent_or_stalled_connection_times_out() {
+        assert_eq!(verdict(&[], false, &NONE), Err(Rejected::TimedOut));
+        let intro = introduction(&SECRET, 1, 0);
+        assert_eq!(verdict(&intro[..INTRO_LEN - 1], false, &NONE), Err(Rejected::TimedOut));
+    }
+
+    #[test]
+    fn secrets_compare_whole() {
+        assert!(SECRET.matches(&[7; SECRET_LEN]));
+        assert!(!SECRET.matches(&[7; SECRET_LEN - 1]));
+        let mut last = [7; SECRET_LEN];
+        last[SECRET_LEN - 1] = 0;
+        assert!(!SECRET.matches(&last));
+    }
+
+    #[test]
+    fn the_acceptor_admits_the_members_among_strays() {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let address = listener.local_addr().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let acceptor = std::thread::spawn(move || accept_all(&listener, gate(), 2, deadline));
+        let connect = |sent: &[u8]| {
+            let mut stream = TcpStream::connect(address).unwrap();
+            stream.write_all(sent).unwrap();
+            stream
+        };
+        drop(connect(b"garbage, then closed"));
+        let _forged = connect(&introduction(&Secret([8; SECRET_LEN]), 1, 0));
+        let _silent = connect(&[]);
+        let members: Vec<TcpStream> = [2, 1]
+            .into_iter()
+            .map(|origin| connect(&[&introduction(&SECRET, origin, 0)[..], b"next"].concat()))
+            .collect();
+        let accepted = acceptor.join().unwrap().unwrap();
+        assert_eq!(accepted.rejected, 3);
+        let mut ranks: Vec<i32> = accepted.members.iter().map(|(rank, _)| *rank).collect();
+        ranks.sort_unstable();
+        assert_eq!(ranks, [1, 2]);
+        for (_, mut stream) in accepted.members {
+            stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let mut next = [0u8; 4];
+            stream.read_exact(&mut next).unwrap();
+            assert_eq!(&next, b"next", "the introduction is read no further");
+        }
+        drop(members);
+    }
+
+    #[test]
+    fn strays_alone_fail_only_at_the_deadline() {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let address = listener.local_addr().unwrap();
+        let start = Instant::now();
+        let deadline = start + Duration::from_millis(300);
+        let acceptor = std::thread::spawn(move || accept_all(&listener, gate(), 1, deadline));
+        let _silent = TcpStream::connect(address).unwrap();
+        drop(TcpStream::connect(address).unwrap());
+        let failed = acceptor.join().unwrap();
+        assert!(matches!(failed, Err(MpiError::ProcFailed { .. })));
+        assert!(start.elapsed() >= Duration::from_millis(300));
     }
 }

@@ -210,6 +210,44 @@ fn values_grow_from_1_kib_to_4_mib() {
     assert_survivors_read(&out, 4, &[], |_| vec![13]);
 }
 
+/// Every checkpoint doubles each round from 1 KiB to 256 MiB (1 KiB inline, the rest in
+/// extents that grow and shrink with it) while two ranks are SIGKILLed: rank 2 in the middle
+/// of round 16's growth (its 32 MiB value in the first holder's extent, no header yet), rank
+/// 3, a holder, right after round 17's put. Nothing acknowledged is lost and no reader sees a
+/// torn value: rank 2's key reads round 15, rank 3's round 17, the others' round 19.
+#[test]
+fn values_grow_to_256_mib_while_a_writer_and_a_holder_are_killed() {
+    let launch = common::job("store-rounds", 5, Duration::from_secs(240))
+        .env("STORE_GROWTH", "1")
+        .env("STORE_GROWTH_SHIFT", "18")
+        .env("STORE_MAX_MIB", "256")
+        .env("STORE_ROUNDS", "19")
+        .env("FTKV_FAILPOINT", "put_before_header@2#91;store_round@3#17");
+    let out = run(launch);
+    assert_survivors_read(&out, 5, &[2, 3], |owner| match owner {
+        2 => vec![15],
+        3 => vec![17],
+        _ => vec![19],
+    });
+}
+
+/// A 1 GiB value round-trips through a put and a read after its writer died: owner 1's
+/// checkpoint doubles to 1 GiB in round 21, then owner 1 is SIGKILLed; after the global
+/// recovery every survivor reads the whole value back, checked byte by byte.
+#[test]
+fn a_1_gib_value_is_read_back_after_its_writer_died() {
+    let launch = common::job("store-rounds", 4, Duration::from_secs(300))
+        .env("STORE_GROWTH", "1")
+        .env("STORE_GROWTH_OWNER", "1")
+        .env("STORE_GROWTH_SHIFT", "20")
+        .env("STORE_MAX_MIB", "1024")
+        .env("STORE_ROUNDS", "22")
+        .env("FTKV_FAILPOINT", "store_round@1#21");
+    let out = run(launch);
+    assert_recovered(&out, 4, &[1], &[1]);
+    assert_survivors_read(&out, 4, &[1], |owner| if owner == 1 { vec![21] } else { vec![22] });
+}
+
 #[test]
 fn a_stuck_put_is_ended_by_the_watchdog_and_the_others_recover() {
     // Hit 7 of the write path is round 3's checkpoint put; it never returns.

@@ -542,9 +542,11 @@ pub fn signal_pid(pid: u32, signal: &str) -> Result<bool> {
 
 const SHM_DIR: &str = "/dev/shm";
 
-/// Open MPI's files in [`SHM_DIR`]: the shared-memory transport's segments and the backing
-/// files of shared-memory windows.
-const SHM_PREFIXES: [&str; 2] = ["sm_segment.", "osc_sm."];
+/// Open MPI's files in [`SHM_DIR`] (the shared-memory transport's segments and the backing
+/// files of shared-memory windows) and ftkv's extents (`ftkv_mpi::extent`).
+const SHM_PREFIXES: [&str; 3] = ["sm_segment.", "osc_sm.", EXTENT_PREFIX];
+/// The prefix of ftkv's extent files, followed by the window's 16 hex digits and `-`.
+const EXTENT_PREFIX: &str = "ftkv-x";
 
 fn is_mpi_segment(name: &str) -> bool {
     SHM_PREFIXES.iter().any(|p| name.starts_with(p))
@@ -574,7 +576,12 @@ fn remove_unused_segments(before: &[String]) {
         return;
     }
     let in_use = shm_segments_in_use();
-    for name in new.iter().filter(|n| !in_use.contains(n.as_str())) {
+    let windows_in_use: std::collections::HashSet<&str> =
+        in_use.iter().filter_map(|n| extent_window(n)).collect();
+    let used = |name: &str| {
+        in_use.contains(name) || extent_window(name).is_some_and(|w| windows_in_use.contains(w))
+    };
+    for name in new.iter().filter(|n| !used(n)) {
         // A segment that vanished meanwhile needs no removal; anything else is worth a warning.
         if let Err(e) = std::fs::remove_file(Path::new(SHM_DIR).join(name)) {
             if e.kind() != std::io::ErrorKind::NotFound {
@@ -582,6 +589,14 @@ fn remove_unused_segments(before: &[String]) {
             }
         }
     }
+}
+
+/// The window an extent file belongs to (`ftkv-x<16 hex digits>-`), `None` for other files:
+/// a window's extents are in use while some process holds one of its files open (each member
+/// keeps its marker open).
+fn extent_window(name: &str) -> Option<&str> {
+    let window_len = EXTENT_PREFIX.len() + 17;
+    (name.starts_with(EXTENT_PREFIX) && name.len() > window_len).then(|| &name[..window_len])
 }
 
 /// The names of Open MPI's `/dev/shm` files that some live process has open or mapped.

@@ -9,7 +9,8 @@
 //! serving thread does the same for members on other hosts. Writing sizes the file first: it
 //! grows when shorter and is cut (tmpfs gives the pages back) when much longer, so memory
 //! follows the data. The files outlive a killed holder; the window's closing removes them, and
-//! the launcher removes what a killed job left (`ftkv-*` in `/dev/shm`).
+//! the launcher removes what a killed job left: the extents of windows whose marker file
+//! ([`Extents::open_marker`]) no live process holds open.
 
 use std::fs::{File, OpenOptions};
 use std::io::ErrorKind;
@@ -53,6 +54,20 @@ impl Extents {
 
     fn path(&self, member: i32, id: u64) -> PathBuf {
         PathBuf::from(format!("{SHM_DIR}/{FILE_PREFIX}{:016x}-{member}-{id:x}", self.window))
+    }
+
+    /// Opens the marker of `member`'s extents, `ftkv-x<window>-<member>-open`, which the member
+    /// keeps open while it holds the window: a launcher cleaning up after a job removes a
+    /// window's extents only when no live process has one of its markers open.
+    pub fn open_marker(&self, member: i32) -> Result<File> {
+        let path = format!("{SHM_DIR}/{FILE_PREFIX}{:016x}-{member}-open", self.window);
+        OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(path)
+            .map_err(|e| io_error("opening an extent marker", e))
     }
 
     /// Makes `member`'s extent `id` hold `data` at its start, sized to it first. Fails when the

@@ -37,6 +37,8 @@ pub struct HostWindow {
     member: i32,
     /// Whether this member is the first of its host (it removes the host's extents at close).
     first_on_host: bool,
+    /// Held open while this member holds the window ([`Extents::open_marker`]).
+    _marker: std::fs::File,
     _host: Comm,
 }
 
@@ -49,6 +51,7 @@ impl HostWindow {
         let hosts = host_ids(comm)?;
         let me = comm.rank() as usize;
         let extents = Extents::new(window_name(comm)?);
+        let marker = extents.open_marker(comm.rank())?;
         let color = first_on_host(&hosts, hosts[me]) as i32;
         let host = comm.split(color, comm.rank())?;
         let local = Window::allocate(&host, len)?.lock_all()?;
@@ -74,6 +77,7 @@ impl HostWindow {
             extents,
             member: me as i32,
             first_on_host: color == me as i32,
+            _marker: marker,
             _host: host,
         })
     }

@@ -36,6 +36,9 @@ pub(crate) struct Health {
     /// ([`Lane::Owner`]), the repairer thread's ([`Lane::Repairer`]) and the replicator
     /// thread's ([`Lane::Replicator`]), watched apart.
     in_call: [AtomicU64; Lane::ALL.len()],
+    /// Bytes the current call of each lane moves: its bound grows with them
+    /// ([`SLOWEST_HEALTHY_RATE`]).
+    call_bytes: [AtomicU64; Lane::ALL.len()],
     /// When the clock thread last ticked, in nanoseconds since `born` (0: no clock runs).
     tick_at: AtomicU64,
     /// When the detector thread last began a round, in nanoseconds since `born` (0: none yet),
@@ -54,6 +57,7 @@ impl Health {
             alarm_on_failure,
             alarm: AtomicBool::new(false),
             in_call: Lane::ALL.map(|_| AtomicU64::new(0)),
+            call_bytes: Lane::ALL.map(|_| AtomicU64::new(0)),
             tick_at: AtomicU64::new(0),
             detector_at: AtomicU64::new(0),
             detector_step: AtomicU64::new(0),
@@ -152,10 +156,11 @@ impl Health {
         self.alarm.store(false, Ordering::Release);
     }
 
-    /// Marks the start of a bounded data-path call of the store's owner thread.
+    /// Marks the start of a bounded data-path call of the store's owner thread that moves
+    /// about `bytes`.
     #[inline]
-    pub fn enter_call(&self) {
-        self.enter_call_on(Lane::Owner);
+    pub fn enter_call(&self, bytes: usize) {
+        self.enter_call_on(Lane::Owner, bytes);
     }
 
     /// Marks its end.
@@ -164,10 +169,18 @@ impl Health {
         self.leave_call_on(Lane::Owner);
     }
 
-    /// Marks the start of a bounded data-path call made on `lane`.
+    /// Marks the start of a bounded data-path call made on `lane` that moves about `bytes`.
     #[inline]
-    pub fn enter_call_on(&self, lane: Lane) {
+    pub fn enter_call_on(&self, lane: Lane, bytes: usize) {
+        self.call_bytes[lane as usize].store(bytes as u64, Ordering::Relaxed);
         self.in_call[lane as usize].fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// The watchdog's bound for the current call of `lane`: `watchdog`, plus the time its
+    /// bytes take at [`SLOWEST_HEALTHY_RATE`].
+    fn call_bound(&self, lane: Lane, watchdog: Duration) -> Duration {
+        let bytes = self.call_bytes[lane as usize].load(Ordering::Relaxed);
+        watchdog + Duration::from_secs_f64(bytes as f64 / SLOWEST_HEALTHY_RATE)
     }
 
     /// Marks its end.
@@ -175,6 +188,17 @@ impl Health {
     pub fn leave_call_on(&self, lane: Lane) {
         self.in_call[lane as usize].fetch_add(1, Ordering::AcqRel);
     }
+}
+
+/// The slowest rate, in bytes per second, at which a healthy data-path call moves a large value
+/// (a loaded node writing into fresh shared memory, or over a slow link): a call that moves `n`
+/// bytes is ended as stuck only after the watchdog plus `n` at this rate.
+pub(crate) const SLOWEST_HEALTHY_RATE: f64 = (32u64 << 20) as f64;
+
+/// The bytes a read of one copy may move, for its watchdog bound: the largest value, capped
+/// (a read's length is known only once its header is read).
+pub(crate) fn read_allowance(max_value: usize) -> usize {
+    max_value.min(1 << 30)
 }
 
 /// The threads whose one-sided calls the watchdog bounds, each on its own counter.
@@ -430,7 +454,7 @@ impl StuckCall {
     }
 
     fn check<F: Fabric>(&mut self, watch: &Watch<F>) {
-        let bound = watch.watchdog;
+        let bound = watch.health.call_bound(self.lane, watch.watchdog);
         let now = watch.health.in_call[self.lane as usize].load(Ordering::Acquire);
         let inside = !now.is_multiple_of(2);
         if !inside || now != self.seen {

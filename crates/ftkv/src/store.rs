@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::attempt::{self, Command, Event, Fault};
-use crate::detector::{Deadline, Detector, Health, Step, StepMarker, Watch};
+use crate::detector::{read_allowance, Deadline, Detector, Health, Step, StepMarker, Watch};
 use crate::error::{Error, Result};
 use crate::fabric::{Fabric, FabricError, FabricWindow};
 use crate::fence::{read_copy, read_local_slot, Fencer};
@@ -567,7 +567,7 @@ impl<F: Fabric> Store<F> {
         let (version, geometry) = (header.version, self.geometry);
         let window = self.window.as_ref().ok_or(Error::Closed)?.window();
         let comm = &self.comm;
-        self.health.enter_call();
+        self.health.enter_call(data.len() * route.len());
         comm.stall_point("put_stall");
         let issued = window.scope(|s| {
             for copy in route {
@@ -607,7 +607,7 @@ impl<F: Fabric> Store<F> {
         let window = self.window.as_ref().ok_or(Error::Closed)?.window();
         let mut copies = Vec::with_capacity(route.len());
         for copy in route.iter().filter(|c| !self.health.is_failed(c.worker)) {
-            self.health.enter_call();
+            self.health.enter_call(read_allowance(self.geometry.max_value));
             let found = read_copy(window, copy, self.geometry);
             self.health.leave_call();
             copies.push((copy.worker, found.map_err(|e| self.failure(e))?));

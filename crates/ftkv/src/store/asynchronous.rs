@@ -65,7 +65,7 @@ impl<W> Drop for Replicator<W> {
 
 /// Writes one job's copies, its one-sided calls bounded by the watchdog like the owner's.
 fn write_copies<W: FabricWindow>(job: &Job<W>) -> FabricResult<()> {
-    job.health.enter_call_on(Lane::Replicator);
+    job.health.enter_call_on(Lane::Replicator, job.data.len() * job.targets.len());
     let (geometry, header, free) = (job.geometry, &job.header, job.free_stale);
     let written = job.window.window().scope(|s| {
         halves::issue_version(s, &job.targets, geometry, header, &job.encoded, &job.data, free)

@@ -19,14 +19,14 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::{put_committed, RepairReport, LOCALIZED_ATTEMPTS};
-use crate::detector::{Health, Lane};
+use crate::detector::{read_allowance, Health, Lane};
 use crate::error::{Error, Result};
 use crate::fabric::{Fabric, FabricError};
 use crate::fence::{newest_header_version, read_copy, Fencer};
 use crate::key::Key;
 use crate::layout::{Copy, Layout};
 use crate::recovery;
-use crate::slot::{Committed, SlotGeometry};
+use crate::slot::{Committed, SlotGeometry, HEADER_LEN};
 
 /// The last acknowledged version of each own key (0: none yet), written by the owner's calls
 /// and read by the repairer: an own key with an acknowledged write and no surviving copy
@@ -314,7 +314,8 @@ impl<F: Fabric> Follower<F> {
         let window = self.parts.window.window();
         let mut newest: Option<Committed> = None;
         for copy in route.iter().filter(|c| !self.parts.health.is_failed(c.worker)) {
-            self.parts.health.enter_call_on(Lane::Repairer);
+            let allowance = read_allowance(self.parts.geometry.max_value);
+            self.parts.health.enter_call_on(Lane::Repairer, allowance);
             let found = read_copy(window, copy, self.parts.geometry);
             self.parts.health.leave_call_on(Lane::Repairer);
             let found = found.map_err(|e| self.failure(current, e))?;
@@ -331,7 +332,7 @@ impl<F: Fabric> Follower<F> {
     fn behind(&self, current: &Layout, targets: &[Copy], version: u64) -> Result<Vec<Copy>> {
         let mut behind = Vec::with_capacity(targets.len());
         for copy in targets {
-            self.parts.health.enter_call_on(Lane::Repairer);
+            self.parts.health.enter_call_on(Lane::Repairer, 3 * HEADER_LEN);
             let found =
                 newest_header_version(self.parts.window.window(), copy, self.parts.geometry);
             self.parts.health.leave_call_on(Lane::Repairer);
@@ -345,7 +346,8 @@ impl<F: Fabric> Follower<F> {
     /// Writes a committed version (data, then header, into its half) to `targets`.
     fn copy_to(&self, current: &Layout, targets: &[Copy], committed: &Committed) -> Result<()> {
         let window = self.parts.window.window();
-        self.parts.health.enter_call_on(Lane::Repairer);
+        let bytes = committed.data.len() * targets.len();
+        self.parts.health.enter_call_on(Lane::Repairer, bytes);
         let written = put_committed(window, targets, committed, self.parts.geometry);
         self.parts.health.leave_call_on(Lane::Repairer);
         written.map_err(|e| self.failure(current, e))?;

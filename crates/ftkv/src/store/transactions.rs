@@ -188,7 +188,7 @@ impl<F: Fabric> Store<F> {
     /// Compare-and-swap of the lock word of `copy`, bounded by the watchdog; the value it held.
     fn swap_lock_word(&self, copy: &Copy, from: u64, to: u64) -> Result<u64> {
         let window = self.window.as_ref().ok_or(Error::Closed)?.window();
-        self.health.enter_call();
+        self.health.enter_call(8);
         let held = window.compare_and_swap(copy.rank, copy.disp + LOCK_AT as i64, from, to);
         self.health.leave_call();
         held.map_err(|e| self.failure(e))

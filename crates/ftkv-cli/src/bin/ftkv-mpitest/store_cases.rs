@@ -25,9 +25,14 @@ fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
-fn round_len(round: u32) -> usize {
-    if std::env::var_os("STORE_GROWTH").is_some() {
-        1024usize << (round - 1).min(12)
+/// The length of `owner`'s checkpoint in `round`: 1 KiB, or with `STORE_GROWTH` doubling each
+/// round up to `1 KiB << STORE_GROWTH_SHIFT` (12: 4 MiB), for every owner or only for
+/// `STORE_GROWTH_OWNER`.
+fn round_len(owner: i32, round: u32) -> usize {
+    let grows = std::env::var_os("STORE_GROWTH").is_some()
+        && std::env::var("STORE_GROWTH_OWNER").map_or(true, |o| o == owner.to_string());
+    if grows {
+        1024usize << (round - 1).min(env_usize("STORE_GROWTH_SHIFT", 12) as u32)
     } else {
         1024
     }
@@ -37,7 +42,7 @@ fn config(ranks: usize) -> Config {
     let mut config =
         Config::new(["checkpoint", "loot"], env_usize("STORE_COPIES", 2).min(ranks - 1));
     config.initial_capacity = 1024;
-    config.max_value = 4 << 20;
+    config.max_value = env_usize("STORE_MAX_MIB", 4) << 20;
     if let Some(ms) = std::env::var("STORE_RECOVERY_WATCHDOG_MS").ok().and_then(|v| v.parse().ok())
     {
         config.recovery_watchdog = std::time::Duration::from_millis(ms);
@@ -81,7 +86,7 @@ fn one_round(store: &mut Store, round: u32) -> std::result::Result<(), RoundErro
     let me = store.worker();
     let checkpoint = Key::new(me, 0);
     let loot = Key::new(me, 1);
-    store.put(checkpoint, &value(me, round, round_len(round))).map_err(RoundError::Unacked)?;
+    store.put(checkpoint, &value(me, round, round_len(me, round))).map_err(RoundError::Unacked)?;
     println!("{}", report_line("acked", &AckedRound { round }));
     failpoint::hit("store_round");
     store.put(loot, &value(me, round, 64)).map_err(RoundError::Acked)?;

@@ -19,7 +19,7 @@ use crate::key::Key;
 use crate::halves::{read_data, read_local_data};
 use crate::layout::Copy;
 use crate::slot::{
-    newest, Committed, Fence, FenceRead, Header, SlotGeometry, FENCE_LEN, HEADER_LEN, MAX_FENCED,
+    newest_loaded, Committed, Fence, FenceRead, Header, SlotGeometry, FENCE_LEN, HEADER_LEN, MAX_FENCED,
 };
 
 /// Reads of a remote fence block caught while its holder rewrote it, before giving up.
@@ -78,10 +78,10 @@ fn fence_slot<W: FabricWindow>(
     new: &[i32],
     geometry: SlotGeometry,
 ) -> FabricResult<bool> {
-    let (mut fence, halves) = read_local_raw(window, disp, geometry)?;
-    let writers: Vec<i32> =
-        halves.iter().filter_map(|(h, _)| Header::decode(h)).map(|h| h.writer).collect();
-    let current = newest(halves, &fence).map_or(0, |c| c.header.version);
+    let (mut fence, headers) = read_local_headers(window, disp, geometry)?;
+    let writers: Vec<i32> = headers.iter().map(|(_, h)| h.writer).collect();
+    let current = newest_local(window, disp, geometry, &fence, &headers)?;
+    let current = current.map_or(0, |c| c.header.version);
     let mut changed = false;
     for &worker in new {
         let wrote_here = worker == key.owner || writers.contains(&worker);
@@ -103,34 +103,42 @@ fn fence_slot<W: FabricWindow>(
     Ok(changed)
 }
 
-/// One half of a slot as read: header bytes, data bytes.
-type Half = (Vec<u8>, Vec<u8>);
-
-/// The fence and both halves of a slot in this rank's window. Only this rank writes its
-/// fences (under the fencer's lock), so a local fence block is never torn; one that does not
-/// decode counts as empty.
-fn read_local_raw<W: FabricWindow>(
+/// The fence and the decodable half headers (with their index) of a slot in this rank's
+/// window. Only this rank writes its fences (under the fencer's lock), so a local fence block is
+/// never torn; one that does not decode counts as empty.
+fn read_local_headers<W: FabricWindow>(
     window: &W,
     disp: usize,
     geometry: SlotGeometry,
-) -> FabricResult<(Fence, Vec<Half>)> {
+) -> FabricResult<(Fence, Vec<(usize, Header)>)> {
     let mut fence = [0u8; FENCE_LEN];
     window.read_local(disp, &mut fence)?;
-    let mut halves = Vec::with_capacity(2);
+    let mut headers = Vec::with_capacity(2);
     for index in 0..2 {
-        let at = disp + geometry.half_start(index);
-        let mut header = vec![0u8; HEADER_LEN];
-        window.read_local(at, &mut header)?;
-        let Some(h) = Header::decode(&header) else { continue };
-        if let Some(data) = read_local_data(window, disp, geometry, index, &h)? {
-            halves.push((header, data));
+        let mut header = [0u8; HEADER_LEN];
+        window.read_local(disp + geometry.half_start(index), &mut header)?;
+        if let Some(h) = Header::decode(&header) {
+            headers.push((index, h));
         }
     }
     let fence = match Fence::decode(&fence) {
         FenceRead::Valid(fence) => fence,
         FenceRead::Torn => Fence::default(),
     };
-    Ok((fence, halves))
+    Ok((fence, headers))
+}
+
+/// The newest complete version `fence` does not void among a local slot's `headers`.
+fn newest_local<W: FabricWindow>(
+    window: &W,
+    disp: usize,
+    geometry: SlotGeometry,
+    fence: &Fence,
+    headers: &[(usize, Header)],
+) -> FabricResult<Option<Committed>> {
+    newest_loaded(headers, fence, |index, header| {
+        read_local_data(window, disp, geometry, index, header)
+    })
 }
 
 /// The newest complete, unfenced version of a slot in this rank's own window.
@@ -139,30 +147,25 @@ pub(crate) fn read_local_slot<W: FabricWindow>(
     disp: usize,
     geometry: SlotGeometry,
 ) -> FabricResult<Option<Committed>> {
-    let (fence, halves) = read_local_raw(window, disp, geometry)?;
-    Ok(newest(halves, &fence))
+    let (fence, headers) = read_local_headers(window, disp, geometry)?;
+    newest_local(window, disp, geometry, &fence, &headers)
 }
 
-/// Reads one remote copy (fence block and both headers in one scope, then the data of each
-/// decodable half) and returns its newest complete, unfenced version.
+/// Reads one remote copy (fence block and both headers in one scope, then the data of the
+/// newest decodable half, and of the older only when the newest is incomplete) and returns its
+/// newest complete, unfenced version.
 pub(crate) fn read_copy<W: FabricWindow>(
     window: &W,
     copy: &Copy,
     geometry: SlotGeometry,
 ) -> FabricResult<Option<Committed>> {
     let mut blocks = [[0u8; HEADER_LEN]; 3];
-    let (fence, headers) = read_fence_and_headers(window, copy, geometry, &mut blocks)?;
-    let mut halves = Vec::new();
-    for (index, bytes) in headers.iter().enumerate() {
-        let Some(header) = Header::decode(bytes) else { continue };
-        if fence.voids(&header) {
-            continue;
-        }
-        if let Some(data) = read_data(window, copy, geometry, index, &header)? {
-            halves.push((bytes.to_vec(), data));
-        }
-    }
-    Ok(newest(halves, &fence))
+    let (fence, raw) = read_fence_and_headers(window, copy, geometry, &mut blocks)?;
+    let headers: Vec<(usize, Header)> =
+        raw.iter().enumerate().filter_map(|(i, bytes)| Some((i, Header::decode(bytes)?))).collect();
+    newest_loaded(&headers, &fence, |index, header| {
+        read_data(window, copy, geometry, index, header)
+    })
 }
 
 /// The highest version a header of one remote copy names that its fence does not void (0:

@@ -278,17 +278,39 @@ pub fn newest(
     halves: impl IntoIterator<Item = (Vec<u8>, Vec<u8>)>,
     fence: &Fence,
 ) -> Option<Committed> {
-    halves
-        .into_iter()
-        .filter_map(|(header, data)| {
-            let header = Header::decode(&header)?;
-            if fence.voids(&header) {
-                return None;
-            }
-            let data = data.get(..header.len as usize)?.to_vec();
-            header.matches(&data).then_some(Committed { header, data })
-        })
-        .max_by_key(|c| c.header.version)
+    let mut halves: Vec<(Header, Vec<u8>)> =
+        halves.into_iter().filter_map(|(h, data)| Some((Header::decode(&h)?, data))).collect();
+    halves.sort_by_key(|(header, _)| std::cmp::Reverse(header.version));
+    halves.into_iter().find_map(|(header, data)| complete(header, data, fence))
+}
+
+/// The newest complete version among the decoded `headers` of a slot's halves (with their
+/// half's index) that `fence` does not void, loading each half's data (`None`: unreadable)
+/// newest first and only until one is complete: a large value is read and hashed once.
+pub fn newest_loaded<E>(
+    headers: &[(usize, Header)],
+    fence: &Fence,
+    mut load: impl FnMut(usize, &Header) -> Result<Option<Vec<u8>>, E>,
+) -> Result<Option<Committed>, E> {
+    let mut order: Vec<&(usize, Header)> =
+        headers.iter().filter(|(_, h)| !fence.voids(h)).collect();
+    order.sort_by_key(|(_, header)| std::cmp::Reverse(header.version));
+    for &(index, header) in order {
+        if let Some(found) = load(index, &header)?.and_then(|data| complete(header, data, fence)) {
+            return Ok(Some(found));
+        }
+    }
+    Ok(None)
+}
+
+/// `header` with `data` (trimmed to its length) when `fence` does not void it and the data is
+/// complete.
+fn complete(header: Header, mut data: Vec<u8>, fence: &Fence) -> Option<Committed> {
+    if fence.voids(&header) || data.len() < header.len as usize {
+        return None;
+    }
+    data.truncate(header.len as usize);
+    header.matches(&data).then_some(Committed { header, data })
 }
 
 #[cfg(test)]

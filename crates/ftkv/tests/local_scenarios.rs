@@ -124,6 +124,53 @@ fn writer_killed_at(failpoint: &'static str, nth: usize) {
     }
 }
 
+/// A value that moves between its slot (1 KiB inline) and its half's extent, or whose extent
+/// grows or shrinks, with its writer (worker 1) killed at every step of the third put: after
+/// the first copy's data, between copies, after the second copy's data. Every survivor reads
+/// the second or the third value, never a torn one. The sizes exercise each move: inline to
+/// extent, extent to inline (the half's old extent given back), an extent grown 10×, one
+/// shrunk 10×.
+#[test]
+fn a_writer_killed_at_every_step_of_a_growth_leaves_old_or_new() {
+    let moves: [[usize; 3]; 4] =
+        [[500, 600, 5000], [5000, 600, 700], [1500, 1600, 16_000], [16_000, 16_000, 1600]];
+    for sizes in moves {
+        // Puts 1 and 2 pass each failpoint twice (two copies); the third put passes 5 and 6.
+        for (failpoint, nth) in
+            [("put_before_header", 5), ("put_between_copies", 5), ("put_before_header", 6)]
+        {
+            writer_killed_growing(failpoint, nth, sizes);
+        }
+    }
+}
+
+fn writer_killed_growing(failpoint: &'static str, nth: usize, sizes: [usize; 3]) {
+    let cluster = LocalCluster::new(4);
+    cluster.arm(1, failpoint, nth);
+    let reads = within(30, format!("{failpoint}#{nth} {sizes:?}"), move || {
+        cluster.run(|fabric| {
+            let mut store = Store::create(&fabric, config(2)).expect("create");
+            let me = store.worker();
+            for (seq, &len) in sizes[..2].iter().enumerate() {
+                store.put(Key::new(me, 0), &value(me, seq as u32 + 1, len)).expect("put");
+            }
+            store.sync().expect("sync");
+            if me == 1 {
+                let _ = store.put(Key::new(me, 0), &value(me, 3, sizes[2]));
+                unreachable!("worker 1 dies inside its third put ({failpoint}#{nth} {sizes:?})");
+            }
+            sync_until_done(&mut store);
+            store.get(Key::new(1, 0)).expect("read the dead writer's key")
+        })
+    });
+    assert!(reads[1].is_none(), "worker 1 was killed");
+    let allowed = [value(1, 2, sizes[1]), value(1, 3, sizes[2])];
+    for read in reads.into_iter().flatten() {
+        let read = read.expect("a surviving copy");
+        assert!(allowed.contains(&read), "torn or stale value at {failpoint}#{nth} {sizes:?}");
+    }
+}
+
 #[test]
 fn writer_killed_between_data_and_header_leaves_old_or_new() {
     writer_killed_at("put_before_header", 3);

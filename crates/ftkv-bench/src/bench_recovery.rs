@@ -10,6 +10,7 @@ use serde::Serialize;
 use crate::bench::unix_us;
 use crate::bench_store::size_name;
 use crate::reports::{GlobalRecoveryReport, GrowthReport, LocalizedRecoveryReport, Report};
+use ftkv_launch::cluster::Hosts;
 use ftkv_launch::launch::{kill_pid, union_of_failed, JobOutput, Launch};
 
 /// One recovery measurement.
@@ -49,11 +50,23 @@ pub fn measure_recovery(
     bytes: usize,
     localized: bool,
 ) -> Result<RecoveryRow> {
+    measure_recovery_on(exe, ranks, Hosts::ThisMachine, bytes, localized)
+}
+
+/// [`measure_recovery`] with the ranks spread over `hosts`.
+pub fn measure_recovery_on(
+    exe: &Path,
+    ranks: usize,
+    hosts: Hosts,
+    bytes: usize,
+    localized: bool,
+) -> Result<RecoveryRow> {
     let mut args = vec!["bench-recovery-rank".to_string(), bytes.to_string()];
     if localized {
         args.push("--localized".into());
     }
-    let launch = Launch::new(exe, ranks).args(args).timeout(Duration::from_secs(120));
+    let launch =
+        Launch::new(exe, ranks).args(args).on_hosts(hosts).timeout(Duration::from_secs(300));
     let mut job = launch.spawn()?;
     let mut pids = std::collections::HashMap::new();
     while pids.len() < ranks {
@@ -81,7 +94,7 @@ pub fn measure_recovery(
 }
 
 /// Each rank's first report of kind `T` (`None`: it made none), in rank order.
-fn reports_by_rank<T: Report>(out: &JobOutput, ranks: usize) -> Result<Vec<Option<T>>> {
+pub(crate) fn reports_by_rank<T: Report>(out: &JobOutput, ranks: usize) -> Result<Vec<Option<T>>> {
     (0..ranks).map(|rank| T::first_of(out, rank)).collect()
 }
 
@@ -340,7 +353,7 @@ pub fn run_growth(
     Ok(rows)
 }
 
-fn write_json<T: Serialize>(dir: &Path, name: &str, rows: &T) -> Result<()> {
+pub(crate) fn write_json<T: Serialize>(dir: &Path, name: &str, rows: &T) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let path = dir.join(name);
     std::fs::write(&path, serde_json::to_string_pretty(rows)? + "\n")

@@ -6,6 +6,7 @@
 
 pub mod bench;
 pub mod bench_recovery;
+pub mod bench_scale;
 pub mod bench_store;
 pub mod peers;
 pub mod reports;

@@ -230,3 +230,34 @@ mod tests {
         assert_eq!(back.histogram.count(), 5);
     }
 }
+
+/// A rank of `ftkv bench scale`: what creating a store with the library's defaults cost it,
+/// its put latency, and the resources it holds once every key holds `stored` bytes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScaleReport {
+    pub ranks: usize,
+    /// Its host's ranks.
+    pub host_ranks: usize,
+    /// `Store::create`, from the barrier before it to its return on this rank.
+    pub create_ms: f64,
+    /// The p50 and p99 of its 1 KiB puts, in µs.
+    pub p50_us: f64,
+    pub p99_us: f64,
+    /// This process's private resident memory (`RssAnon`), its resident shared memory
+    /// (`RssShmem`: its view of the windows it maps), and its mapped address space (`VmSize`),
+    /// in KiB, with every key holding `stored` bytes.
+    pub rss_anon_kib: u64,
+    pub rss_shmem_kib: u64,
+    pub vm_size_kib: u64,
+    /// Threads and sockets of this process then.
+    pub threads: u64,
+    pub sockets: u64,
+    /// The machine's `Shmem:` (/proc/meminfo) in KiB before the store and once every key holds
+    /// `stored` bytes.
+    pub shm_empty_kib: u64,
+    pub shm_stored_kib: u64,
+}
+
+impl Report for ScaleReport {
+    const KIND: &'static str = "scale";
+}

@@ -91,6 +91,9 @@ enum Command {
     /// The rank side of `ftkv bench growth`.
     #[command(hide = true)]
     BenchGrowthRank { copies: usize, stored: usize, millis: u64 },
+    /// The rank side of `ftkv bench scale`.
+    #[command(hide = true)]
+    BenchScaleRank { stored: usize, millis: u64 },
     /// The MPI side of `ftkv bench store` (ftkv and raw RMA writers).
     #[command(hide = true)]
     BenchStoreRank { systems: String, writers: usize, sizes: String, millis: u64, copies: usize },
@@ -311,6 +314,27 @@ enum BenchCommand {
         #[arg(long, default_value = "results")]
         out: PathBuf,
     },
+    /// What a store with the library's defaults costs as the job grows: creation, put
+    /// latency, memory, threads and sockets per rank, one kill's recoveries.
+    Scale {
+        /// Job layouts: ranks on this machine (`64`) or over simulated hosts (`64x8`).
+        #[arg(long, value_delimiter = ',', default_values = ["8", "16", "32", "64", "128", "32x4", "64x8"])]
+        layouts: Vec<ftkv_cli::bench_scale::Layout>,
+        /// Bytes every key holds for the memory measurement.
+        #[arg(long, default_value_t = 1 << 20, value_parser = args::at_least(1usize))]
+        #[arg(allow_negative_numbers = true)]
+        stored: usize,
+        /// Milliseconds of 1 KiB puts per job.
+        #[arg(long, default_value_t = 1000, value_parser = args::at_least(1u64))]
+        #[arg(allow_negative_numbers = true)]
+        millis: u64,
+        /// Leave out the recoveries (one SIGKILL, global and localized, per layout).
+        #[arg(long)]
+        no_recovery: bool,
+        /// Where bench_scale.json and bench_scale.svg go.
+        #[arg(long, default_value = "results")]
+        out: PathBuf,
+    },
     /// Checkpointing overhead: the same tree failure-free without and with checkpointing.
     Uts {
         #[command(flatten)]
@@ -525,6 +549,16 @@ fn run(command: Command) -> Result<()> {
         }
         Command::BenchGrowthRank { copies, stored, millis } => {
             ftkv_cli::bench::growth_rank_main(copies, stored, millis)
+        }
+        Command::Bench(BenchCommand::Scale { layouts, stored, millis, no_recovery, out }) => {
+            let ranks: Vec<usize> = layouts.iter().map(|l| l.ranks).collect();
+            check_jobs("--layouts", &ranks, 4, "bench scale")?;
+            let exe = exe()?;
+            ftkv_cli::bench_scale::run_scale(&exe, &layouts, stored, millis, !no_recovery, &out)
+                .map(drop)
+        }
+        Command::BenchScaleRank { stored, millis } => {
+            ftkv_cli::bench_scale::scale_rank_main(stored, millis)
         }
         Command::BenchStoreRank { systems, writers, sizes, millis, copies } => {
             let sizes = sizes.split(',').map(str::parse).collect::<Result<Vec<usize>, _>>()?;

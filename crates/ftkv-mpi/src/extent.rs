@@ -78,6 +78,7 @@ impl Extents {
             .read(true)
             .write(true)
             .create(true)
+            .truncate(false)
             .mode(0o600)
             .open(&path)
             .map_err(|e| io_error("opening an extent", e))?;

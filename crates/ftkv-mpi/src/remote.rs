@@ -492,7 +492,7 @@ fn serve_entry(
         OP_COMPARE_AND_SWAP => {
             put_data.resize(16, 0);
             stream.read_exact(put_data)?;
-            let aligned = entry.disp % 8 == 0 && entry.len == 8;
+            let aligned = entry.disp.is_multiple_of(8) && entry.len == 8;
             let held = match target.filter(|_| aligned) {
                 Some(_) => memory.atomics.compare_and_swap(entry.disp, put_data),
                 None => None,

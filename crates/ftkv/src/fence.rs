@@ -15,11 +15,12 @@
 use std::sync::{Arc, Mutex};
 
 use crate::fabric::{FabricError, FabricResult, FabricWindow, RmaOps};
-use crate::key::Key;
 use crate::halves::{read_data, read_local_data};
+use crate::key::Key;
 use crate::layout::Copy;
 use crate::slot::{
-    newest_loaded, Committed, Fence, FenceRead, Header, SlotGeometry, FENCE_LEN, HEADER_LEN, MAX_FENCED,
+    newest_loaded, Committed, Fence, FenceRead, Header, SlotGeometry, FENCE_LEN, HEADER_LEN,
+    MAX_FENCED,
 };
 
 /// Reads of a remote fence block caught while its holder rewrote it, before giving up.

@@ -43,19 +43,25 @@ pub(crate) fn issue_header<'b, S: RmaOps<'b>>(
     s.put(copy.rank, copy.disp + geometry.half_offset(version) as i64, encoded)
 }
 
+/// One version on its way to a slot: its number, encoded header and value, and whether its
+/// half's extent is stale ([`issue_data`]).
+pub(crate) struct Outgoing<'b> {
+    pub version: u64,
+    pub encoded: &'b [u8],
+    pub data: &'b [u8],
+    pub free_stale: bool,
+}
+
 /// Issues a whole version, data then header, to each of `targets`.
 pub(crate) fn issue_version<'b, S: RmaOps<'b>>(
     s: &mut S,
     targets: &[Copy],
     geometry: SlotGeometry,
-    header: &Header,
-    encoded: &'b [u8],
-    data: &'b [u8],
-    free_stale: bool,
+    out: &Outgoing<'b>,
 ) -> FabricResult<()> {
     for copy in targets {
-        issue_data(s, copy, geometry, header.version, data, free_stale)?;
-        issue_header(s, copy, geometry, header.version, encoded)?;
+        issue_data(s, copy, geometry, out.version, out.data, out.free_stale)?;
+        issue_header(s, copy, geometry, out.version, out.encoded)?;
     }
     Ok(())
 }

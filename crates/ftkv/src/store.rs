@@ -1294,8 +1294,10 @@ fn put_committed<W: FabricWindow>(
     geometry: SlotGeometry,
 ) -> std::result::Result<(), FabricError> {
     let encoded = committed.header.encode();
-    let (header, data) = (&committed.header, &committed.data[..]);
-    window.scope(|s| halves::issue_version(s, targets, geometry, header, &encoded, data, true))
+    let version = committed.header.version;
+    let out =
+        halves::Outgoing { version, encoded: &encoded, data: &committed.data, free_stale: true };
+    window.scope(|s| halves::issue_version(s, targets, geometry, &out))
 }
 
 impl<F: Fabric> Store<F> {

@@ -11,9 +11,9 @@ use crate::detector::{Health, Lane};
 use crate::error::{Error, Result};
 use crate::fabric::{Fabric, FabricError, FabricResult, FabricWindow};
 use crate::fence::Fencer;
+use crate::halves;
 use crate::key::{Key, Recovery};
 use crate::layout::Copy;
-use crate::halves;
 use crate::slot::{Header, SlotGeometry, HEADER_LEN};
 
 /// One version's other copies, for the replicator thread.
@@ -66,10 +66,14 @@ impl<W> Drop for Replicator<W> {
 /// Writes one job's copies, its one-sided calls bounded by the watchdog like the owner's.
 fn write_copies<W: FabricWindow>(job: &Job<W>) -> FabricResult<()> {
     job.health.enter_call_on(Lane::Replicator, job.data.len() * job.targets.len());
-    let (geometry, header, free) = (job.geometry, &job.header, job.free_stale);
-    let written = job.window.window().scope(|s| {
-        halves::issue_version(s, &job.targets, geometry, header, &job.encoded, &job.data, free)
-    });
+    let out = halves::Outgoing {
+        version: job.header.version,
+        encoded: &job.encoded,
+        data: &job.data,
+        free_stale: job.free_stale,
+    };
+    let written =
+        job.window.window().scope(|s| halves::issue_version(s, &job.targets, job.geometry, &out));
     job.health.leave_call_on(Lane::Replicator);
     written
 }

@@ -6,9 +6,10 @@
 //! target's progress engine to read its sockets. A [`HostWindow`] therefore keeps one
 //! `MPI_Win_allocate` window per host (over the members that share the host: osc sm, loads and
 //! stores) and reaches members on other hosts over connections of its own
-//! ([`crate::remote`]), served by a thread per connection that sleeps in `read` until a request
-//! comes: a put completes in bounded time whatever the target's application thread does, and a
-//! dead target's connection ends, which fails the operation with `ProcFailed` instead of a hang.
+//! ([`crate::remote`]), served by one thread per member that sleeps in `poll` on all of its
+//! incoming connections until a request comes: a put completes in bounded time whatever the
+//! target's application thread does, and a dead target's connection ends, which fails the
+//! operation with `ProcFailed` instead of a hang.
 //! Operations to one target are applied in issue order (a slot's data before its header).
 
 use std::sync::atomic::Ordering;
@@ -28,7 +29,7 @@ pub struct HostWindow {
     local: Option<LockedWindow>,
     /// Each member's rank in the host's communicator, `None` for members on other hosts.
     host_rank: Arc<[Option<i32>]>,
-    /// The connections to other hosts; dropped (serving threads joined) before the window is
+    /// The connections to other hosts; dropped (serving thread joined) before the window is
     /// freed.
     links: Option<Arc<Links>>,
     /// Every member's extents; members on this host reach them directly.
@@ -45,7 +46,7 @@ pub struct HostWindow {
 impl HostWindow {
     /// Allocates `len` bytes on every member of `comm` (collective): one shared-memory window
     /// per host, and, when the members span more than one host, a TCP connection from every
-    /// member to every member on another host, each served by a thread of its target. Fails
+    /// member to every member on another host, served by one thread of each target. Fails
     /// with `ProcFailed` if a member is dead or cannot be reached.
     pub fn allocate(comm: &Comm, len: usize) -> Result<HostWindow> {
         let hosts = host_ids(comm)?;

@@ -6,10 +6,29 @@
 //! the process is inside a blocking MPI call, at a reduced rate: under load, requests sat unread
 //! in the target's kernel socket buffer for up to seconds (seen with `ss` while every writer
 //! waited for its acknowledgement). Here every member keeps one connection to every member on
-//! another host; a thread per incoming connection sleeps in `read` until a request arrives,
-//! applies it to this member's window memory and answers, whatever the application thread does.
-//! A connection that ends (a SIGKILLed peer's kernel closes it at once) fails the operations on
-//! it with `ProcFailed`.
+//! another host; one serving thread per member and window sleeps in `poll(2)` on all of the
+//! member's incoming connections at once and, whenever one is readable, reads that origin's
+//! whole request, applies it to this member's window memory and answers, whatever the
+//! application thread does. A connection that ends (a SIGKILLed peer's kernel closes it at
+//! once) fails the operations on it with `ProcFailed`.
+//!
+//! Threads: a member runs, per window whose members span hosts, exactly one serving thread
+//! ([`Server`]) whatever the number of members or hosts, plus one acceptor thread only while the
+//! connections are created. (One thread per incoming connection starved MPI's progress threads:
+//! 64 ranks over 8 simulated hosts on 2 cores ran ~3600 serving threads.) The serving loop:
+//! - serves one whole request of an origin before it looks at another connection, so each
+//!   origin's requests are applied in order and origins interleave only at request boundaries;
+//! - reads the rest of a request after `poll` said readable with a read timeout of
+//!   [`REQUEST_TIMEOUT`]: an origin whose request stops arriving midway holds up the others at
+//!   most that long, then its connection is dropped;
+//! - sends answers without blocking: what the socket does not take at once waits for the
+//!   connection to be writable, and that origin's next request is read only once its answer is
+//!   sent, so an origin slow to read a large answer holds up no other origin;
+//! - drops a connection whose read or send hits EOF or an error (its origin died or closed) and
+//!   goes on with the others; it ends when none are left, when `poll` fails other than with
+//!   `EINTR`, or when its [`Links`] is dropped: the stop flag is checked every
+//!   [`STOP_CHECK`] and the streams are shut down so a read in progress returns, then the
+//!   thread is joined, so no thread touches the window memory after the drop.
 //!
 //! Request, on an origin's connection: `u32` operation count, then per operation a kind byte and
 //! `u64` displacement and length (little-endian), then every put's data and every
@@ -27,7 +46,9 @@
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, Shutdown, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
-use std::sync::{Mutex, MutexGuard};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -69,8 +90,13 @@ const INTRO_SECRET: usize = INTRO_TARGET + 4;
 const INTRO_LEN: usize = INTRO_SECRET + SECRET_LEN;
 /// How long an accepted connection has to send its whole introduction.
 const INTRODUCTION_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long the serving loop waits for more of a request it started reading before it drops the
+/// connection (the wait of each read; a request that keeps arriving may take longer).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+/// How often the serving loop wakes from `poll` to check whether it is to stop.
+const STOP_CHECK: Duration = Duration::from_millis(50);
 
-/// This member's window memory, as the serving threads reach it.
+/// This member's window memory, as the serving thread reaches it.
 #[derive(Clone, Copy)]
 pub(crate) struct Memory {
     pub base: *mut u8,
@@ -98,9 +124,9 @@ impl Atomics {
     }
 }
 
-// SAFETY: the memory and the window handle belong to a window that outlives the serving threads
-// (the window joins them before it is freed); the memory is only written by raw copies, never
-// through Rust references, and MPI runs with MPI_THREAD_MULTIPLE, so a serving thread may call
+// SAFETY: the memory and the window handle belong to a window that outlives the serving thread
+// (the window joins it before it is freed); the memory is only written by raw copies, never
+// through Rust references, and MPI runs with MPI_THREAD_MULTIPLE, so the serving thread may call
 // MPI on the handle while the application thread does.
 unsafe impl Send for Memory {}
 
@@ -141,13 +167,14 @@ pub(crate) enum Remote<'buf> {
     },
 }
 
-/// The connections of one member to the members on other hosts, and the threads that serve the
+/// The connections of one member to the members on other hosts, and the thread that serves the
 /// other members' requests to this member.
 pub(crate) struct Links {
     /// This member's connection to each member on another host (`None`: same host), or `None`
     /// inside once an operation on it failed.
     outgoing: Vec<Option<Mutex<Option<TcpStream>>>>,
-    serving: Vec<(TcpStream, JoinHandle<()>)>,
+    /// The one thread serving every incoming connection.
+    server: Server,
     /// Connections accepted while these were created and dropped for want of a genuine
     /// introduction.
     rejected: usize,
@@ -180,16 +207,15 @@ impl Links {
         let outgoing = connect_all(&addresses, remote, me, &secret);
         let accepted = acceptor.join().map_err(|_| other("Links", "the acceptor panicked"))?;
         let (outgoing, accepted) = (outgoing?, accepted?);
-        let mut serving = Vec::with_capacity(accepted.members.len());
-        for (origin, stream) in accepted.members {
-            let handle = stream.try_clone().map_err(|e| io_error("cloning", e, Some(origin)))?;
-            let thread = std::thread::Builder::new()
-                .name("ftkv-window-serve".into())
-                .spawn(move || serve(stream, memory))
-                .map_err(|e| io_error("spawning a server", e, Some(origin)))?;
-            serving.push((handle, thread));
-        }
-        Ok(Links { outgoing, serving, rejected: accepted.rejected, members: comm.dup()? })
+        let streams = accepted.members.into_iter().map(|(_, stream)| stream).collect();
+        let server = Server::start(streams, REQUEST_TIMEOUT, move || {
+            let mut buffers = ServeBuffers::default();
+            move |stream: &mut TcpStream, answer: &mut Vec<u8>| {
+                serve_request(stream, memory, &mut buffers, answer)
+            }
+        })
+        .map_err(|e| io_error("starting the server", e, None))?;
+        Ok(Links { outgoing, server, rejected: accepted.rejected, members: comm.dup()? })
     }
 
     /// How many connections this member accepted while the links were created and dropped
@@ -272,8 +298,8 @@ impl Sent<'_, '_> {
 }
 
 impl Drop for Links {
-    /// Ends every connection and joins the serving threads (their reads end with the
-    /// connection), so that none touches the window memory afterwards.
+    /// Ends every connection and joins the serving thread ([`Server::stop`]), so that it does
+    /// not touch the window memory afterwards.
     fn drop(&mut self) {
         for slot in self.outgoing.iter().flatten() {
             let stream = slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -281,10 +307,7 @@ impl Drop for Links {
                 let _ = stream.shutdown(Shutdown::Both);
             }
         }
-        for (stream, thread) in self.serving.drain(..) {
-            let _ = stream.shutdown(Shutdown::Both);
-            let _ = thread.join();
-        }
+        let _ = self.server.stop();
     }
 }
 
@@ -405,10 +428,219 @@ impl Peer<'_> {
     }
 }
 
-/// Serves one origin's requests until its connection ends.
-fn serve(mut stream: TcpStream, memory: Memory) {
-    let mut buffers = ServeBuffers::default();
-    while serve_request(&mut stream, memory, &mut buffers).is_ok() {}
+/// The thread that serves every incoming connection of a member ([`serve_loop`]), and what
+/// stops it.
+struct Server {
+    stop: Arc<AtomicBool>,
+    /// Handles on the served connections' sockets, to shut them down at the stop.
+    streams: Vec<TcpStream>,
+    thread: Option<JoinHandle<std::io::Result<()>>>,
+}
+
+impl Server {
+    /// Starts the serving thread over `streams`; it builds its request handler with `handler`
+    /// first (so the handler itself need not be `Send`). `timeout`: [`REQUEST_TIMEOUT`].
+    fn start<F, H>(
+        streams: Vec<TcpStream>,
+        timeout: Duration,
+        handler: F,
+    ) -> std::io::Result<Server>
+    where
+        F: FnOnce() -> H + Send + 'static,
+        H: FnMut(&mut TcpStream, &mut Vec<u8>) -> std::io::Result<()>,
+    {
+        let handles = streams.iter().map(TcpStream::try_clone).collect::<std::io::Result<_>>()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let thread = std::thread::Builder::new()
+            .name("ftkv-window-serve".into())
+            .spawn(move || serve_loop(streams, &flag, timeout, handler()))?;
+        Ok(Server { stop, streams: handles, thread: Some(thread) })
+    }
+
+    /// Stops the serving thread and waits for it: raises the stop flag (checked every
+    /// [`STOP_CHECK`]), shuts every connection down so that a read in progress returns, joins.
+    /// What the thread ended with (`Ok` at once if it was stopped before).
+    fn stop(&mut self) -> std::io::Result<()> {
+        self.stop.store(true, Ordering::Release);
+        for stream in &self.streams {
+            let _ = stream.shutdown(Shutdown::Both);
+        }
+        match self.thread.take() {
+            Some(thread) => {
+                thread.join().unwrap_or_else(|_| Err(std::io::Error::other("panicked")))
+            }
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.stop();
+    }
+}
+
+/// One connection of the serving loop, with the part of its last answer not sent yet.
+struct Incoming {
+    stream: TcpStream,
+    unsent: Vec<u8>,
+    /// How much of `unsent` went already.
+    sent: usize,
+}
+
+impl Incoming {
+    /// What `poll` is to wait for: the rest of the answer to go, else the next request.
+    fn events(&self) -> libc::c_short {
+        if self.sent < self.unsent.len() {
+            libc::POLLOUT
+        } else {
+            libc::POLLIN
+        }
+    }
+
+    /// Acts on `revents`: sends more of the unsent answer, or serves one whole request with
+    /// `handle` (which appends its answer to `answer`, a buffer kept across requests) and sends
+    /// what the socket takes of the answer at once. Whether the connection stays.
+    fn step<H>(&mut self, revents: libc::c_short, answer: &mut Vec<u8>, handle: &mut H) -> bool
+    where
+        H: FnMut(&mut TcpStream, &mut Vec<u8>) -> std::io::Result<()>,
+    {
+        if revents & libc::POLLNVAL != 0 {
+            return false;
+        }
+        if revents & (libc::POLLIN | libc::POLLOUT | libc::POLLHUP | libc::POLLERR) == 0 {
+            return true;
+        }
+        if self.sent < self.unsent.len() {
+            // Writable, hung up or failed: the send tells which.
+            return match send_now(&self.stream, &self.unsent[self.sent..]) {
+                Ok(n) => {
+                    self.sent += n;
+                    if self.sent == self.unsent.len() {
+                        (self.unsent, self.sent) = (Vec::new(), 0);
+                    }
+                    true
+                }
+                Err(_) => false,
+            };
+        }
+        // Readable, hung up or failed: a request, or the read ends with EOF or the error.
+        answer.clear();
+        if handle(&mut self.stream, answer).is_err() {
+            return false;
+        }
+        match send_now(&self.stream, answer) {
+            Ok(n) if n == answer.len() => true,
+            Ok(n) => {
+                (self.unsent, self.sent) = (std::mem::take(answer), n);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+}
+
+/// Sends what the socket takes of `data` without waiting; how many bytes went.
+fn send_now(stream: &TcpStream, data: &[u8]) -> std::io::Result<usize> {
+    let mut sent = 0;
+    while sent < data.len() {
+        let rest = &data[sent..];
+        // SAFETY: the pointer and length describe `rest`, alive and only read during the call;
+        // the descriptor is `stream`'s open socket. MSG_NOSIGNAL: a closed peer is EPIPE, not
+        // SIGPIPE; MSG_DONTWAIT: never blocks.
+        let n = unsafe {
+            libc::send(
+                stream.as_raw_fd(),
+                rest.as_ptr().cast(),
+                rest.len(),
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            match e.kind() {
+                std::io::ErrorKind::Interrupted => continue,
+                std::io::ErrorKind::WouldBlock => break,
+                _ => return Err(e),
+            }
+        }
+        if n == 0 {
+            break;
+        }
+        sent += n as usize;
+    }
+    Ok(sent)
+}
+
+/// Serves the requests on every one of `streams` from this one thread: waits with `poll` until
+/// some are readable (or writable, for an answer that did not go at once) and serves one whole
+/// request of each readable connection with `handle`, which reads the request from the stream
+/// and appends the answer to its buffer; an error of `handle` drops the connection. Reads wait
+/// at most `timeout` ([`REQUEST_TIMEOUT`]). Ends when `stop` is raised (checked every
+/// [`STOP_CHECK`]) or no connection is left (`Ok`), or when `poll` fails other than with
+/// `EINTR` (its error). Every connection it drops, and at its end every one left, is shut
+/// down, so its origin sees the connection end.
+fn serve_loop<H>(
+    streams: Vec<TcpStream>,
+    stop: &AtomicBool,
+    timeout: Duration,
+    mut handle: H,
+) -> std::io::Result<()>
+where
+    H: FnMut(&mut TcpStream, &mut Vec<u8>) -> std::io::Result<()>,
+{
+    let mut incoming: Vec<Incoming> = Vec::with_capacity(streams.len());
+    for stream in streams {
+        match stream.set_read_timeout(Some(timeout)) {
+            Ok(()) => incoming.push(Incoming { stream, unsent: Vec::new(), sent: 0 }),
+            Err(_) => {
+                let _ = stream.shutdown(Shutdown::Both);
+            }
+        }
+    }
+    let mut answer = Vec::new();
+    let mut fds: Vec<libc::pollfd> = Vec::with_capacity(incoming.len());
+    let wait = STOP_CHECK.as_millis() as libc::c_int;
+    let ended = loop {
+        if stop.load(Ordering::Acquire) || incoming.is_empty() {
+            break Ok(());
+        }
+        fds.clear();
+        fds.extend(incoming.iter().map(|c| libc::pollfd {
+            fd: c.stream.as_raw_fd(),
+            events: c.events(),
+            revents: 0,
+        }));
+        // SAFETY: `fds` holds `fds.len()` initialized `pollfd`s that outlive the call, which
+        // writes only their `revents`; every descriptor is an open socket of `incoming`.
+        let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, wait) };
+        if ready < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            break Err(e);
+        }
+        if ready == 0 {
+            continue;
+        }
+        let mut at = 0;
+        for fd in &fds {
+            if stop.load(Ordering::Acquire) {
+                break;
+            }
+            if incoming[at].step(fd.revents, &mut answer, &mut handle) {
+                at += 1;
+            } else {
+                let _ = incoming.remove(at).stream.shutdown(Shutdown::Both);
+            }
+        }
+    };
+    for connection in &incoming {
+        let _ = connection.stream.shutdown(Shutdown::Both);
+    }
+    ended
 }
 
 /// One part of an answer, in operation order: window bytes to copy (`None`: out of range,
@@ -425,7 +657,6 @@ struct ServeBuffers {
     entries: Vec<u8>,
     put_data: Vec<u8>,
     gets: Vec<Answer>,
-    answer: Vec<u8>,
 }
 
 /// One entry of a request: operation code, displacement (or extent id), length.
@@ -442,10 +673,13 @@ impl Entry {
     }
 }
 
+/// Reads one whole request from `stream`, applies it to `memory` and appends its answer to
+/// `answer`. Fails when the stream fails or ends before the request is whole.
 fn serve_request(
     stream: &mut TcpStream,
     memory: Memory,
     buffers: &mut ServeBuffers,
+    answer: &mut Vec<u8>,
 ) -> std::io::Result<()> {
     let mut count = [0u8; 4];
     stream.read_exact(&mut count)?;
@@ -461,7 +695,8 @@ fn serve_request(
         }
     }
     buffers.entries = entries;
-    write_answer(stream, memory, buffers, status)
+    build_answer(memory, buffers, status, answer);
+    Ok(())
 }
 
 /// Applies one entry (reading its data from `stream`); returns its status.
@@ -480,7 +715,7 @@ fn serve_entry(
             stream.read_exact(put_data)?;
             if let Some(ptr) = target {
                 // SAFETY: `ptr` is `len` bytes inside the window memory (range-checked),
-                // which outlives this thread; `put_data` is a separate allocation.
+                // which outlives the serving thread; `put_data` is a separate allocation.
                 unsafe { std::ptr::copy_nonoverlapping(put_data.as_ptr(), ptr, put_data.len()) };
             }
             Ok(in_range)
@@ -526,15 +761,10 @@ fn extent_status(done: Result<()>) -> u8 {
     }
 }
 
-/// Answers a request: every get's bytes and compare-and-swap's value in order, then `status`.
-fn write_answer(
-    stream: &mut TcpStream,
-    memory: Memory,
-    buffers: &mut ServeBuffers,
-    mut status: u8,
-) -> std::io::Result<()> {
-    let ServeBuffers { gets, answer, .. } = buffers;
-    answer.clear();
+/// Appends a request's answer to `answer`: every get's bytes and compare-and-swap's value in
+/// order, then `status`.
+fn build_answer(memory: Memory, buffers: &ServeBuffers, mut status: u8, answer: &mut Vec<u8>) {
+    let ServeBuffers { gets, .. } = buffers;
     for part in gets.iter() {
         let (target, len) = match *part {
             Answer::Held(value) => {
@@ -561,7 +791,6 @@ fn write_answer(
         }
     }
     answer.push(status);
-    stream.write_all(answer)
 }
 
 /// Every member's listening address, in rank order.
@@ -1067,6 +1296,159 @@ mod tests {
             assert_eq!(&next, b"next", "the introduction is read no further");
         }
         drop(members);
+    }
+
+    /// A test request: tag byte, repeat count and payload length (`u32`, little-endian), then
+    /// the payload; its answer is the payload `repeat` times.
+    fn request(tag: u8, repeat: u32, payload: &[u8]) -> Vec<u8> {
+        let mut bytes = vec![tag];
+        bytes.extend_from_slice(&repeat.to_le_bytes());
+        bytes.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        bytes.extend_from_slice(payload);
+        bytes
+    }
+
+    /// Who served which request: the serving thread and the request's tag.
+    type Served = Arc<Mutex<Vec<(std::thread::ThreadId, u8)>>>;
+
+    /// A [`Server`] over `n` connections from this process, whose handler answers [`request`]s
+    /// and records them in the returned log; the origins' ends, with a 5 s read timeout.
+    fn echo_server(n: usize, timeout: Duration) -> (Server, Vec<TcpStream>, Served) {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let address = listener.local_addr().unwrap();
+        let origins: Vec<TcpStream> =
+            (0..n).map(|_| TcpStream::connect(address).unwrap()).collect();
+        for origin in &origins {
+            origin.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        }
+        let served = (0..n).map(|_| listener.accept().unwrap().0).collect();
+        let log = Served::default();
+        let record = Arc::clone(&log);
+        let server = Server::start(served, timeout, move || {
+            move |stream: &mut TcpStream, answer: &mut Vec<u8>| {
+                let mut head = [0u8; 9];
+                stream.read_exact(&mut head)?;
+                let repeat = u32::from_le_bytes(head[1..5].try_into().unwrap());
+                let mut payload = vec![0u8; u32::from_le_bytes(head[5..].try_into().unwrap()) as _];
+                stream.read_exact(&mut payload)?;
+                for _ in 0..repeat {
+                    answer.extend_from_slice(&payload);
+                }
+                record.lock().unwrap().push((std::thread::current().id(), head[0]));
+                Ok(())
+            }
+        })
+        .unwrap();
+        (server, origins, log)
+    }
+
+    /// Sends a request on `origin` and reads its whole answer.
+    fn ask(origin: &mut TcpStream, tag: u8, repeat: u32, payload: &[u8]) -> Vec<u8> {
+        origin.write_all(&request(tag, repeat, payload)).unwrap();
+        let mut answer = vec![0u8; payload.len() * repeat as usize];
+        origin.read_exact(&mut answer).unwrap();
+        answer
+    }
+
+    /// Whether the server's end of `origin` was closed: a read ends (EOF or reset) instead of
+    /// timing out.
+    fn closed(origin: &mut TcpStream) -> bool {
+        use std::io::ErrorKind::{TimedOut, WouldBlock};
+        match origin.read(&mut [0u8; 1]) {
+            Ok(n) => n == 0,
+            Err(e) => !matches!(e.kind(), TimedOut | WouldBlock),
+        }
+    }
+
+    #[test]
+    fn one_thread_serves_every_connection_and_drops_the_closed_and_the_stalled() {
+        let timeout = Duration::from_millis(300);
+        let (mut server, origins, log) = echo_server(3, timeout);
+        let [mut a, mut b, c]: [TcpStream; 3] = origins.try_into().unwrap();
+        for round in 0..3u8 {
+            assert_eq!(ask(&mut a, b'a', 2, &[round]), [round; 2]);
+            assert_eq!(ask(&mut b, b'b', 1, b"bee"), b"bee");
+            let mut c = &c;
+            c.write_all(&request(b'c', 3, b"xy")).unwrap();
+            let mut answer = [0u8; 6];
+            c.read_exact(&mut answer).unwrap();
+            assert_eq!(&answer, b"xyxyxy");
+        }
+        // An origin that closes is dropped; the others go on.
+        drop(c);
+        assert_eq!(ask(&mut a, b'a', 1, b"after close"), b"after close");
+        assert_eq!(ask(&mut b, b'b', 1, b"after close"), b"after close");
+        // Half a request, then silence: dropped after the timeout, the others served meanwhile.
+        let whole = request(b'b', 1, b"12345678");
+        b.write_all(&whole[..whole.len() - 5]).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        let asked = Instant::now();
+        assert_eq!(ask(&mut a, b'a', 1, b"while b stalls"), b"while b stalls");
+        // At most the stall's timeout (the loop may have started on `b` first), with room for a
+        // loaded machine; a loop blocked by `b` for good would fail the read (5 s timeout).
+        assert!(asked.elapsed() < timeout + Duration::from_secs(3), "{:?}", asked.elapsed());
+        assert!(closed(&mut b), "the stalled connection is dropped");
+        for _ in 0..3 {
+            assert_eq!(ask(&mut a, b'a', 4, b"z"), b"zzzz");
+        }
+        let log = log.lock().unwrap().clone();
+        let tags = |tag| log.iter().filter(|(_, t)| *t == tag).count();
+        assert_eq!((tags(b'a'), tags(b'b'), tags(b'c')), (3 + 2 + 3, 3 + 1, 3));
+        let thread = log[0].0;
+        assert_ne!(thread, std::thread::current().id());
+        assert!(log.iter().all(|(id, _)| *id == thread), "one thread served every request");
+        // Stop and join promptly; the remaining origin sees its connection end.
+        let stopping = Instant::now();
+        server.stop().unwrap();
+        assert!(stopping.elapsed() < Duration::from_secs(2), "{:?}", stopping.elapsed());
+        assert!(closed(&mut a));
+    }
+
+    #[test]
+    fn an_unread_answer_holds_up_no_other_connection() {
+        let (mut server, origins, _log) = echo_server(2, Duration::from_secs(2));
+        let [mut a, mut b]: [TcpStream; 2] = origins.try_into().unwrap();
+        // 16 MiB that `a` does not read yet: far more than the socket buffers hold.
+        let pattern: Vec<u8> = (0..=255).collect();
+        let repeat = (16 << 20) / pattern.len() as u32;
+        a.write_all(&request(b'a', repeat, &pattern)).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        let asked = Instant::now();
+        for _ in 0..5 {
+            assert_eq!(ask(&mut b, b'b', 1, b"quick"), b"quick");
+        }
+        assert!(asked.elapsed() < Duration::from_secs(3), "{:?}", asked.elapsed());
+        let mut answer = vec![0u8; pattern.len() * repeat as usize];
+        a.read_exact(&mut answer).unwrap();
+        assert!(answer.chunks_exact(pattern.len()).all(|chunk| chunk == &pattern[..]));
+        assert_eq!(ask(&mut a, b'a', 1, b"next"), b"next", "a is served again once it read");
+        server.stop().unwrap();
+    }
+
+    #[test]
+    fn stopping_ends_a_read_in_progress() {
+        let (mut server, origins, _log) = echo_server(2, Duration::from_secs(30));
+        let [mut a, _b]: [TcpStream; 2] = origins.try_into().unwrap();
+        let whole = request(b'a', 1, b"never whole");
+        a.write_all(&whole[..4]).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        let stopping = Instant::now();
+        server.stop().unwrap();
+        assert!(stopping.elapsed() < Duration::from_secs(2), "{:?}", stopping.elapsed());
+        assert!(closed(&mut a));
+    }
+
+    #[test]
+    fn the_loop_ends_once_every_connection_is_gone() {
+        let (mut server, origins, _log) = echo_server(2, Duration::from_secs(2));
+        drop(origins);
+        let thread = server.thread.take().unwrap();
+        let start = Instant::now();
+        while !thread.is_finished() {
+            assert!(start.elapsed() < Duration::from_secs(5), "the loop still runs");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        thread.join().unwrap().unwrap();
     }
 
     #[test]

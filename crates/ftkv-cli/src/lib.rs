@@ -11,4 +11,5 @@ pub mod probe;
 pub mod rank_failure;
 pub mod render;
 pub mod reports;
+pub mod sim_scale;
 pub mod tasks;

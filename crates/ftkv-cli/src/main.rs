@@ -154,6 +154,9 @@ enum Command {
         /// Print every step of each run (to replay a failing seed: `--runs 1 --trace`).
         #[arg(long)]
         trace: bool,
+        /// `--model scale`: job sizes as workers x hosts.
+        #[arg(long, value_delimiter = ',', default_values = ["1024x16", "1024x64", "16384x256"])]
+        sizes: Vec<String>,
     },
     /// Randomized SIGKILL campaign against the store, checked against the write history.
     Chaos {
@@ -575,7 +578,8 @@ fn run(command: Command) -> Result<()> {
             launch_under_mpirun(ranks)?;
             ftkv_cli::ping::rank_main(count)
         }
-        Command::Sim { model, runs, seed, trace } => run_sim(model, seed, runs, trace),
+        Command::Sim { model: SimModel::Scale, seed, sizes, .. } => run_sim_scale(&sizes, seed),
+        Command::Sim { model, runs, seed, trace, .. } => run_sim(model, seed, runs, trace),
         Command::Chaos {
             runs,
             ranks,
@@ -675,6 +679,48 @@ enum SimModel {
     Txn,
     /// The store and the pool (global and localized), `--runs` scenarios each.
     All,
+    /// Placement and recovery decisions at 1,024 to 16,384 workers (`--sizes`): messages,
+    /// bytes and ranks of a localized repair and of a global recovery, and placement balance,
+    /// after 1 % and 10 % of the workers failed.
+    Scale,
+}
+
+/// `ftkv sim --model scale`: every case of `sizes` (`workers x hosts`), a table, the cases
+/// whose placement is above 1.25 × the mean, and a check that each localized repair moves
+/// exactly the copies that lived on failed workers.
+fn run_sim_scale(sizes: &[String], seed: u64) -> Result<()> {
+    let parse = |s: &String| -> Result<(usize, usize)> {
+        let (w, h) = s.split_once('x').with_context(|| format!("{s:?}: want WORKERSxHOSTS"))?;
+        let (w, h): (usize, usize) = (w.trim().parse()?, h.trim().parse()?);
+        anyhow::ensure!(
+            w >= 8 && h >= 1 && h <= w,
+            "{s:?}: needs 8+ workers and 1..=workers hosts"
+        );
+        Ok((w, h))
+    };
+    let sizes = sizes.iter().map(parse).collect::<Result<Vec<_>>>()?;
+    let mut outcomes = Vec::new();
+    for case in ftkv_cli::sim_scale::cases(&sizes, seed) {
+        let started = std::time::Instant::now();
+        outcomes.push(ftkv_cli::sim_scale::simulate(case));
+        eprintln!("[sim scale] {case:?}: {:.1} s", started.elapsed().as_secs_f64());
+    }
+    ftkv_cli::sim_scale::print(&outcomes);
+    let unbalanced = outcomes
+        .iter()
+        .filter(|o| o.balance_global > 1.25 || o.balance_localized.is_some_and(|b| b > 1.25))
+        .count();
+    println!("cases with a live worker above 1.25 × the mean copies: {unbalanced}");
+    let wrong: Vec<_> = outcomes
+        .iter()
+        .filter(|o| o.localized && o.copies_moved != o.copies_lost)
+        .map(|o| (o.case.workers, o.case.hosts, o.case.mapping, o.failed))
+        .collect();
+    anyhow::ensure!(
+        wrong.is_empty(),
+        "a localized repair moved other copies than the lost: {wrong:?}"
+    );
+    Ok(())
 }
 
 fn run_sim(model: SimModel, seed: u64, runs: u64, trace: bool) -> Result<()> {

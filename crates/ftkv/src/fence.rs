@@ -80,15 +80,17 @@ fn fence_slot<W: FabricWindow>(
     geometry: SlotGeometry,
 ) -> FabricResult<bool> {
     let (mut fence, headers) = read_local_headers(window, disp, geometry)?;
-    let writers: Vec<i32> = headers.iter().map(|(_, h)| h.writer).collect();
+    let wrote_here = |w: &i32| *w == key.owner || headers.iter().any(|(_, h)| h.writer == *w);
+    let to_fence: Vec<i32> =
+        new.iter().copied().filter(|w| wrote_here(w) && !fence.fences(*w)).collect();
+    if to_fence.is_empty() {
+        // Nothing to record: the data (possibly a large value) is not read.
+        return Ok(false);
+    }
     let current = newest_local(window, disp, geometry, &fence, &headers)?;
     let current = current.map_or(0, |c| c.header.version);
     let mut changed = false;
-    for &worker in new {
-        let wrote_here = worker == key.owner || writers.contains(&worker);
-        if !wrote_here || fence.fences(worker) {
-            continue;
-        }
+    for worker in to_fence {
         if fence.entries.len() == MAX_FENCED {
             crate::events::warn(format!(
                 "slot of key {key} already fences {MAX_FENCED} writers; worker {worker} is not fenced there"

@@ -82,6 +82,8 @@ impl Layout {
         let Shape { kinds, copies, spares } = shape;
         let workers = hosts.len();
         let mut used = vec![0usize; live.len()];
+        let rank_of: std::collections::HashMap<i32, usize> =
+            live.iter().enumerate().map(|(rank, &worker)| (worker, rank)).collect();
         let mut chains = Vec::with_capacity(workers * kinds);
         let mut local = Vec::new();
         for owner in 0..workers as i32 {
@@ -89,7 +91,7 @@ impl Layout {
                 let key = Key::new(owner, kind);
                 let candidates = chain_workers(owner, kind, live, hosts, copies, spares);
                 let chain = candidates.into_iter().map(|worker| {
-                    let rank = live.iter().position(|&w| w == worker).expect("live holder");
+                    let rank = rank_of[&worker];
                     let disp = (used[rank] * geometry.slot_len()) as i64;
                     used[rank] += 1;
                     if worker == me {
@@ -129,9 +131,10 @@ impl Layout {
         Some(Layout { routes, relocated, ..self.clone() })
     }
 
+    /// The routes without the `failed` workers (sorted).
     fn routes_without(&self, failed: &[i32]) -> Option<Vec<Vec<Copy>>> {
         let route = |chain: &Vec<Copy>| {
-            let live = chain.iter().filter(|c| !failed.contains(&c.worker)).copied();
+            let live = chain.iter().filter(|c| failed.binary_search(&c.worker).is_err()).copied();
             let route: Vec<Copy> = live.take(self.copies).collect();
             (route.len() == self.copies.min(chain.len())).then_some(route)
         };

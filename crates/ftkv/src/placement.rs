@@ -52,15 +52,17 @@ fn ring_after(owner: i32, live: &[i32]) -> impl Iterator<Item = i32> + '_ {
 
 /// `ranks` grouped by host, groups in order of first appearance, each group in world-rank order.
 fn host_groups(ranks: &[i32], hosts: &[u32]) -> Vec<Vec<i32>> {
-    let mut groups: Vec<(u32, Vec<i32>)> = Vec::new();
+    let mut index: std::collections::HashMap<u32, usize> = std::collections::HashMap::new();
+    let mut groups: Vec<Vec<i32>> = Vec::new();
     for &rank in ranks {
-        let host = hosts[rank as usize];
-        match groups.iter_mut().find(|(h, _)| *h == host) {
-            Some((_, group)) => group.push(rank),
-            None => groups.push((host, vec![rank])),
+        let next = groups.len();
+        let at = *index.entry(hosts[rank as usize]).or_insert(next);
+        if at == next {
+            groups.push(Vec::new());
         }
+        groups[at].push(rank);
     }
-    groups.into_iter().map(|(_, group)| sorted(group)).collect()
+    groups.into_iter().map(sorted).collect()
 }
 
 fn sorted(mut ranks: Vec<i32>) -> Vec<i32> {

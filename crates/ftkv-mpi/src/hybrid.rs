@@ -45,9 +45,9 @@ pub struct HostWindow {
 
 impl HostWindow {
     /// Allocates `len` bytes on every member of `comm` (collective): one shared-memory window
-    /// per host, and, when the members span more than one host, a TCP connection from every
-    /// member to every member on another host, served by one thread of each target. Fails
-    /// with `ProcFailed` if a member is dead or cannot be reached.
+    /// per host, and, when the members span more than one host, a listener and one serving
+    /// thread per member; a member connects to a member on another host when it first reaches
+    /// it ([`crate::remote`]). Fails with `ProcFailed` if a member is dead.
     pub fn allocate(comm: &Comm, len: usize) -> Result<HostWindow> {
         let hosts = host_ids(comm)?;
         let me = comm.rank() as usize;
@@ -67,7 +67,7 @@ impl HostWindow {
             let own = host.rank();
             let atomics = Atomics { ops: local.window().ops(), own };
             let memory = Memory { base, len, atomics, extents, member: me as i32 };
-            Some(Arc::new(Links::connect(comm, &remote, memory)?))
+            Some(Arc::new(Links::start(comm, &remote, memory)?))
         } else {
             None
         };
@@ -104,7 +104,7 @@ impl HostWindow {
         self.links.is_some()
     }
 
-    /// How many connections this member accepted while the window was created and dropped
+    /// How many connections to this member were dropped, since the window was created,
     /// because they did not prove to come from a member of this job (a wrong, incomplete or
     /// late introduction, or a member's second connection). 0 when every member shares this
     /// host (nothing listens then) or once the window is closed.

@@ -9,9 +9,35 @@ use crate::fabric::{FabricResult, FabricWindow, RmaOps};
 use crate::layout::Copy;
 use crate::slot::{Header, SlotGeometry, HEADER_LEN};
 
-/// Issues `data`, version `version`'s value, to `copy`'s slot (complete when the scope
-/// completes). With `free_stale`, a value that fits inline also gives back the half's extent,
-/// which an earlier, larger value of that half left.
+/// Writes `data`, version `version`'s value, into the half's extent of every copy of
+/// `targets` when it is too large for the slot (nothing otherwise), in a scope of its own,
+/// complete when it returns. Extents are files on this host or reached through the holder's
+/// serving thread on another, so this never waits on a dead holder (a file write completes; a
+/// connection to a dead process ends): it runs outside the watchdog's bound on one-sided MPI
+/// calls, which would otherwise have to grow with the bytes and with the writers sharing the
+/// host's memory bandwidth.
+pub(crate) fn write_extents<W: FabricWindow>(
+    window: &W,
+    targets: &[Copy],
+    geometry: SlotGeometry,
+    version: u64,
+    data: &[u8],
+) -> FabricResult<()> {
+    if !geometry.in_extent(data.len() as u64) {
+        return Ok(());
+    }
+    window.scope(|s| {
+        for copy in targets {
+            s.put_extent(copy.rank, SlotGeometry::extent_id(copy.disp, version), data)?;
+        }
+        Ok(())
+    })
+}
+
+/// Issues `data`, version `version`'s value, to `copy`'s slot when it fits inline (complete
+/// when the scope completes); a larger value was written by [`write_extents`] before. With
+/// `free_stale`, an inline value also gives back the half's extent, which an earlier, larger
+/// value of that half left.
 pub(crate) fn issue_data<'b, S: RmaOps<'b>>(
     s: &mut S,
     copy: &Copy,
@@ -20,16 +46,22 @@ pub(crate) fn issue_data<'b, S: RmaOps<'b>>(
     data: &'b [u8],
     free_stale: bool,
 ) -> FabricResult<()> {
-    let extent = SlotGeometry::extent_id(copy.disp, version);
     if geometry.in_extent(data.len() as u64) {
-        return s.put_extent(copy.rank, extent, data);
+        return Ok(());
     }
     let half = geometry.half_offset(version) as i64;
     s.put(copy.rank, copy.disp + half + HEADER_LEN as i64, data)?;
     if free_stale {
-        s.free_extent(copy.rank, extent)?;
+        s.free_extent(copy.rank, SlotGeometry::extent_id(copy.disp, version))?;
     }
     Ok(())
+}
+
+/// The bytes of `data` that go through one-sided MPI calls to each copy: the value when it
+/// fits inline, and the header (for the watchdog's bound).
+pub(crate) fn inline_bytes(geometry: SlotGeometry, data: &[u8]) -> usize {
+    let inline = if geometry.in_extent(data.len() as u64) { 0 } else { data.len() };
+    inline + HEADER_LEN
 }
 
 /// Issues the encoded header of `version` to `copy`'s slot.
@@ -52,7 +84,8 @@ pub(crate) struct Outgoing<'b> {
     pub free_stale: bool,
 }
 
-/// Issues a whole version, data then header, to each of `targets`.
+/// Issues a whole version, data then header, to each of `targets` (a value in extents was
+/// written by [`write_extents`] before).
 pub(crate) fn issue_version<'b, S: RmaOps<'b>>(
     s: &mut S,
     targets: &[Copy],

@@ -567,7 +567,9 @@ impl<F: Fabric> Store<F> {
         let (version, geometry) = (header.version, self.geometry);
         let window = self.window.as_ref().ok_or(Error::Closed)?.window();
         let comm = &self.comm;
-        self.health.enter_call(data.len() * route.len());
+        let extents = halves::write_extents(window, route, geometry, version, data);
+        extents.map_err(|e| self.failure(e))?;
+        self.health.enter_call(halves::inline_bytes(geometry, data) * route.len());
         comm.stall_point("put_stall");
         let issued = window.scope(|s| {
             for copy in route {
@@ -1295,6 +1297,7 @@ fn put_committed<W: FabricWindow>(
 ) -> std::result::Result<(), FabricError> {
     let encoded = committed.header.encode();
     let version = committed.header.version;
+    halves::write_extents(window, targets, geometry, version, &committed.data)?;
     let out =
         halves::Outgoing { version, encoded: &encoded, data: &committed.data, free_stale: true };
     window.scope(|s| halves::issue_version(s, targets, geometry, &out))

@@ -65,7 +65,11 @@ impl<W> Drop for Replicator<W> {
 
 /// Writes one job's copies, its one-sided calls bounded by the watchdog like the owner's.
 fn write_copies<W: FabricWindow>(job: &Job<W>) -> FabricResult<()> {
-    job.health.enter_call_on(Lane::Replicator, job.data.len() * job.targets.len());
+    let window = job.window.window();
+    let version = job.header.version;
+    halves::write_extents(window, &job.targets, job.geometry, version, &job.data)?;
+    let bytes = halves::inline_bytes(job.geometry, &job.data) * job.targets.len();
+    job.health.enter_call_on(Lane::Replicator, bytes);
     let out = halves::Outgoing {
         version: job.header.version,
         encoded: &job.encoded,

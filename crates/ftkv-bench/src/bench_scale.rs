@@ -71,9 +71,11 @@ pub struct ScaleRow {
     /// The most threads and sockets any rank held.
     pub threads_max: u64,
     pub sockets_max: u64,
-    /// One SIGKILL, global then localized recovery (absent with `--no-recovery`).
+    /// One SIGKILL, global then localized recovery (absent with `--no-recovery`, or when the
+    /// measurement failed: then its error is in `recovery_errors`).
     pub global: Option<RecoveryRow>,
     pub localized: Option<RecoveryRow>,
+    pub recovery_errors: Vec<String>,
 }
 
 /// The rank side: creates a store with the library's defaults (localized), puts 1 KiB for
@@ -179,8 +181,20 @@ pub fn measure_scale(
     let mut row = scale_row_of(layout, &reports, stored);
     if recovery {
         let per_rank = stored * KINDS.len();
-        row.global = Some(measure_recovery_on(exe, layout.ranks, hosts.clone(), per_rank, false)?);
-        row.localized = Some(measure_recovery_on(exe, layout.ranks, hosts, per_rank, true)?);
+        let mut measure = |localized: bool| {
+            match measure_recovery_on(exe, layout.ranks, hosts.clone(), per_rank, localized) {
+                Ok(measured) => Some(measured),
+                Err(e) => {
+                    let mode = if localized { "localized" } else { "global" };
+                    let first = format!("{e:#}").lines().next().unwrap_or_default().to_owned();
+                    row.recovery_errors.push(format!("{mode}: {first}"));
+                    None
+                }
+            }
+        };
+        let global = measure(false);
+        let localized = measure(true);
+        (row.global, row.localized) = (global, localized);
     }
     Ok(row)
 }
@@ -212,6 +226,7 @@ fn scale_row_of(layout: Layout, reports: &[ScaleReport], stored: usize) -> Scale
         sockets_max: reports.iter().map(|r| r.sockets).max().unwrap_or(0),
         global: None,
         localized: None,
+        recovery_errors: Vec::new(),
     }
 }
 
@@ -220,7 +235,21 @@ fn median(mut v: Vec<f64>) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
-/// Runs every layout, prints a table and the creation time's linear fit, writes
+/// A layout whose failure-free job failed, with the first line of its error.
+#[derive(Debug, Clone, Serialize)]
+pub struct ScaleFailure {
+    pub layout: Layout,
+    pub error: String,
+}
+
+/// What `bench_scale.json` holds.
+#[derive(Serialize)]
+struct ScaleResults<'a> {
+    rows: &'a [ScaleRow],
+    failed: &'a [ScaleFailure],
+}
+
+/// Runs every layout (a failed one is reported and the others still run), prints a table and the creation time's linear fit, writes
 /// `bench_scale.json` and `bench_scale.svg`.
 pub fn run_scale(
     exe: &Path,
@@ -231,16 +260,29 @@ pub fn run_scale(
     out_dir: &Path,
 ) -> Result<Vec<ScaleRow>> {
     let mut rows = Vec::new();
+    let mut failed = Vec::new();
     for &layout in layouts {
-        let row = measure_scale(exe, layout, stored, millis, recovery)?;
+        match measure_scale(exe, layout, stored, millis, recovery) {
+            Ok(row) => rows.push(row),
+            Err(e) => {
+                let first = format!("{e:#}").lines().next().unwrap_or_default().to_owned();
+                failed.push(ScaleFailure { layout, error: first });
+            }
+        }
         eprintln!("[bench scale] {} ranks on {} hosts: done", layout.ranks, layout.hosts);
-        rows.push(row);
     }
     print_table(&rows);
     print_fit(&rows);
-    write_json(out_dir, "bench_scale.json", &rows)?;
+    for row in rows.iter().filter(|r| !r.recovery_errors.is_empty()) {
+        println!("{} ranks on {} hosts: {}", row.ranks, row.hosts, row.recovery_errors.join("; "));
+    }
+    for f in &failed {
+        println!("{} ranks on {} hosts failed: {}", f.layout.ranks, f.layout.hosts, f.error);
+    }
+    write_json(out_dir, "bench_scale.json", &ScaleResults { rows: &rows, failed: &failed })?;
     let svg = svg_plot(&rows)?;
     std::fs::write(out_dir.join("bench_scale.svg"), svg).context("writing bench_scale.svg")?;
+    anyhow::ensure!(failed.is_empty(), "{} layouts failed", failed.len());
     Ok(rows)
 }
 

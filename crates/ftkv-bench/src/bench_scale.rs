@@ -181,15 +181,19 @@ pub fn measure_scale(
     let mut row = scale_row_of(layout, &reports, stored);
     if recovery {
         let per_rank = stored * KINDS.len();
-        let mut measure = |localized: bool| {
-            match measure_recovery_on(exe, layout.ranks, hosts.clone(), per_rank, localized) {
-                Ok(measured) => Some(measured),
-                Err(e) => {
-                    let mode = if localized { "localized" } else { "global" };
-                    let first = format!("{e:#}").lines().next().unwrap_or_default().to_owned();
-                    row.recovery_errors.push(format!("{mode}: {first}"));
-                    None
-                }
+        let mut measure = |localized: bool| match measure_recovery_on(
+            exe,
+            layout.ranks,
+            hosts.clone(),
+            per_rank,
+            localized,
+        ) {
+            Ok(measured) => Some(measured),
+            Err(e) => {
+                let mode = if localized { "localized" } else { "global" };
+                let first = format!("{e:#}").lines().next().unwrap_or_default().to_owned();
+                row.recovery_errors.push(format!("{mode}: {first}"));
+                None
             }
         };
         let global = measure(false);

@@ -596,7 +596,8 @@ fn remove_unused_segments(before: &[String]) {
 /// keeps its marker open).
 fn extent_window(name: &str) -> Option<&str> {
     let window_len = EXTENT_PREFIX.len() + 17;
-    (name.starts_with(EXTENT_PREFIX) && name.len() > window_len).then(|| &name[..window_len])
+    name.strip_prefix(EXTENT_PREFIX)?;
+    name.get(..window_len).filter(|_| name.len() > window_len)
 }
 
 /// The names of Open MPI's `/dev/shm` files that some live process has open or mapped.

@@ -36,8 +36,6 @@ pub struct HostWindow {
     extents: Extents,
     /// This member's rank among the window's members.
     member: i32,
-    /// Whether this member is the first of its host (it removes the host's extents at close).
-    first_on_host: bool,
     /// Held open while this member holds the window ([`Extents::open_marker`]).
     _marker: std::fs::File,
     _host: Comm,
@@ -77,7 +75,6 @@ impl HostWindow {
             links,
             extents,
             member: me as i32,
-            first_on_host: color == me as i32,
             _marker: marker,
             _host: host,
         })
@@ -184,16 +181,13 @@ impl HostWindow {
 
     /// Waits for every member (collective; a dead member ends the wait with no error here),
     /// ends the connections, ends the epoch and frees the window (collective over the members
-    /// of this host), and removes this member's extents; the host's first member removes
-    /// those of every member of its host (failed ones included).
+    /// of this host), then removes the window's extents on this host, failed members' too:
+    /// once the members left the barrier and the collective free, none uses them.
     pub fn close(mut self) -> Result<()> {
         self.end_links(true);
         let local = self.local.take().expect("present until close");
         let freed = local.unlock_all()?.free();
-        self.extents.remove_all(Some(self.member));
-        if self.first_on_host {
-            self.extents.remove_all(None);
-        }
+        self.extents.remove_all(None);
         freed
     }
 

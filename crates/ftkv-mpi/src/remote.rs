@@ -251,7 +251,10 @@ impl Links {
     /// be connected to, or whose request could not be sent, is in the result's error
     /// (`ProcFailed` naming it), and counts as failed: its connection is never used or made
     /// again.
-    pub fn send<'buf>(&self, batches: Vec<(i32, Vec<Remote<'buf>>)>) -> Sent<'_, 'buf> {
+    pub fn send<'buf>(&self, mut batches: Vec<(i32, Vec<Remote<'buf>>)>) -> Sent<'_, 'buf> {
+        // Links are locked in target order: two threads of one member (the owner and the
+        // repairer) sending to the same targets cannot each hold the link the other waits for.
+        batches.sort_by_key(|(target, _)| *target);
         let mut sent = Sent {
             awaiting: Vec::with_capacity(batches.len()),
             first_error: None,
@@ -1077,8 +1080,15 @@ fn serve_request(
     }
     buffers.entries = entries;
     build_answer(memory, buffers, status, answer);
+    if buffers.put_data.capacity() > KEPT_BUFFER {
+        buffers.put_data = Vec::new();
+    }
     Ok(())
 }
+
+/// The largest request buffer the serving thread keeps between requests: a large value's
+/// buffer is given back once it is applied.
+const KEPT_BUFFER: usize = 4 << 20;
 
 /// Applies one entry (reading its data from `stream`); returns its status.
 fn serve_entry(

@@ -150,20 +150,31 @@ pub(crate) struct Spills {
 }
 
 impl Spills {
-    /// Records that `key`'s `version` has `len` bytes; whether its half's extent is now stale.
-    pub fn note(
-        &mut self,
+    /// Whether writing `len` bytes as `key`'s `version` leaves its half's extent stale: the
+    /// value fits inline and the half's last value was in the extent.
+    pub fn stale(
+        &self,
         key: crate::key::Key,
         version: u64,
         len: usize,
         geometry: SlotGeometry,
     ) -> bool {
+        !geometry.in_extent(len as u64) && self.halves.contains(&(key, version % 2))
+    }
+
+    /// Records that `key`'s `version`, `len` bytes, is written on every copy.
+    pub fn written(
+        &mut self,
+        key: crate::key::Key,
+        version: u64,
+        len: usize,
+        geometry: SlotGeometry,
+    ) {
         let half = (key, version % 2);
         if geometry.in_extent(len as u64) {
             self.halves.insert(half);
-            false
-        } else {
-            !self.halves.is_empty() && self.halves.remove(&half)
+        } else if !self.halves.is_empty() {
+            self.halves.remove(&half);
         }
     }
 }

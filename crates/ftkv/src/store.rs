@@ -553,10 +553,11 @@ impl<F: Fabric> Store<F> {
         if self.config.detection == Detection::Ping {
             self.ping_all(route)?;
         }
-        let free_stale = self.spills.note(key, header.version, data.len(), self.geometry);
-        let route = self.route(key)?;
+        let free_stale = self.spills.stale(key, header.version, data.len(), self.geometry);
         self.put_to(route, header, data, free_stale)?;
-        self.ensure_alive(route)
+        self.ensure_alive(route)?;
+        self.spills.written(key, header.version, data.len(), self.geometry);
+        Ok(())
     }
 
     /// Header and data of one version to the version's half on each of `targets`, complete at
@@ -1295,9 +1296,21 @@ fn put_committed<W: FabricWindow>(
     committed: &Committed,
     geometry: SlotGeometry,
 ) -> std::result::Result<(), FabricError> {
-    let encoded = committed.header.encode();
     let version = committed.header.version;
     halves::write_extents(window, targets, geometry, version, &committed.data)?;
+    put_committed_inline(window, targets, committed, geometry)
+}
+
+/// [`put_committed`] after its value's extents were written: the inline value (if it fits) and
+/// the header, the one-sided calls the watchdog bounds.
+fn put_committed_inline<W: FabricWindow>(
+    window: &W,
+    targets: &[Copy],
+    committed: &Committed,
+    geometry: SlotGeometry,
+) -> std::result::Result<(), FabricError> {
+    let encoded = committed.header.encode();
+    let version = committed.header.version;
     let out =
         halves::Outgoing { version, encoded: &encoded, data: &committed.data, free_stale: true };
     window.scope(|s| halves::issue_version(s, targets, geometry, &out))

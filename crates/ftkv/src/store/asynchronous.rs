@@ -129,6 +129,7 @@ impl<F: Fabric> PendingPut<'_, F> {
             written => written?,
         }
         store.acked.set(self.key.kind as usize, self.header.version);
+        store.spills.written(self.key, self.header.version, self.data.len(), store.geometry);
         if !store.lost.is_empty() {
             store.lost.retain(|&k| k != self.key);
         }
@@ -214,7 +215,7 @@ impl<F: Fabric> Store<F> {
         }
         let (first, others) = copies.split_at(1.min(copies.len()));
         let others = others.to_vec();
-        let free_stale = self.spills.note(key, header.version, data.len(), self.geometry);
+        let free_stale = self.spills.stale(key, header.version, data.len(), self.geometry);
         self.put_to(first, header, data, free_stale)?;
         if others.is_empty() {
             return Ok(None);

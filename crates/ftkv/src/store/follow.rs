@@ -18,11 +18,12 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::{put_committed, RepairReport, LOCALIZED_ATTEMPTS};
+use super::{put_committed_inline, RepairReport, LOCALIZED_ATTEMPTS};
 use crate::detector::{read_allowance, Health, Lane};
 use crate::error::{Error, Result};
 use crate::fabric::{Fabric, FabricError};
 use crate::fence::{newest_header_version, read_copy, Fencer};
+use crate::halves;
 use crate::key::Key;
 use crate::layout::{Copy, Layout};
 use crate::recovery;
@@ -345,10 +346,13 @@ impl<F: Fabric> Follower<F> {
 
     /// Writes a committed version (data, then header, into its half) to `targets`.
     fn copy_to(&self, current: &Layout, targets: &[Copy], committed: &Committed) -> Result<()> {
-        let window = self.parts.window.window();
-        let bytes = committed.data.len() * targets.len();
+        let (window, geometry) = (self.parts.window.window(), self.parts.geometry);
+        let version = committed.header.version;
+        let extents = halves::write_extents(window, targets, geometry, version, &committed.data);
+        extents.map_err(|e| self.failure(current, e))?;
+        let bytes = halves::inline_bytes(geometry, &committed.data) * targets.len();
         self.parts.health.enter_call_on(Lane::Repairer, bytes);
-        let written = put_committed(window, targets, committed, self.parts.geometry);
+        let written = put_committed_inline(window, targets, committed, geometry);
         self.parts.health.leave_call_on(Lane::Repairer);
         written.map_err(|e| self.failure(current, e))?;
         if targets.iter().any(|c| self.parts.health.is_failed(c.worker)) {

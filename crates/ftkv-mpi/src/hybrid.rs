@@ -45,7 +45,7 @@ impl HostWindow {
     /// Allocates `len` bytes on every member of `comm` (collective): one shared-memory window
     /// per host, and, when the members span more than one host, a listener and one serving
     /// thread per member; a member connects to a member on another host when it first reaches
-    /// it ([`crate::remote`]). Fails with `ProcFailed` if a member is dead.
+    /// it (`ftkv_mpi`'s `remote` module). Fails with `ProcFailed` if a member is dead.
     pub fn allocate(comm: &Comm, len: usize) -> Result<HostWindow> {
         let hosts = host_ids(comm)?;
         let me = comm.rank() as usize;

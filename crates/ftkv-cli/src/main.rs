@@ -202,7 +202,7 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         json: Option<PathBuf>,
     },
-    /// Benchmarks: put, detect, store, recovery, growth and uts.
+    /// Benchmarks: put, detect, store, recovery, growth, scale and uts.
     #[command(subcommand)]
     Bench(BenchCommand),
     /// One chaos run on the ranks of an mpirun job (used by `ftkv chaos`).

@@ -301,6 +301,13 @@ enum DetectorStep {
 }
 
 impl DetectorStep {
+    /// Whether the detector can be stuck here on another process: not while it pauses, nor
+    /// while it fences, which reads and writes only this process's own slots (slow with a
+    /// large value, never waiting on a peer).
+    fn can_be_stuck(self) -> bool {
+        !matches!(self, DetectorStep::Pause | DetectorStep::Fence)
+    }
+
     const ALL: [DetectorStep; 5] = [
         DetectorStep::Progress,
         DetectorStep::FailedRanks,
@@ -315,7 +322,8 @@ impl DetectorStep {
 /// and makes no MPI call, so only a stopped process (or a frozen host) delays it that long.
 ///
 /// It also watches the detector thread: a detector round that has not ended after `stuck`
-/// (the watchdog bound) ends the process, naming the part of the round it is stuck in. Without
+/// (the watchdog bound) in a part that waits on MPI ends the process, naming the part of the
+/// round it is stuck in. Without
 /// its detector a process would learn of no failure and wait forever; ended, it is a failure
 /// the others recover from.
 fn tick<F: Fabric>(
@@ -330,7 +338,7 @@ fn tick<F: Fabric>(
         end_if_stopped(comm, health.since_last_tick(), suspicion);
         health.stamp_tick();
         match health.detector_round() {
-            Some((lasted, step)) if lasted > stuck && step != DetectorStep::Pause => {
+            Some((lasted, step)) if lasted > stuck && step.can_be_stuck() => {
                 comm.fail_stop(&format!(
                     "the failure detector's round has not ended for {:.1} s (stuck in {step:?}): \
                      without it this process would wait for failures it never learns of",
@@ -514,17 +522,31 @@ impl Step {
     }
 }
 
-/// The step a recovery attempt is in, shared between the store and its [`Deadline`].
+/// The step a recovery attempt is in, shared between the store and its [`Deadline`], and the
+/// bytes the attempt moves, which extend the deadline ([`SLOWEST_HEALTHY_RATE`]).
 #[derive(Debug, Default)]
-pub(crate) struct StepMarker(std::sync::atomic::AtomicUsize);
+pub(crate) struct StepMarker {
+    step: std::sync::atomic::AtomicUsize,
+    bytes: AtomicU64,
+}
 
 impl StepMarker {
     pub fn set(&self, step: Step) {
-        self.0.store(step as usize, Ordering::Release);
+        self.step.store(step as usize, Ordering::Release);
     }
 
     pub fn get(&self) -> Step {
-        Step::ALL[self.0.load(Ordering::Acquire).min(Step::ALL.len() - 1)]
+        Step::ALL[self.step.load(Ordering::Acquire).min(Step::ALL.len() - 1)]
+    }
+
+    /// Counts `bytes` more that the attempt reads or copies.
+    pub fn moves(&self, bytes: usize) {
+        self.bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+
+    /// How long the attempt's bytes take at [`SLOWEST_HEALTHY_RATE`].
+    fn allowance(&self) -> Duration {
+        Duration::from_secs_f64(self.bytes.load(Ordering::Relaxed) as f64 / SLOWEST_HEALTHY_RATE)
     }
 }
 
@@ -545,6 +567,7 @@ impl Deadline {
         let spawned = std::thread::Builder::new().name("ftkv-deadline".into()).spawn(move || {
             let start = Instant::now();
             while !flag.load(Ordering::Acquire) {
+                let bound = bound + step.allowance();
                 if start.elapsed() > bound {
                     comm.fail_stop(&format!(
                         "a recovery attempt has not ended after {bound:?}: stuck in step {}",
@@ -552,7 +575,7 @@ impl Deadline {
                     ));
                     return;
                 }
-                std::thread::park_timeout(Duration::from_millis(10).min(bound));
+                std::thread::park_timeout(Duration::from_millis(10));
             }
         });
         let thread = spawned

@@ -969,6 +969,8 @@ impl<F: Fabric> Store<F> {
                     ));
                 }
                 run.step = Arc::new(StepMarker::default());
+                // Another survivor may be copying a value as large as the largest a put takes.
+                run.step.moves(read_allowance(self.config.max_value));
                 run.deadline = None;
                 let watchdog = self.config.recovery_watchdog;
                 run.deadline = Some(Deadline::start(self.comm.clone(), watchdog, run.step.clone()));
@@ -1003,6 +1005,9 @@ impl<F: Fabric> Store<F> {
                         self.trace("window open");
                         let scanned = scan_local(retained, &self.layout.live, self.geometry);
                         let scanned = scanned.map(|held| {
+                            // Read once, copied out once, perhaps to several holders.
+                            let bytes: usize = held.values().map(|c| c.data.len()).sum();
+                            step.moves(bytes * (1 + self.config.copies));
                             let versions = held.iter().map(|(k, c)| (*k, c.header.version));
                             let versions = versions.collect();
                             run.held = held;

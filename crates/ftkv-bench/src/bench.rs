@@ -788,10 +788,7 @@ pub fn growth_rank_main(copies: usize, stored: usize, millis: u64) -> Result<()>
 
 /// The machine's shared memory in KiB (`Shmem:` of /proc/meminfo): MPI windows live there.
 fn shmem_kib() -> Result<u64> {
-    let meminfo = std::fs::read_to_string("/proc/meminfo")?;
-    let line = meminfo.lines().find(|l| l.starts_with("Shmem:"));
-    let kib = line.and_then(|l| l.split_whitespace().nth(1)?.parse().ok());
-    kib.ok_or_else(|| anyhow::anyhow!("no Shmem line in /proc/meminfo"))
+    crate::bench_scale::meminfo_kib("Shmem:")
 }
 
 /// Writes `text` to `path`, creating its directory.

@@ -145,7 +145,8 @@ fn status_kib(field: &str) -> Result<u64> {
     field_of(&std::fs::read_to_string("/proc/self/status")?, field)
 }
 
-fn meminfo_kib(field: &str) -> Result<u64> {
+/// A `Name: value` line of /proc/meminfo, in KiB.
+pub(crate) fn meminfo_kib(field: &str) -> Result<u64> {
     field_of(&std::fs::read_to_string("/proc/meminfo")?, field)
 }
 

@@ -7,8 +7,17 @@
 //! through an ssh stand-in (`plm_ssh_agent`) that runs them inside the host's namespaces. Open
 //! MPI then uses TCP between hosts and shared memory only within one, as on a real cluster,
 //! and a host's link can be cut or slowed. All traffic stays inside the job's namespaces.
-//! Namespaces, bridge and files are unique to the job and removed when it ends, however it
-//! ends (also by the interrupt handler). Needs root, iproute2 and util-linux.
+//!
+//! The hosts share this machine's cores, and the job's processes are scheduled as one
+//! machine's: every process of the job (`mpirun`, the daemons, the ranks) runs in one CPU
+//! control group of its own. Without it each remote daemon, which starts a session of its own,
+//! takes its host's ranks into a scheduling group of their own (the kernel's autogroups), and
+//! under oversubscription the kernel left a whole host's group without a time slice for 5–9 s
+//! (measured with 32 ranks over 4 hosts on 2 cores: whole hosts' ranks ended themselves as
+//! stopped, recoveries took up to 9.7 s and the pool 20–52 s; in one group, 13–36 ms and 9–13 s).
+//!
+//! Namespaces, bridge, control group and files are unique to the job and removed when it
+//! ends, however it ends (also by the interrupt handler). Needs root, iproute2 and util-linux.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -162,7 +171,9 @@ impl SimulatedCluster {
         std::fs::create_dir_all(&self.dir)?;
         let hostfile: String = self.hosts.iter().map(|h| format!("{h} slots={slots}\n")).collect();
         std::fs::write(self.hostfile(), hostfile)?;
-        write_agent(&self.agent())?;
+        let group = scheduling_group(&self.id);
+        write_joiner(&self.joiner(), group.as_deref())?;
+        write_agent(&self.agent(), &self.joiner())?;
         let head = self.head();
         ip(&["netns", "add", &head])?;
         ip(&["-n", &head, "link", "set", "lo", "up"])?;
@@ -202,14 +213,20 @@ impl SimulatedCluster {
         self.dir.join("ssh-stand-in")
     }
 
+    /// The script that runs its arguments inside the job's scheduling group.
+    fn joiner(&self) -> PathBuf {
+        self.dir.join("join-group")
+    }
+
     fn head(&self) -> String {
         format!("{}head", self.id)
     }
 
-    /// `mpirun` and its flags: run in the head namespace, daemons started by the stand-in.
+    /// `mpirun` and its flags: run in the job's scheduling group and the head namespace,
+    /// daemons started by the stand-in.
     pub fn launcher(&self, mpirun: &Path) -> Command {
-        let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", &self.head()]).arg(mpirun);
+        let mut cmd = Command::new(self.joiner());
+        cmd.args(["ip", "netns", "exec", &self.head()]).arg(mpirun);
         cmd.args(["--prtemca", "plm_ssh_agent"]).arg(self.agent());
         cmd
     }
@@ -246,6 +263,7 @@ impl SimulatedCluster {
             return;
         }
         remove_cluster(&self.id);
+        remove_scheduling_group(&self.id);
         let _ = std::fs::remove_dir_all(&self.dir);
         LIVE_CLUSTERS.lock().unwrap_or_else(|p| p.into_inner()).retain(|c| *c != self.id);
     }
@@ -280,6 +298,7 @@ pub fn remove_live_clusters() {
     let ids = std::mem::take(&mut *LIVE_CLUSTERS.lock().unwrap_or_else(|p| p.into_inner()));
     for id in ids {
         remove_cluster(&id);
+        remove_scheduling_group(&id);
         let _ = std::fs::remove_dir_all(std::env::temp_dir().join(format!("{id}-cluster")));
     }
 }
@@ -302,11 +321,67 @@ pub fn remove_orphaned_clusters() {
             let _ = ip(&["netns", "del", &name]);
         }
     }
+    let Some(root) = cpu_hierarchy() else { return };
+    let Ok(entries) = std::fs::read_dir(&root) else { return };
+    for name in entries.filter_map(|e| e.ok()?.file_name().into_string().ok()) {
+        let pid = name.strip_prefix("ftkv").and_then(|rest| rest.split('x').next());
+        let pid = pid.and_then(|p| p.parse::<u32>().ok());
+        if pid.is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists()) {
+            let _ = std::fs::remove_dir(root.join(&name));
+        }
+    }
+}
+
+/// The root of the CPU controller's hierarchy: cgroup v1's `cpu` mount, or the unified
+/// (v2) hierarchy when it has the CPU controller; `None` when neither can be used.
+fn cpu_hierarchy() -> Option<PathBuf> {
+    let v1 = Path::new("/sys/fs/cgroup/cpu");
+    if v1.join("cgroup.procs").exists() {
+        return Some(v1.to_owned());
+    }
+    let v2 = Path::new("/sys/fs/cgroup");
+    let controllers = std::fs::read_to_string(v2.join("cgroup.subtree_control")).ok()?;
+    controllers.split_whitespace().any(|c| c == "cpu").then(|| v2.to_owned())
+}
+
+/// Makes cluster `id`'s CPU control group; its directory, or `None` (with a warning: hosts'
+/// ranks then compete as groups of their own) when this machine offers no CPU controller.
+fn scheduling_group(id: &str) -> Option<PathBuf> {
+    let made = cpu_hierarchy()
+        .map(|root| root.join(id))
+        .and_then(|dir| std::fs::create_dir(&dir).map(|()| dir).ok());
+    if made.is_none() {
+        eprintln!(
+            "ftkv: no CPU control group for the simulated hosts: each host's ranks are \
+             scheduled as a group of their own, and a host may wait seconds for the cores"
+        );
+    }
+    made
+}
+
+/// Removes cluster `id`'s CPU control group, once its processes have ended.
+fn remove_scheduling_group(id: &str) {
+    if let Some(dir) = cpu_hierarchy().map(|root| root.join(id)) {
+        let _ = std::fs::remove_dir(dir);
+    }
+}
+
+/// Writes the script that moves itself into `group` (when there is one) and runs its
+/// arguments there: whatever it starts stays in the group.
+fn write_joiner(path: &Path, group: Option<&Path>) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let join = match group {
+        Some(dir) => format!("echo $$ > '{}/cgroup.procs'\n", dir.display()),
+        None => String::new(),
+    };
+    std::fs::write(path, format!("#!/bin/sh\n# runs a command in a simulated cluster's scheduling group\n{join}exec \"$@\"\n"))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))?;
+    Ok(())
 }
 
 /// The ssh stand-in: skips ssh's options, takes the host name, and runs the rest of its
 /// arguments with a shell (as sshd would) inside that host's namespaces and with its name.
-fn write_agent(path: &Path) -> Result<()> {
+fn write_agent(path: &Path, joiner: &Path) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
     let script = r#"#!/bin/sh
 # ssh stand-in for a host simulated by ftkv: ssh [options] host command...
@@ -319,9 +394,9 @@ while [ $# -gt 0 ]; do
 done
 host=$1
 shift
-exec ip netns exec "$host" unshare --uts sh -c "hostname $host && $*"
+exec JOINER ip netns exec "$host" unshare --uts sh -c "hostname $host && $*"
 "#;
-    std::fs::write(path, script)?;
+    std::fs::write(path, script.replace("JOINER", &joiner.display().to_string()))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))?;
     Ok(())
 }

@@ -12,4 +12,5 @@ pub mod rank_failure;
 pub mod render;
 pub mod reports;
 pub mod sim_scale;
+pub mod sockets;
 pub mod tasks;

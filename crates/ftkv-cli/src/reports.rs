@@ -66,6 +66,8 @@ pub struct RingReport {
 pub struct CasReport {
     pub retries: u64,
     pub spans_hosts: bool,
+    /// Connections the rank's window listener dropped as not the job's.
+    pub rejected: usize,
 }
 
 /// `detect`: how long rank 0's pings took to see the victim failed (rank 0 only).

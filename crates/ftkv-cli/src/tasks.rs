@@ -618,6 +618,14 @@ fn rank_errors(out: &JobOutput) -> String {
     lines.iter().map(|l| format!("{l}\n")).collect()
 }
 
+/// The last 30 lines `rank` printed, on stdout and on stderr.
+fn own_lines(out: &JobOutput, rank: usize) -> String {
+    let stdout = out.rank_lines(rank).iter().map(String::as_str);
+    let lines: Vec<&str> = stdout.chain(out.own_stderr(rank)).collect();
+    let last = &lines[lines.len().saturating_sub(30)..];
+    last.iter().map(|l| format!("  [rank {rank}] {l}\n")).collect()
+}
+
 fn tail(out: &JobOutput) -> String {
     let text = out.transcript();
     let lines: Vec<&str> = text.lines().collect();
@@ -649,7 +657,12 @@ fn result_of(out: &JobOutput, demo: &Demo, watch: &Watch) -> Result<RunReport> {
     let mut results = Vec::new();
     for &rank in &survivors {
         let Some(result) = result_of_rank(out, rank)? else {
-            bail!("{}survivor {rank} reported no result:\n{}", rank_errors(out), tail(out));
+            bail!(
+                "{}survivor {rank} reported no result; its own last lines:\n{}\n{}",
+                rank_errors(out),
+                own_lines(out, rank),
+                tail(out)
+            );
         };
         results.push(result);
     }

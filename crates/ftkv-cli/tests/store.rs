@@ -397,6 +397,118 @@ fn compare_and_swap_is_atomic_across_shared_memory_and_host_links() {
     }
 }
 
+/// Connections from outside the job: 4 ranks over 2 simulated hosts race compare-and-swap
+/// loops through their windows' listeners while a process that is no member connects to every
+/// window listener as soon as it appears (during the window's creation) and again a second
+/// later (during the swaps), from inside the listener's host: garbage, a forged introduction
+/// followed by a put, half an introduction, a silent connection, one closed at once. Every
+/// counter ends exact, no other byte of any window changed, and the listeners dropped and
+/// counted what connected.
+#[test]
+fn connections_from_outside_the_job_are_dropped_and_change_nothing() {
+    if !is_root() {
+        eprintln!("skipped: simulated hosts need root");
+        return;
+    }
+    let launch = job("host-cas", 4)
+        .on_hosts(ftkv_cli::cluster::Hosts::Simulated(2))
+        .env("FTKV_TEST_LISTENERS", "1")
+        .env("FTKV_TEST_CAS_ROUNDS", "1500")
+        .timeout(Duration::from_secs(90));
+    let mut running = launch.spawn().expect("mpirun starts");
+    let intruders = intrude_while_running(&mut running);
+    let out = running.finish().expect("the job ends");
+    assert!(!out.timed_out, "job hung:\n{}", out.transcript());
+    let connected: usize = intruders.iter().map(|i| i.connected).sum();
+    assert!(intruders.iter().any(|i| i.second_visit), "no visit during the swaps");
+    let mut rejected = 0;
+    for rank in 0..4 {
+        let cas: Option<CasReport> = out.rank_report(rank, "cas").expect("JSON");
+        let cas = cas.unwrap_or_else(|| panic!("rank {rank}:\n{}", out.transcript()));
+        assert!(cas.spans_hosts, "rank {rank}");
+        rejected += cas.rejected;
+    }
+    assert!(connected > 0, "no intruder connected: {intruders:?}");
+    assert!(rejected > 0, "{connected} intruding connections, none counted as dropped");
+}
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+        s.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+    })
+}
+
+/// One run of the intruder against a window listener.
+#[derive(Debug)]
+struct Intrusion {
+    second_visit: bool,
+    connected: usize,
+}
+
+/// While `running` runs: learns each rank's MPI listeners from its `listeners` line, and runs
+/// the intruder (inside the rank's network namespace) against every other listener the rank
+/// opens, at once and again a second later.
+fn intrude_while_running(running: &mut RunningJob) -> Vec<Intrusion> {
+    let mut before: HashMap<u32, Vec<u64>> = HashMap::new();
+    let mut first_seen: HashMap<(u32, u64), std::time::Instant> = HashMap::new();
+    let mut children = Vec::new();
+    while running.is_running() {
+        while let Some((_, line)) = running.next_line(Duration::from_millis(5)) {
+            if let Some((pid, inodes)) = parse_listeners_line(&line) {
+                before.insert(pid, inodes);
+            }
+        }
+        for (&pid, known) in &before {
+            for (inode, address) in ftkv_cli::sockets::listening(pid) {
+                if known.contains(&inode) {
+                    continue;
+                }
+                let seen = *first_seen.entry((pid, inode)).or_insert_with(|| {
+                    children.push((false, spawn_intruder(pid, address)));
+                    std::time::Instant::now()
+                });
+                if seen.elapsed() > Duration::from_secs(1)
+                    && seen.elapsed() < Duration::from_secs(2)
+                {
+                    first_seen.insert((pid, inode), seen - Duration::from_secs(2));
+                    children.push((true, spawn_intruder(pid, address)));
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    children
+        .into_iter()
+        .map(|(second_visit, child)| {
+            let out = child.wait_with_output().expect("the intruder ends");
+            let text = String::from_utf8_lossy(&out.stdout);
+            let connected = text
+                .lines()
+                .find_map(|l| l.strip_prefix("intruded ")?.trim().parse().ok())
+                .unwrap_or_else(|| panic!("the intruder failed: {text}"));
+            Intrusion { second_visit, connected }
+        })
+        .collect()
+}
+
+/// `listeners pid=<pid> inodes=<i,j,...>`.
+fn parse_listeners_line(line: &str) -> Option<(u32, Vec<u64>)> {
+    let rest = line.strip_prefix("listeners pid=")?;
+    let (pid, inodes) = rest.split_once(" inodes=")?;
+    let inodes = inodes.split(',').filter_map(|i| i.trim().parse().ok()).collect();
+    Some((pid.parse().ok()?, inodes))
+}
+
+/// `ftkv-mpitest intrude <address>` inside process `pid`'s network namespace.
+fn spawn_intruder(pid: u32, address: std::net::SocketAddrV4) -> std::process::Child {
+    std::process::Command::new("nsenter")
+        .arg(format!("--net=/proc/{pid}/ns/net"))
+        .args([env!("CARGO_BIN_EXE_ftkv-mpitest"), "intrude", &address.to_string()])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("nsenter starts")
+}
+
 /// Transactions on real MPI (`store-txn`, 4 ranks, localized, 2 copies): every rank appends
 /// its ids to its own and its neighbour's log in 16 transactions while rank 1 is SIGKILLed at
 /// a protocol step (`FTKV_FAILPOINT`), or nobody is. Every survivor judges atomicity, its own

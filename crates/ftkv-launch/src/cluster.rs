@@ -9,12 +9,15 @@
 //! and a host's link can be cut or slowed. All traffic stays inside the job's namespaces.
 //!
 //! The hosts share this machine's cores, and the job's processes are scheduled as one
-//! machine's: every process of the job (`mpirun`, the daemons, the ranks) runs in one CPU
-//! control group of its own. Without it each remote daemon, which starts a session of its own,
+//! machine's: the process that makes the cluster moves into a CPU control group of the job's
+//! own for the job's lifetime, so every process of the job (`mpirun`, the daemons, the ranks)
+//! runs there beside it. Without it each remote daemon, which starts a session of its own,
 //! takes its host's ranks into a scheduling group of their own (the kernel's autogroups), and
 //! under oversubscription the kernel left a whole host's group without a time slice for 5–9 s
 //! (measured with 32 ranks over 4 hosts on 2 cores: whole hosts' ranks ended themselves as
-//! stopped, recoveries took up to 9.7 s and the pool 20–52 s; in one group, 13–36 ms and 9–13 s).
+//! stopped, recoveries took up to 9.7 s and the pool 20–52 s; all in one group, 13–36 ms and
+//! 9–13 s, and the driver saw no gap over 1 s in the ranks' output; with only the job's
+//! processes grouped and the driver outside, gaps of 1.3–3 s).
 //!
 //! Namespaces, bridge, control group and files are unique to the job and removed when it
 //! ends, however it ends (also by the interrupt handler). Needs root, iproute2 and util-linux.
@@ -171,9 +174,8 @@ impl SimulatedCluster {
         std::fs::create_dir_all(&self.dir)?;
         let hostfile: String = self.hosts.iter().map(|h| format!("{h} slots={slots}\n")).collect();
         std::fs::write(self.hostfile(), hostfile)?;
-        let group = scheduling_group(&self.id);
-        write_joiner(&self.joiner(), group.as_deref())?;
-        write_agent(&self.agent(), &self.joiner())?;
+        join_scheduling_group(&self.id);
+        write_agent(&self.agent())?;
         let head = self.head();
         ip(&["netns", "add", &head])?;
         ip(&["-n", &head, "link", "set", "lo", "up"])?;
@@ -213,20 +215,14 @@ impl SimulatedCluster {
         self.dir.join("ssh-stand-in")
     }
 
-    /// The script that runs its arguments inside the job's scheduling group.
-    fn joiner(&self) -> PathBuf {
-        self.dir.join("join-group")
-    }
-
     fn head(&self) -> String {
         format!("{}head", self.id)
     }
 
-    /// `mpirun` and its flags: run in the job's scheduling group and the head namespace,
-    /// daemons started by the stand-in.
+    /// `mpirun` and its flags: run in the head namespace, daemons started by the stand-in.
     pub fn launcher(&self, mpirun: &Path) -> Command {
-        let mut cmd = Command::new(self.joiner());
-        cmd.args(["ip", "netns", "exec", &self.head()]).arg(mpirun);
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &self.head()]).arg(mpirun);
         cmd.args(["--prtemca", "plm_ssh_agent"]).arg(self.agent());
         cmd
     }
@@ -344,44 +340,41 @@ fn cpu_hierarchy() -> Option<PathBuf> {
     controllers.split_whitespace().any(|c| c == "cpu").then(|| v2.to_owned())
 }
 
-/// Makes cluster `id`'s CPU control group; its directory, or `None` (with a warning: hosts'
-/// ranks then compete as groups of their own) when this machine offers no CPU controller.
-fn scheduling_group(id: &str) -> Option<PathBuf> {
-    let made = cpu_hierarchy()
+/// Makes cluster `id`'s CPU control group and moves this process into it, so that every
+/// process it starts for the job runs there; warns (hosts' ranks then compete as groups of
+/// their own) when this machine offers no CPU controller.
+fn join_scheduling_group(id: &str) {
+    let joined = cpu_hierarchy()
         .map(|root| root.join(id))
-        .and_then(|dir| std::fs::create_dir(&dir).map(|()| dir).ok());
-    if made.is_none() {
+        .is_some_and(|dir| std::fs::create_dir(&dir).is_ok() && move_into(&dir).is_ok());
+    if !joined {
         eprintln!(
             "ftkv: no CPU control group for the simulated hosts: each host's ranks are \
              scheduled as a group of their own, and a host may wait seconds for the cores"
         );
     }
-    made
 }
 
-/// Removes cluster `id`'s CPU control group, once its processes have ended.
+/// Moves this process (all its threads) into the control group at `dir`.
+fn move_into(dir: &Path) -> std::io::Result<()> {
+    std::fs::write(dir.join("cgroup.procs"), std::process::id().to_string())
+}
+
+/// Moves this process back to the root of the CPU hierarchy and removes cluster `id`'s control
+/// group, once the job's processes have ended (the group stays while one is left).
 fn remove_scheduling_group(id: &str) {
-    if let Some(dir) = cpu_hierarchy().map(|root| root.join(id)) {
-        let _ = std::fs::remove_dir(dir);
+    if let Some(root) = cpu_hierarchy() {
+        let dir = root.join(id);
+        if dir.exists() {
+            let _ = move_into(&root);
+            let _ = std::fs::remove_dir(dir);
+        }
     }
-}
-
-/// Writes the script that moves itself into `group` (when there is one) and runs its
-/// arguments there: whatever it starts stays in the group.
-fn write_joiner(path: &Path, group: Option<&Path>) -> Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    let join = match group {
-        Some(dir) => format!("echo $$ > '{}/cgroup.procs'\n", dir.display()),
-        None => String::new(),
-    };
-    std::fs::write(path, format!("#!/bin/sh\n# runs a command in a simulated cluster's scheduling group\n{join}exec \"$@\"\n"))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))?;
-    Ok(())
 }
 
 /// The ssh stand-in: skips ssh's options, takes the host name, and runs the rest of its
 /// arguments with a shell (as sshd would) inside that host's namespaces and with its name.
-fn write_agent(path: &Path, joiner: &Path) -> Result<()> {
+fn write_agent(path: &Path) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
     let script = r#"#!/bin/sh
 # ssh stand-in for a host simulated by ftkv: ssh [options] host command...
@@ -394,9 +387,9 @@ while [ $# -gt 0 ]; do
 done
 host=$1
 shift
-exec JOINER ip netns exec "$host" unshare --uts sh -c "hostname $host && $*"
+exec ip netns exec "$host" unshare --uts sh -c "hostname $host && $*"
 "#;
-    std::fs::write(path, script.replace("JOINER", &joiner.display().to_string()))?;
+    std::fs::write(path, script)?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))?;
     Ok(())
 }

@@ -14,6 +14,7 @@ use ftkv_cli::reports::{
 };
 use ftkv_mpi::{failpoint, Comm, HostWindow, LockedWindow, Mpi, Window};
 
+mod intrude;
 mod store_cases;
 
 const PING: i32 = 101;
@@ -22,6 +23,9 @@ const RING: i32 = 103;
 
 fn main() {
     let case = std::env::args().nth(1).unwrap_or_default();
+    if case == "intrude" {
+        intrude::main();
+    }
     ftkv_cli::render::install_event_sinks();
     if let Err(e) = run(&case) {
         fail(&case, &e);
@@ -169,17 +173,26 @@ fn rma(world: &Comm) -> Result<()> {
     Ok(())
 }
 
-/// Compare-and-swap through a [`HostWindow`]: every rank adds `CAS_ROUNDS` to a counter on
-/// every rank (its own included), each addition a read-compare-swap loop, so members on the
-/// same host (shared memory) and on other hosts (a serving thread) race on every word. Each
-/// rank then checks that its counter holds exactly ranks × rounds and reports a [`CasReport`].
+/// Compare-and-swap through a [`HostWindow`]: every rank adds `FTKV_TEST_CAS_ROUNDS` (200 by
+/// default) to a counter on every rank (its own included), each addition a
+/// read-compare-swap loop, so members on the same host (shared memory) and on other hosts (a
+/// serving thread) race on every word. Each rank then checks that its counter holds exactly
+/// ranks × rounds and that the rest of its window is untouched, and reports a [`CasReport`]
+/// with the connections its window's listener dropped.
 fn host_cas(world: &Comm) -> Result<()> {
-    const CAS_ROUNDS: u64 = 200;
+    const WINDOW: usize = 64;
+    let rounds: u64 = match std::env::var("FTKV_TEST_CAS_ROUNDS") {
+        Ok(text) => text.parse().context("FTKV_TEST_CAS_ROUNDS")?,
+        Err(_) => 200,
+    };
     let (rank, size) = (world.rank(), world.size());
-    let window = HostWindow::allocate(world, 64)?;
+    if std::env::var_os("FTKV_TEST_LISTENERS").is_some() {
+        print_listeners();
+    }
+    let window = HostWindow::allocate(world, WINDOW)?;
     world.barrier()?;
     let mut retries = 0u64;
-    for round in 0..CAS_ROUNDS {
+    for round in 0..rounds {
         for step in 0..size {
             let target = (rank + step + round as i32) % size;
             retries += add_one(&window, target)?;
@@ -190,14 +203,29 @@ fn host_cas(world: &Comm) -> Result<()> {
     let mut word = [0u8; 8];
     window.read_local(0, &mut word)?;
     let count = u64::from_le_bytes(word);
-    ensure!(count == size as u64 * CAS_ROUNDS, "counter {count} != {}", size as u64 * CAS_ROUNDS);
+    ensure!(count == size as u64 * rounds, "counter {count} != {}", size as u64 * rounds);
+    let mut rest = [0u8; WINDOW - 8];
+    window.read_local(8, &mut rest)?;
+    ensure!(rest.iter().all(|&b| b == 0), "bytes past the counter changed: {rest:?}");
     let unchanged = window.compare_and_swap((rank + 1) % size, 0, 0, 7)?;
     ensure!(unchanged == count, "a compare-and-swap with a wrong compare value saw {unchanged}");
-    let report = CasReport { retries, spans_hosts: window.spans_hosts() };
+    let rejected = window.rejected_connections();
+    let report = CasReport { retries, spans_hosts: window.spans_hosts(), rejected };
     println!("{}", report_line("cas", &report));
     world.barrier()?;
     window.close()?;
     Ok(())
+}
+
+/// Prints `listeners pid=<pid> inodes=<i,j,...>`: the sockets this rank listens on before it
+/// makes a window (MPI's own), so that a test can tell the window's listener from them.
+fn print_listeners() {
+    use std::io::Write;
+    let pid = std::process::id();
+    let inodes: Vec<String> =
+        ftkv_cli::sockets::listening(pid).iter().map(|(inode, _)| inode.to_string()).collect();
+    println!("listeners pid={pid} inodes={}", inodes.join(","));
+    let _ = std::io::stdout().flush();
 }
 
 /// Adds one to the counter at word 0 of `target`; returns how many swaps lost a race.

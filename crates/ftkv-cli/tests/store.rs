@@ -472,10 +472,9 @@ fn intrude_while_running(running: &mut RunningJob) -> Vec<Intrusion> {
                     children.push((false, spawn_intruder(pid, address)));
                     std::time::Instant::now()
                 });
-                if seen.elapsed() > Duration::from_secs(1)
-                    && seen.elapsed() < Duration::from_secs(2)
-                {
-                    first_seen.insert((pid, inode), seen - Duration::from_secs(2));
+                let since = seen.elapsed();
+                if since > SECOND_VISIT && since < 2 * SECOND_VISIT {
+                    first_seen.insert((pid, inode), seen - 2 * SECOND_VISIT);
                     children.push((true, spawn_intruder(pid, address)));
                 }
             }

@@ -18,13 +18,14 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::{put_committed_inline, RepairReport, LOCALIZED_ATTEMPTS};
+use super::recover::put_committed_inline;
+use super::{RepairReport, Store, LOCALIZED_ATTEMPTS};
 use crate::detector::{read_allowance, Health, Lane};
 use crate::error::{Error, Result};
 use crate::fabric::{Fabric, FabricError};
 use crate::fence::{newest_header_version, read_copy, Fencer};
 use crate::halves;
-use crate::key::Key;
+use crate::key::{Key, Recovery};
 use crate::layout::{Copy, Layout};
 use crate::recovery;
 use crate::slot::{Committed, SlotGeometry, HEADER_LEN};
@@ -467,5 +468,109 @@ struct RunningFlag<'a>(&'a AtomicBool);
 impl Drop for RunningFlag<'_> {
     fn drop(&mut self) {
         self.0.store(false, Ordering::Release);
+    }
+}
+
+impl<F: Fabric> Store<F> {
+    /// Runs `op` on routes that follow every failure the detector published, again after a
+    /// failure that interrupted it, and follows the failures noticed meanwhile before returning.
+    pub(super) fn localized<T>(&mut self, mut op: impl FnMut(&mut Self) -> Result<T>) -> Result<T> {
+        let mut last = None;
+        for _ in 0..LOCALIZED_ATTEMPTS {
+            let done = self.follow_failures().and_then(|()| op(self));
+            let done = done.and_then(|value| self.follow_failures().map(|()| value));
+            match done {
+                Err(e) if e.needs_recovery() && !self.health.alarmed() => {
+                    last = Some(e);
+                    // Gives the detector a few polls to publish the failure behind the error.
+                    std::thread::sleep(self.config.poll_interval * 4);
+                }
+                done => return done,
+            }
+        }
+        let last = last.map(|e| e.to_string()).unwrap_or_default();
+        Err(self.escalate(&format!("failures kept interrupting a store call (last: {last})")))
+    }
+
+    /// Localized recovery: brings the routes up to the failures the detector published, once
+    /// the repairer thread moved the copies that lived on failed workers
+    /// ([`Follower::await_routes`]). A no-op (one atomic load) while nothing new failed.
+    pub(super) fn follow_failures(&mut self) -> Result<()> {
+        let generation = self.health.generation();
+        if generation == self.followed {
+            return Ok(());
+        }
+        // No repairer between a recovery that gave up and the next one: recover again.
+        let Some(repairer) = self.repairer.as_ref() else {
+            return Err(Error::RecoveryNeeded { failed: self.newly_failed() });
+        };
+        let followed = repairer.follower().await_routes(generation)?;
+        self.layout = followed.layout;
+        self.followed = followed.generation;
+        self.repairs.extend(followed.repairs);
+        Ok(())
+    }
+
+    /// Gives up on localized recovery: raises the alarm and revokes the store's communicator,
+    /// so every survivor's next store call returns [`Error::RecoveryNeeded`] and
+    /// [`Store::recover`] rebuilds the store globally.
+    fn escalate(&self, why: &str) -> Error {
+        send_to_global_recovery(self.me, &self.health, self.workers, &*self.comm, why);
+        Error::RecoveryNeeded { failed: self.newly_failed() }
+    }
+
+    /// The localized repairs done since the last call, oldest first ([`Recovery::Localized`]):
+    /// one per change of the failed set that this worker followed.
+    pub fn take_repairs(&mut self) -> Vec<RepairReport> {
+        let mut repairs = std::mem::take(&mut self.repairs);
+        if let Some(repairer) = &self.repairer {
+            repairs.extend(repairer.follower().take_repairs());
+        }
+        repairs
+    }
+
+    /// Brings this worker's routes up to every failure noticed so far ([`Recovery::Localized`]):
+    /// waits until the repairer thread, which moves the copies that lived on failed workers in
+    /// the background, has followed them, and adopts its routes. Every put, delete and get
+    /// that notices a new failure does the same first. A no-op with global recovery or when
+    /// nothing new failed. [`Error::RecoveryNeeded`] when the repair escalated to global
+    /// recovery or a further failure interrupted it (call again).
+    ///
+    /// # Example
+    ///
+    /// With localized recovery the survivors keep going; the copies that lived on the failed
+    /// worker move to reserve holders, and `take_repairs` reports what this worker moved:
+    ///
+    /// ```
+    /// use ftkv::fabric::{local::LocalCluster, Fabric};
+    /// use ftkv::{Config, Key, Store};
+    ///
+    /// let cluster = LocalCluster::new(5);
+    /// cluster.arm(3, "written", 1);
+    /// let moved = cluster.run(|fabric| {
+    ///     let config = Config::new(["checkpoint"], 2).localized();
+    ///     let mut store = Store::create(&fabric, config).unwrap();
+    ///     store.put(Key::new(store.worker(), 0), b"state").unwrap();
+    ///     store.sync().unwrap();
+    ///     fabric.failpoint("written");
+    ///     for _ in 0..10_000 {
+    ///         if store.failed().contains(&3) {
+    ///             break;
+    ///         }
+    ///         std::thread::sleep(std::time::Duration::from_millis(1));
+    ///     }
+    ///     assert!(store.failed().contains(&3), "the failure was noticed");
+    ///     store.follow().unwrap();
+    ///     assert!(!store.needs_recovery(), "no global recovery");
+    ///     store.take_repairs().iter().map(|r| r.keys_moved).sum::<usize>()
+    /// });
+    /// let moved: usize = moved.into_iter().flatten().sum();
+    /// assert_eq!(moved, 2, "the two keys with a copy on worker 3 moved");
+    /// ```
+    pub fn follow(&mut self) -> Result<()> {
+        if self.config.recovery == Recovery::Global {
+            return self.ensure_healthy();
+        }
+        self.localized(|_| Ok(()))
     }
 }

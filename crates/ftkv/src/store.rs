@@ -1,20 +1,19 @@
 //! The store: its state and the small calls that read it. Its concerns live in the modules
 //! below: creation ([`create`]), the data path ([`data`]), global recovery ([`recover`]), the
 //! threads beside the calls ([`threads`]), localized recovery ([`follow`]), asynchronous puts
-//! ([`asynchronous`]) and transactions ([`transactions`]).
+//! ([`asynchronous`]) and transactions ([`transactions`]); what the windows look like is one
+//! value ([`windows`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::detector::{Detector, Health};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::fabric::{Fabric, FabricWindow};
-use crate::fence::Fencer;
 use crate::halves;
 use crate::key::{Config, Key};
 use crate::layout::Layout;
-use crate::slot::SlotGeometry;
 
 /// The fabric a plain `Store` runs on: MPI when built with it.
 #[cfg(feature = "mpi")]
@@ -37,7 +36,8 @@ pub struct RecoveryReport {
     pub duration: Duration,
 }
 
-/// What one localized repair did on this worker (see [`Recovery::Localized`](crate::Recovery::Localized)).
+/// What one localized repair did on this worker (see
+/// [`Recovery::Localized`](crate::Recovery::Localized)).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RepairReport {
     /// Every worker known failed when the routes were brought up to date (stable ids).
@@ -62,8 +62,10 @@ mod follow;
 mod recover;
 mod threads;
 mod transactions;
+mod windows;
 
 pub use asynchronous::PendingPut;
+use windows::Windows;
 
 /// A resilient, replicated key-value store over the members of a communicator.
 ///
@@ -76,17 +78,17 @@ pub use asynchronous::PendingPut;
 /// without MPI).
 pub struct Store<F: Fabric = DefaultFabric> {
     config: Config,
-    geometry: SlotGeometry,
     me: i32,
     workers: usize,
     /// The host id of every worker, by worker id (learned at creation).
     hosts: Vec<u32>,
     origin: F,
     comm: Arc<F>,
-    /// The current window, with the fencing of failed writers out of this rank's slots.
-    window: Option<Arc<Fencer<F::Window>>>,
-    layout: Layout,
-    epoch: u64,
+    /// The current windows (`None` while a recovery runs, and after one that ended the store).
+    windows: Option<Arc<Windows<F::Window>>>,
+    /// Where the calls find each key's copies: the layout of `windows`, with the copies of
+    /// failed workers moved down their chains by localized repair.
+    routes: Layout,
     versions: Vec<u64>,
     /// The last acknowledged version of each own key (0: none yet), shared with the repairer.
     acked: Arc<follow::Acked>,
@@ -99,7 +101,8 @@ pub struct Store<F: Fabric = DefaultFabric> {
     recovered_failed: Vec<i32>,
     /// A failure noticed while the last recovery committed: the alarm stays raised after it.
     pending_alarm: bool,
-    /// The detector's failure generation the current routes follow ([`Recovery::Localized`](crate::Recovery::Localized)).
+    /// The detector's failure generation the current routes follow
+    /// ([`Recovery::Localized`](crate::Recovery::Localized)).
     followed: u64,
     /// Localized repairs not yet taken by [`Store::take_repairs`].
     repairs: Vec<RepairReport>,
@@ -114,7 +117,8 @@ pub struct Store<F: Fabric = DefaultFabric> {
     spills: halves::Spills,
     /// The thread that writes the other copies of [`Store::put_async`]s (started by the first).
     replicator: Option<asynchronous::Replicator<F::Window>>,
-    /// The thread that repairs copies after failures ([`Recovery::Localized`](crate::Recovery::Localized) only).
+    /// The thread that repairs copies after failures
+    /// ([`Recovery::Localized`](crate::Recovery::Localized) only).
     repairer: Option<follow::Repairer<F>>,
 }
 
@@ -146,7 +150,7 @@ impl<F: Fabric> Store<F> {
     /// Every worker this rank knows failed (stable ids): those the last recovery left out and
     /// those its detector noticed since.
     pub fn failed(&self) -> Vec<i32> {
-        let gone = (0..self.workers as i32).filter(|w| !self.layout.live.contains(w));
+        let gone = (0..self.workers as i32).filter(|w| !self.routes.live.contains(w));
         let mut failed: Vec<i32> = gone.chain(self.health.failed_workers(self.workers)).collect();
         failed.sort_unstable();
         failed.dedup();
@@ -154,10 +158,10 @@ impl<F: Fabric> Store<F> {
     }
 
     /// The workers of the store's current windows (stable ids): the live ones of the last
-    /// recovery; with [`Recovery::Localized`](crate::Recovery::Localized), workers that failed since stay in it until a
-    /// global recovery (see [`Store::failed`]).
+    /// recovery; with [`Recovery::Localized`](crate::Recovery::Localized), workers that failed
+    /// since stay in it until a global recovery (see [`Store::failed`]).
     pub fn live(&self) -> &[i32] {
-        &self.layout.live
+        &self.routes.live
     }
 
     /// The host id of every worker (index: worker id, dead ones included), as
@@ -174,6 +178,17 @@ impl<F: Fabric> Store<F> {
     pub fn own_key(&self, name: &str) -> Result<Key> {
         Ok(Key::new(self.me, self.config.kind(name)?))
     }
+
+    /// The current windows; [`Error::Closed`] while there are none.
+    fn windows(&self) -> Result<&Windows<F::Window>> {
+        self.windows.as_deref().ok_or(Error::Closed)
+    }
+
+    /// The epoch of the current windows, which every header this worker writes names;
+    /// [`Error::Closed`] while there are none.
+    fn epoch(&self) -> Result<u64> {
+        Ok(self.windows()?.epoch())
+    }
 }
 
 impl<F: Fabric> Store<F> {
@@ -184,14 +199,15 @@ impl<F: Fabric> Store<F> {
     pub fn abandon(mut self) {
         self.repairer = None;
         self.detector = None;
-        if let Some(window) = self.window.take().and_then(Fencer::into_window) {
+        if let Some(window) = self.windows.take().and_then(Windows::unshared) {
             window.abandon();
         }
     }
 }
 
-/// Stops the repairer and detector threads before the fields go: it polls MPI on a communicator derived from
-/// the store's, and the window's collective free must not race with it.
+/// Stops the repairer and detector threads before the fields go: it polls MPI on a
+/// communicator derived from the store's, and the window's collective free must not race with
+/// it.
 impl<F: Fabric> Drop for Store<F> {
     fn drop(&mut self) {
         self.repairer = None;

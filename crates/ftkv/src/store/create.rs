@@ -4,15 +4,14 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::{follow, Store};
+use super::{follow, Store, Windows};
 use crate::detector::Health;
 use crate::error::{Error, Result};
 use crate::fabric::Fabric;
-use crate::fence::Fencer;
 use crate::halves;
 use crate::key::{Config, Recovery};
 use crate::layout::Layout;
-use crate::slot::{SlotGeometry, FENCE_LEN, HEADER_LEN};
+use crate::slot::SlotGeometry;
 
 impl<F: Fabric> Store<F> {
     /// Creates the store collectively on every member of `comm`.
@@ -62,22 +61,19 @@ impl<F: Fabric> Store<F> {
         let layout = valid?;
         let origin = comm.dup()?;
         let store_comm = Arc::new(comm.dup()?);
-        let window = open_window(store_comm.as_ref(), &layout, geometry)?;
-        let window = Arc::new(Fencer::new(Arc::new(window), &layout.local, geometry));
+        let windows = Windows::open(store_comm.as_ref(), layout.clone(), 0)?;
         let health = Arc::new(Health::new(workers, config.recovery == Recovery::Global));
         let mut store = Store::<F> {
             versions: vec![0; config.kinds.len()],
             acked: Arc::new(follow::Acked::new(config.kinds.len())),
             config,
-            geometry,
             me,
             workers,
             hosts,
             origin,
             comm: store_comm,
-            window: Some(window),
-            layout,
-            epoch: 0,
+            windows: Some(Arc::new(windows)),
+            routes: layout,
             handed: HashMap::new(),
             health,
             detector: None,
@@ -135,21 +131,4 @@ fn check_window_memory<F: Fabric>(comm: &F, per_rank: usize, ranks: usize) -> Re
         return Err(Error::WindowTooLarge { per_rank, ranks, capacity });
     }
     Ok(())
-}
-
-/// Allocates the window of `layout`, empties this rank's slot headers, opens the lock_all epoch
-/// and waits until every rank did, so no put can land before the headers are cleared.
-pub(super) fn open_window<F: Fabric>(
-    comm: &F,
-    layout: &Layout,
-    geometry: SlotGeometry,
-) -> Result<F::Window> {
-    let headers = layout.local.iter().flat_map(|&(_, disp)| {
-        let disp = disp as usize;
-        let halves = [0, 1].map(|i| (disp + geometry.half_start(i), HEADER_LEN));
-        [(disp, FENCE_LEN), halves[0], halves[1]]
-    });
-    let window = comm.open_window(layout.window_len, &headers.collect::<Vec<_>>())?;
-    comm.barrier()?;
-    Ok(window)
 }

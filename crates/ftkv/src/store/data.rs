@@ -41,7 +41,7 @@ impl<F: Fabric> Store<F> {
         self.check_own(key)?;
         self.check_value(value)?;
         let version = self.next_own_version(key);
-        self.write(key, Header::for_value(value, version, self.epoch, self.me), value)?;
+        self.write(key, Header::for_value(value, version, self.epoch()?, self.me), value)?;
         self.acked.set(key.kind as usize, version);
         Ok(())
     }
@@ -65,7 +65,7 @@ impl<F: Fabric> Store<F> {
     pub fn delete(&mut self, key: Key) -> Result<()> {
         self.check_own(key)?;
         let version = self.next_own_version(key);
-        self.write(key, Header::for_delete(version, self.epoch, self.me), &[])?;
+        self.write(key, Header::for_delete(version, self.epoch()?, self.me), &[])?;
         self.acked.set(key.kind as usize, version);
         Ok(())
     }
@@ -98,14 +98,14 @@ impl<F: Fabric> Store<F> {
         self.check_key(key)?;
         self.check_value(value)?;
         let version = self.next_handed_version(key)?;
-        self.write(key, Header::for_value(value, version, self.epoch, self.me), value)
+        self.write(key, Header::for_value(value, version, self.epoch()?, self.me), value)
     }
 
     /// Deletes a handed key (see [`Store::put_handed`]).
     pub fn delete_handed(&mut self, key: Key) -> Result<()> {
         self.check_key(key)?;
         let version = self.next_handed_version(key)?;
-        self.write(key, Header::for_delete(version, self.epoch, self.me), &[])
+        self.write(key, Header::for_delete(version, self.epoch()?, self.me), &[])
     }
 
     /// The newest committed value of `key` on any live holder, `None` if it was deleted or never
@@ -199,7 +199,7 @@ impl<F: Fabric> Store<F> {
     }
 
     pub(super) fn ensure_healthy(&self) -> Result<()> {
-        if self.window.is_none() {
+        if self.windows.is_none() {
             return Err(Error::Closed);
         }
         if self.health.alarmed() {
@@ -209,7 +209,7 @@ impl<F: Fabric> Store<F> {
     }
 
     pub(super) fn newly_failed(&self) -> Vec<i32> {
-        let live = &self.layout.live;
+        let live = &self.routes.live;
         live.iter().copied().filter(|&w| self.health.is_failed(w)).collect()
     }
 
@@ -229,7 +229,7 @@ impl<F: Fabric> Store<F> {
     /// Where the copies of `key` live in this epoch (also of a key reported lost: a write
     /// restores it there).
     pub(super) fn route(&self, key: Key) -> Result<&[Copy]> {
-        self.layout.route(key).ok_or(Error::UnknownOwner(key.owner))
+        self.routes.route(key).ok_or(Error::UnknownOwner(key.owner))
     }
 
     /// Writes `key` and, once the write is acknowledged, no longer reports it lost.
@@ -262,10 +262,11 @@ impl<F: Fabric> Store<F> {
         if self.config.detection == Detection::Ping {
             self.ping_all(route)?;
         }
-        let free_stale = self.spills.stale(key, header.version, data.len(), self.geometry);
+        let geometry = self.routes.geometry();
+        let free_stale = self.spills.stale(key, header.version, data.len(), geometry);
         self.put_to(route, header, data, free_stale)?;
         self.ensure_alive(route)?;
-        self.spills.written(key, header.version, data.len(), self.geometry);
+        self.spills.written(key, header.version, data.len(), geometry);
         Ok(())
     }
 
@@ -280,8 +281,8 @@ impl<F: Fabric> Store<F> {
         free_stale: bool,
     ) -> Result<()> {
         let encoded = header.encode();
-        let (version, geometry) = (header.version, self.geometry);
-        let window = self.window.as_ref().ok_or(Error::Closed)?.window();
+        let windows = self.windows()?;
+        let (window, geometry, version) = (windows.window(), windows.geometry(), header.version);
         let comm = &self.comm;
         let extents = halves::write_extents(window, route, geometry, version, data);
         extents.map_err(|e| self.failure(e))?;
@@ -303,11 +304,12 @@ impl<F: Fabric> Store<F> {
     /// Each copy of `route` not known failed: its holder and newest complete version, read
     /// with watchdog-bounded gets.
     fn read_live(&self, route: &[Copy]) -> Result<Vec<(i32, Option<Committed>)>> {
-        let window = self.window.as_ref().ok_or(Error::Closed)?.window();
+        let windows = self.windows()?;
+        let (window, geometry) = (windows.window(), windows.geometry());
         let mut copies = Vec::with_capacity(route.len());
         for copy in route.iter().filter(|c| !self.health.is_failed(c.worker)) {
-            self.health.enter_call(read_allowance(self.geometry.max_value));
-            let found = read_copy(window, copy, self.geometry);
+            self.health.enter_call(read_allowance(geometry.max_value));
+            let found = read_copy(window, copy, geometry);
             self.health.leave_call();
             copies.push((copy.worker, found.map_err(|e| self.failure(e))?));
         }
@@ -351,7 +353,7 @@ impl<F: Fabric> Store<F> {
             // The window's errors name a peer only when it is exact (`HostWindow`); other
             // failures are left to the detector, which publishes ULFM's failed set.
             if let FabricError::ProcFailed { peer: Some(rank), .. } = e {
-                if let Some(&worker) = self.layout.live.get(rank as usize) {
+                if let Some(&worker) = self.routes.live.get(rank as usize) {
                     self.health.mark_failed(worker);
                 }
             }

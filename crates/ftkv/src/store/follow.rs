@@ -1,5 +1,5 @@
-//! Localized recovery's repair ([`Recovery::Localized`](crate::Recovery::Localized)): after a
-//! failure the copies that lived on failed workers move down their chains to reserve holders.
+//! Localized recovery's repair ([`Recovery::Localized`]): after a failure the copies that
+//! lived on failed workers move down their chains to reserve holders.
 //!
 //! A repairer thread beside the detector does it as soon as the detector publishes the
 //! failure, whether or not the owner makes a store call: it fences the failed workers out of
@@ -7,7 +7,8 @@
 //! every own key that lost a copy to its new holder, and of every key of a failed owner whose
 //! first live holder this worker is. The store's calls go on meanwhile on their routes; a call
 //! that notices a failure its routes do not follow waits for the repairer and adopts its
-//! routes ([`Follower::await_routes`]).
+//! routes ([`Follower::await_routes`], from [`Store::follow`] and the retries of
+//! [`Store::localized`]).
 //!
 //! The repairer writes only to holders that are new in a route, and the owner moves to the new
 //! routes only once the repair is complete, so the owner's writes and the repairer's never
@@ -18,17 +19,16 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::recover::put_committed_inline;
-use super::{RepairReport, Store, LOCALIZED_ATTEMPTS};
+use super::{RepairReport, Store, Windows, LOCALIZED_ATTEMPTS};
 use crate::detector::{read_allowance, Health, Lane};
 use crate::error::{Error, Result};
 use crate::fabric::{Fabric, FabricError};
-use crate::fence::{newest_header_version, read_copy, Fencer};
+use crate::fence::{newest_header_version, read_copy};
 use crate::halves;
 use crate::key::{Key, Recovery};
 use crate::layout::{Copy, Layout};
 use crate::recovery;
-use crate::slot::{Committed, SlotGeometry, HEADER_LEN};
+use crate::slot::{Committed, HEADER_LEN};
 
 /// The last acknowledged version of each own key (0: none yet), written by the owner's calls
 /// and read by the repairer: an own key with an acknowledged write and no surviving copy
@@ -83,11 +83,12 @@ pub(crate) struct FollowerParts<F: Fabric> {
     pub workers: usize,
     pub hosts: Vec<u32>,
     pub kinds: usize,
-    pub geometry: SlotGeometry,
     pub poll_interval: Duration,
     pub health: Arc<Health>,
     pub comm: Arc<F>,
-    pub window: Arc<Fencer<F::Window>>,
+    /// The windows the repairs read and write; a global recovery starts a new follower on
+    /// its new ones.
+    pub windows: Arc<Windows<F::Window>>,
     pub acked: Arc<Acked>,
 }
 
@@ -202,7 +203,7 @@ impl<F: Fabric> Follower<F> {
         let started = Instant::now();
         let failed = self.parts.health.failed_workers(self.parts.workers);
         let current = &routes.layout;
-        self.parts.window.fence(&failed).map_err(|e| self.failure(current, e))?;
+        self.parts.windows.fence(&failed).map_err(|e| self.failure(current, e))?;
         let (next, orphaned) = self.relocated_layout(current, &failed)?;
         let (own_keys, own_bytes) = self.repair_own_keys(current, &next)?;
         let (orphan_keys, orphan_bytes) = self.repair_orphans(current, &next, &orphaned)?;
@@ -313,12 +314,12 @@ impl<F: Fabric> Follower<F> {
     /// The newest complete version on the live copies of `route`, read with watchdog-bounded
     /// gets.
     fn newest_surviving(&self, current: &Layout, route: &[Copy]) -> Result<Option<Committed>> {
-        let window = self.parts.window.window();
+        let (window, geometry) = (self.parts.windows.window(), self.parts.windows.geometry());
         let mut newest: Option<Committed> = None;
         for copy in route.iter().filter(|c| !self.parts.health.is_failed(c.worker)) {
-            let allowance = read_allowance(self.parts.geometry.max_value);
+            let allowance = read_allowance(geometry.max_value);
             self.parts.health.enter_call_on(Lane::Repairer, allowance);
-            let found = read_copy(window, copy, self.parts.geometry);
+            let found = read_copy(window, copy, geometry);
             self.parts.health.leave_call_on(Lane::Repairer);
             let found = found.map_err(|e| self.failure(current, e))?;
             if let Some(found) = found {
@@ -332,11 +333,11 @@ impl<F: Fabric> Follower<F> {
 
     /// The copies of `targets` whose slots name no version as new as `version`.
     fn behind(&self, current: &Layout, targets: &[Copy], version: u64) -> Result<Vec<Copy>> {
+        let (window, geometry) = (self.parts.windows.window(), self.parts.windows.geometry());
         let mut behind = Vec::with_capacity(targets.len());
         for copy in targets {
             self.parts.health.enter_call_on(Lane::Repairer, 3 * HEADER_LEN);
-            let found =
-                newest_header_version(self.parts.window.window(), copy, self.parts.geometry);
+            let found = newest_header_version(window, copy, geometry);
             self.parts.health.leave_call_on(Lane::Repairer);
             if found.map_err(|e| self.failure(current, e))? < version {
                 behind.push(*copy);
@@ -347,13 +348,14 @@ impl<F: Fabric> Follower<F> {
 
     /// Writes a committed version (data, then header, into its half) to `targets`.
     fn copy_to(&self, current: &Layout, targets: &[Copy], committed: &Committed) -> Result<()> {
-        let (window, geometry) = (self.parts.window.window(), self.parts.geometry);
+        let windows = &self.parts.windows;
+        let (window, geometry) = (windows.window(), windows.geometry());
         let version = committed.header.version;
         let extents = halves::write_extents(window, targets, geometry, version, &committed.data);
         extents.map_err(|e| self.failure(current, e))?;
         let bytes = halves::inline_bytes(geometry, &committed.data) * targets.len();
         self.parts.health.enter_call_on(Lane::Repairer, bytes);
-        let written = put_committed_inline(window, targets, committed, geometry);
+        let written = windows.put_committed_inline(targets, committed);
         self.parts.health.leave_call_on(Lane::Repairer);
         written.map_err(|e| self.failure(current, e))?;
         if targets.iter().any(|c| self.parts.health.is_failed(c.worker)) {
@@ -505,7 +507,7 @@ impl<F: Fabric> Store<F> {
             return Err(Error::RecoveryNeeded { failed: self.newly_failed() });
         };
         let followed = repairer.follower().await_routes(generation)?;
-        self.layout = followed.layout;
+        self.routes = followed.layout;
         self.followed = followed.generation;
         self.repairs.extend(followed.repairs);
         Ok(())

@@ -6,48 +6,14 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::create::open_window;
-use super::{RecoveryReport, Store};
+use super::{RecoveryReport, Store, Windows};
 use crate::attempt::{self, Command, Event, Fault};
 use crate::detector::{read_allowance, Deadline, Step, StepMarker};
 use crate::error::{Error, Result};
-use crate::fabric::{Fabric, FabricError, FabricWindow};
-use crate::fence::{read_local_slot, Fencer};
-use crate::halves;
+use crate::fabric::{Fabric, FabricWindow};
 use crate::key::Key;
-use crate::layout::{Copy, Layout};
 use crate::recovery;
-use crate::slot::{Committed, SlotGeometry};
-
-/// A window of an earlier epoch, kept until a recovery commits.
-struct Retained<W> {
-    fencer: Arc<Fencer<W>>,
-    layout: Layout,
-}
-
-impl<W: FabricWindow> Retained<W> {
-    /// The window itself, once nothing else holds it (the detector thread is stopped).
-    fn into_window(self) -> Option<W> {
-        let window = self.fencer.into_window();
-        if window.is_none() {
-            crate::events::warn("a retained window is still shared; it stays allocated");
-        }
-        window
-    }
-
-    fn close(self) -> Result<()> {
-        match self.into_window() {
-            Some(window) => Ok(window.close()?),
-            None => Ok(()),
-        }
-    }
-
-    fn abandon(self) {
-        if let Some(window) = self.into_window() {
-            window.abandon();
-        }
-    }
-}
+use crate::slot::Committed;
 
 impl<F: Fabric> Store<F> {
     /// Whether a failure (or another rank's recovery) was noticed since the last recovery.
@@ -101,25 +67,22 @@ impl<F: Fabric> Store<F> {
         let started = Instant::now();
         self.stop_repairer();
         self.detector = None;
-        let retained = match self.window.take() {
-            Some(fencer) => Retained { fencer, layout: self.layout.clone() },
-            None => return Err(Error::Closed),
-        };
+        let Some(retained) = self.windows.take() else { return Err(Error::Closed) };
         let mut machine = attempt::Machine::new(attempt::Inputs {
             me: self.me,
             hosts: self.hosts.clone(),
             kinds: self.config.kinds.len(),
             copies: self.config.copies,
             spares: self.config.spares,
-            geometry: self.geometry,
-            previous: retained.layout.clone(),
+            previous: retained.layout().clone(),
             acked: self.acked.snapshot(),
         });
         let step = Arc::new(StepMarker::default());
         let mut run = AttemptRun {
             step,
             deadline: None,
-            window: None,
+            epoch: retained.epoch(),
+            windows: None,
             held: HashMap::new(),
             agreement_error: None,
         };
@@ -134,11 +97,11 @@ impl<F: Fabric> Store<F> {
                     Ok(event) => event,
                     Err(e) => {
                         // Freeing a window is collective: nobody may wait in it now.
-                        if let Some(window) = run.window.take() {
-                            window.abandon();
+                        if let Some(windows) = run.windows.take() {
+                            windows.into_window().abandon();
                         }
                         drop(run);
-                        retained.abandon();
+                        Windows::abandon_replaced(retained);
                         return Err(e);
                     }
                 },
@@ -153,7 +116,7 @@ impl<F: Fabric> Store<F> {
     fn execute(
         &mut self,
         command: Command,
-        retained: &Retained<F::Window>,
+        retained: &Windows<F::Window>,
         run: &mut AttemptRun<F>,
     ) -> Result<Event> {
         let step = run.step.clone();
@@ -174,7 +137,7 @@ impl<F: Fabric> Store<F> {
                 run.deadline = Some(Deadline::start(self.comm.clone(), watchdog, run.step.clone()));
                 run.step.set(Step::Revoke);
                 self.comm.revoke().map_err(Error::Fabric)?;
-                self.trace("revoked");
+                self.trace(run.epoch, "revoked");
                 Event::Revoked
             }
             Command::Shrink => {
@@ -185,7 +148,7 @@ impl<F: Fabric> Store<F> {
                         let shrunk = Arc::new(shrunk);
                         self.comm = shrunk.clone();
                         let live = self.live_ids(&shrunk)?;
-                        self.trace(&format!("shrunk to {live:?}"));
+                        self.trace(run.epoch, &format!("shrunk to {live:?}"));
                         Event::Shrunk(Ok(live))
                     }
                     Err(e) if e.is_failure() => Event::Shrunk(Err(Fault::Failure)),
@@ -193,15 +156,14 @@ impl<F: Fabric> Store<F> {
                 }
             }
             Command::OpenWindow { layout } => {
-                self.layout = layout;
-                self.epoch += 1;
+                run.epoch += 1;
                 self.comm.failpoint("recovery_after_shrink");
                 step.set(Step::OpenWindow);
-                match open_window(&*self.comm, &self.layout, self.geometry) {
-                    Ok(window) => {
-                        run.window = Some(window);
-                        self.trace("window open");
-                        let scanned = scan_local(retained, &self.layout.live, self.geometry);
+                match Windows::open(&*self.comm, layout, run.epoch) {
+                    Ok(windows) => {
+                        let windows = run.windows.insert(windows);
+                        self.trace(run.epoch, "window open");
+                        let scanned = retained.scan(&windows.layout().live);
                         let scanned = scanned.map(|held| {
                             // Read once, copied out once, perhaps to several holders.
                             let bytes: usize = held.values().map(|c| c.data.len()).sum();
@@ -220,15 +182,16 @@ impl<F: Fabric> Store<F> {
                 step.set(Step::ExchangeRecords);
                 let all = recovery::exchange(&*self.comm, &records);
                 if all.is_ok() {
-                    self.trace("records exchanged");
+                    self.trace(run.epoch, "records exchanged");
                 }
                 Event::Exchanged(all.map_err(fault))
             }
             Command::Copy { sends } => {
                 self.comm.failpoint("recovery_mid_copy");
                 step.set(Step::CopyOut);
-                let window = run.window.as_ref().expect("copies go to an opened window");
-                let copied = copy_out(window, &self.layout, &sends, &run.held, self.geometry)
+                let windows = run.windows.as_ref().expect("copies go to an opened window");
+                let copied = windows
+                    .copy_out(&sends, &run.held)
                     .and_then(|()| {
                         step.set(Step::Barrier);
                         Ok(self.comm.barrier()?)
@@ -243,11 +206,12 @@ impl<F: Fabric> Store<F> {
                         crate::events::warn(format!("revoke during recovery: {e}"));
                     }
                 }
-                self.trace(&format!("rebuilt ok={}", flags & attempt::ATTEMPT_SUCCEEDED != 0));
+                let ok = flags & attempt::ATTEMPT_SUCCEEDED != 0;
+                self.trace(run.epoch, &format!("rebuilt ok={ok}"));
                 step.set(Step::Agree);
                 let agreed = self.comm.agree(flags);
                 if let Ok(agreed) = &agreed {
-                    self.trace(&format!("agreed {}", agreed.value));
+                    self.trace(run.epoch, &format!("agreed {}", agreed.value));
                 }
                 let agreed = agreed.map(|a| (a.value, a.unacknowledged_failures));
                 Event::Agreed(agreed.map_err(|e| {
@@ -257,31 +221,34 @@ impl<F: Fabric> Store<F> {
             }
             Command::Dispose { free } => {
                 step.set(Step::FreeWindow);
-                self.dispose(run.window.take(), free);
+                self.dispose(run, free);
                 Event::Disposed
             }
             Command::Commit(_) | Command::Fail(_) => unreachable!("handled by recover"),
         })
     }
 
-    /// Adopts the committed attempt: its window and layout; frees the previous window.
+    /// Adopts the committed attempt's windows as a whole, its layout as the routes, and frees
+    /// the windows they replace. Fails when that free does (the new windows stay adopted).
     fn commit(
         &mut self,
         committed: attempt::Committed,
-        retained: Retained<F::Window>,
+        retained: Arc<Windows<F::Window>>,
         mut run: AttemptRun<F>,
         started: Instant,
     ) -> Result<RecoveryReport> {
-        let window = Arc::new(run.window.take().expect("agreement implies a window"));
-        self.window = Some(Arc::new(Fencer::new(window, &self.layout.local, self.geometry)));
+        let windows = run.windows.take().expect("agreement implies a window");
+        self.routes = windows.layout().clone();
+        self.windows = Some(Arc::new(windows));
         if committed.alarm {
             self.pending_alarm = true;
         }
         run.step.set(Step::FreeWindow);
-        let freed = retained.close();
+        let freed = Windows::close_replaced(retained);
+        let epoch = run.epoch;
         drop(run);
         freed?;
-        self.trace("old window freed");
+        self.trace(epoch, "old window freed");
         let recovered = Recovered { keys: committed.keys, lost: committed.lost };
         self.finish_recovery(recovered, committed.attempts, started)
     }
@@ -292,27 +259,27 @@ impl<F: Fabric> Store<F> {
     fn give_up(
         &mut self,
         failed: attempt::Failed,
-        retained: Retained<F::Window>,
+        retained: Arc<Windows<F::Window>>,
         mut run: AttemptRun<F>,
     ) -> Error {
         let agreement_error = run.agreement_error.take();
         drop(run);
         match failed {
             attempt::Failed::Partitioned { live, previous } => {
-                retained.abandon();
+                Windows::abandon_replaced(retained);
                 Error::Partitioned { live, previous }
             }
             attempt::Failed::Error(message) => {
-                retained.abandon();
+                Windows::abandon_replaced(retained);
                 agreement_error.unwrap_or(Error::RecoveryFailed(message))
             }
             attempt::Failed::Exhausted { last_error } => {
                 if let Some(e) = last_error {
                     crate::events::warn(format!("recovery gave up; last error: {e}"));
                 }
-                // The next recovery starts again from the last committed window and layout.
-                self.layout = retained.layout;
-                self.window = Some(retained.fencer);
+                // The next recovery starts again from the last committed windows and the routes
+                // on them.
+                self.windows = Some(retained);
                 Error::RecoveryNeeded { failed: self.newly_failed() }
             }
         }
@@ -325,7 +292,7 @@ impl<F: Fabric> Store<F> {
         started: Instant,
     ) -> Result<RecoveryReport> {
         let failed: Vec<i32> = (0..self.workers as i32)
-            .filter(|w| !self.layout.live.contains(w) && !self.recovered_failed.contains(w))
+            .filter(|w| !self.routes.live.contains(w) && !self.recovered_failed.contains(w))
             .collect();
         self.recovered_failed.extend(&failed);
         self.lost = recovered.lost.clone();
@@ -349,26 +316,27 @@ impl<F: Fabric> Store<F> {
     /// Frees a failed attempt's window when every survivor opened it (only an agreement can say
     /// so, and freeing is collective); otherwise leaves it allocated, since a collective free
     /// that some survivors never join would not return.
-    fn dispose(&self, window: Option<F::Window>, everyone_opened: bool) {
-        let Some(window) = window else { return };
+    fn dispose(&self, run: &mut AttemptRun<F>, everyone_opened: bool) {
+        let Some(windows) = run.windows.take() else { return };
+        let window = windows.into_window();
         if !everyone_opened {
-            self.trace("failed attempt's window left allocated");
+            self.trace(run.epoch, "failed attempt's window left allocated");
             window.abandon();
             return;
         }
         match window.close() {
-            Ok(()) => self.trace("failed attempt's window freed"),
+            Ok(()) => self.trace(run.epoch, "failed attempt's window freed"),
             Err(e) => {
                 crate::events::warn(format!("freeing a failed recovery attempt's window: {e}"))
             }
         }
     }
 
-    /// A recovery step event when `FTKV_TRACE` is set (chaos runs set it, so a
+    /// A recovery step event of `epoch` when `FTKV_TRACE` is set (chaos runs set it, so a
     /// stuck survivor shows where it stopped).
-    fn trace(&self, what: &str) {
+    fn trace(&self, epoch: u64, what: &str) {
         if std::env::var_os("FTKV_TRACE").is_some() {
-            let (worker, epoch, step) = (self.me, self.epoch, what.to_owned());
+            let (worker, step) = (self.me, what.to_owned());
             crate::events::emit(crate::events::Event::RecoveryStep { worker, epoch, step });
         }
     }
@@ -379,11 +347,14 @@ impl<F: Fabric> Store<F> {
 }
 
 /// The state a recovery keeps across its commands: the current attempt's step marker and
-/// deadline, and its window once opened.
+/// deadline, and its windows once opened.
 struct AttemptRun<F: Fabric> {
     step: Arc<StepMarker>,
     deadline: Option<Deadline>,
-    window: Option<F::Window>,
+    /// The epoch of the last windows opened: the replaced windows' until the first attempt
+    /// opens its own.
+    epoch: u64,
+    windows: Option<Windows<F::Window>>,
     /// The previous window's slots this rank holds, read once the attempt's window is open.
     held: HashMap<Key, Committed>,
     /// The agreement's own error, returned if it ends the recovery.
@@ -402,68 +373,4 @@ fn fault(e: impl Into<Error>) -> Fault {
         e if e.needs_recovery() => Fault::Failure,
         e => Fault::Other(e.to_string()),
     }
-}
-
-/// The newest complete version of every slot this rank hosts in the previous epoch's window,
-/// after fencing every worker that is not in `live` (the shrunk communicator's workers).
-fn scan_local<W: FabricWindow>(
-    retained: &Retained<W>,
-    live: &[i32],
-    geometry: SlotGeometry,
-) -> Result<HashMap<Key, Committed>> {
-    let gone: Vec<i32> =
-        retained.layout.live.iter().copied().filter(|w| !live.contains(w)).collect();
-    retained.fencer.fence(&gone)?;
-    let window = retained.fencer.window();
-    window.sync()?;
-    let mut found = HashMap::new();
-    for &(key, disp) in &retained.layout.local {
-        if let Some(committed) = read_local_slot(window, disp as usize, geometry)? {
-            found.insert(key, committed);
-        }
-    }
-    Ok(found)
-}
-
-/// Writes the versions this rank is the source of to their new holders.
-fn copy_out<W: FabricWindow>(
-    window: &W,
-    layout: &Layout,
-    sends: &[Key],
-    local: &HashMap<Key, Committed>,
-    geometry: SlotGeometry,
-) -> Result<()> {
-    for key in sends {
-        let route = layout.route(*key).expect("planned keys are routed");
-        put_committed(window, route, &local[key], geometry)?;
-    }
-    Ok(())
-}
-
-/// Writes a committed version (data and header into the version's half) to every copy of
-/// `targets`, completed by one scope.
-fn put_committed<W: FabricWindow>(
-    window: &W,
-    targets: &[Copy],
-    committed: &Committed,
-    geometry: SlotGeometry,
-) -> std::result::Result<(), FabricError> {
-    let version = committed.header.version;
-    halves::write_extents(window, targets, geometry, version, &committed.data)?;
-    put_committed_inline(window, targets, committed, geometry)
-}
-
-/// [`put_committed`] after its value's extents were written: the inline value (if it fits) and
-/// the header, the one-sided calls the watchdog bounds.
-pub(super) fn put_committed_inline<W: FabricWindow>(
-    window: &W,
-    targets: &[Copy],
-    committed: &Committed,
-    geometry: SlotGeometry,
-) -> std::result::Result<(), FabricError> {
-    let encoded = committed.header.encode();
-    let version = committed.header.version;
-    let out =
-        halves::Outgoing { version, encoded: &encoded, data: &committed.data, free_stale: true };
-    window.scope(|s| halves::issue_version(s, targets, geometry, &out))
 }

@@ -18,21 +18,21 @@ impl<F: Fabric> Store<F> {
         let comm = Arc::new(self.comm.dup()?);
         self.watch_comm = Some(comm.clone());
         let live_hosts: Vec<u32> =
-            self.layout.live.iter().map(|&w| self.hosts[w as usize]).collect();
-        let fencer = self.window.clone().ok_or(Error::Closed)?;
+            self.routes.live.iter().map(|&w| self.hosts[w as usize]).collect();
+        let windows = self.windows.clone().ok_or(Error::Closed)?;
         if self.config.recovery == Recovery::Localized {
             self.start_repairer()?;
         }
         self.detector = Some(Detector::start(Watch {
             comm,
             store_comm: self.comm.clone(),
-            live: self.layout.live.clone(),
+            live: self.routes.live.clone(),
             health: self.health.clone(),
             poll_interval: self.config.poll_interval,
             watchdog: self.config.effective_watchdog(&live_hosts),
             suspicion: self.config.suspicion,
             answer_pings: self.config.detection == Detection::Ping,
-            fence: Box::new(move |failed: &[i32]| fencer.fence(failed)),
+            fence: Box::new(move |failed: &[i32]| windows.fence(failed)),
         }));
         Ok(())
     }
@@ -44,14 +44,13 @@ impl<F: Fabric> Store<F> {
             workers: self.workers,
             hosts: self.hosts.clone(),
             kinds: self.config.kinds.len(),
-            geometry: self.geometry,
             poll_interval: self.config.poll_interval,
             health: self.health.clone(),
             comm: self.comm.clone(),
-            window: self.window.clone().ok_or(Error::Closed)?,
+            windows: self.windows.clone().ok_or(Error::Closed)?,
             acked: self.acked.clone(),
         };
-        let follower = follow::Follower::new(parts, self.layout.clone());
+        let follower = follow::Follower::new(parts, self.routes.clone());
         self.repairer = Some(follow::Repairer::start(follower)?);
         Ok(())
     }
@@ -66,7 +65,7 @@ impl<F: Fabric> Store<F> {
         self.repairs.extend(follower.take_repairs());
         drop(repairer);
         if let Some(generation) = followed {
-            self.layout = layout;
+            self.routes = layout;
             self.followed = generation;
         }
     }

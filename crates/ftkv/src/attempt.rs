@@ -16,7 +16,6 @@
 use crate::key::Key;
 use crate::layout::{Layout, Shape};
 use crate::recovery::{self, Record, OWNER_MARK};
-use crate::slot::SlotGeometry;
 
 /// How many attempts a recovery makes before it gives up.
 pub const MAX_ATTEMPTS: usize = 16;
@@ -37,8 +36,8 @@ pub struct Inputs {
     pub copies: usize,
     /// Reserve holders per copy in the layouts a recovery builds ([`crate::Config::spares`]).
     pub spares: usize,
-    pub geometry: SlotGeometry,
-    /// The layout of the last completed recovery (or of the creation).
+    /// The layout of the last completed recovery (or of the creation); the layouts a recovery
+    /// builds keep its slot geometry.
     pub previous: Layout,
     /// The last acknowledged version of each of this worker's own keys, by kind (0: none).
     pub acked: Vec<u64>,
@@ -208,7 +207,7 @@ impl Machine {
         }
         let i = &self.inputs;
         let shape = Shape { kinds: i.kinds, copies: i.copies, spares: i.spares };
-        let layout = Layout::with_spares(&live, &i.hosts, shape, i.geometry, i.me);
+        let layout = Layout::with_spares(&live, &i.hosts, shape, i.previous.geometry(), i.me);
         self.layout = Some(layout.clone());
         (self.opened, self.rebuilt) = (false, None);
         self.phase = Phase::Opening;
@@ -350,22 +349,14 @@ impl Machine {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::slot::SlotGeometry;
 
     /// Worker 2 of 4 on two hosts, 1 kind, 2 copies; worker 3 died.
     fn machine(hosts: Vec<u32>) -> Machine {
-        let geometry = SlotGeometry::new(64);
         let all = [0, 1, 2, 3];
-        let previous = Layout::compute(&all, &hosts, 1, 2, geometry, 2);
-        let inputs = Inputs {
-            me: 2,
-            hosts,
-            kinds: 1,
-            copies: 2,
-            spares: 0,
-            geometry,
-            previous,
-            acked: vec![4],
-        };
+        let previous = Layout::compute(&all, &hosts, 1, 2, SlotGeometry::new(64), 2);
+        let inputs =
+            Inputs { me: 2, hosts, kinds: 1, copies: 2, spares: 0, previous, acked: vec![4] };
         Machine::new(inputs)
     }
 

@@ -12,12 +12,12 @@
 //! handed writer that had not written a slot before it failed is fenced there only if it owns
 //! the key (its first late write into a foreign slot is not told apart).
 
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use crate::fabric::{FabricError, FabricResult, FabricWindow, RmaOps};
 use crate::halves::{read_data, read_local_data};
 use crate::key::Key;
-use crate::layout::Copy;
+use crate::layout::{Copy, Layout};
 use crate::slot::{
     newest_loaded, Committed, Fence, FenceRead, Header, SlotGeometry, FENCE_LEN, HEADER_LEN,
     MAX_FENCED,
@@ -26,43 +26,32 @@ use crate::slot::{
 /// Reads of a remote fence block caught while its holder rewrote it, before giving up.
 const TORN_FENCE_RETRIES: usize = 1000;
 
-/// The fencing side of one rank's window: its slots and the workers fenced in them so far.
-pub(crate) struct Fencer<W> {
-    window: Arc<W>,
-    slots: Vec<(Key, usize)>,
-    geometry: SlotGeometry,
+/// The workers fenced so far in the slots one rank hosts in one window.
+#[derive(Debug, Default)]
+pub(crate) struct Fencer {
     fenced: Mutex<Vec<i32>>,
 }
 
-impl<W: FabricWindow> Fencer<W> {
-    /// The fencer of `window`, whose slots this rank hosts at `slots` (key, offset).
-    pub fn new(window: Arc<W>, slots: &[(Key, i64)], geometry: SlotGeometry) -> Fencer<W> {
-        let slots = slots.iter().map(|&(key, disp)| (key, disp as usize)).collect();
-        Fencer { window, slots, geometry, fenced: Mutex::new(Vec::new()) }
-    }
-
-    pub fn window(&self) -> &W {
-        &self.window
-    }
-
-    /// The window itself, when nothing else shares this fencer or the window any more.
-    pub fn into_window(self: Arc<Self>) -> Option<W> {
-        let fencer = Arc::try_unwrap(self).ok()?;
-        Arc::try_unwrap(fencer.window).ok()
-    }
-
-    /// Fences every worker of `failed` not fenced yet in every slot it owns or wrote; returns
-    /// how many slots got a new fence. Safe to call from several threads (one fences at a time).
-    pub fn fence(&self, failed: &[i32]) -> FabricResult<usize> {
+impl Fencer {
+    /// Fences every worker of `failed` not fenced yet in every slot of `layout` this rank
+    /// hosts in `window` that the worker owns or wrote; returns how many slots got a new fence.
+    /// Safe to call from several threads (one fences at a time). On an error the workers of
+    /// this call count as not fenced yet, and the next call fences them again.
+    pub fn fence<W: FabricWindow>(
+        &self,
+        window: &W,
+        layout: &Layout,
+        failed: &[i32],
+    ) -> FabricResult<usize> {
         let mut fenced = self.fenced.lock().unwrap_or_else(|p| p.into_inner());
         let new: Vec<i32> = failed.iter().copied().filter(|w| !fenced.contains(w)).collect();
         if new.is_empty() {
             return Ok(0);
         }
-        self.window.sync()?;
+        window.sync()?;
         let mut changed = 0;
-        for &(key, disp) in &self.slots {
-            if fence_slot(&*self.window, key, disp, &new, self.geometry)? {
+        for &(key, disp) in &layout.local {
+            if fence_slot(window, key, disp as usize, &new, layout.geometry())? {
                 changed += 1;
             }
         }

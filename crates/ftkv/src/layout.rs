@@ -54,6 +54,8 @@ pub struct Layout {
     /// Slots this rank hosts (every chain position it holds), with their offsets in its window.
     pub local: Vec<(Key, i64)>,
     pub window_len: usize,
+    /// The slots' geometry, which the offsets follow.
+    geometry: SlotGeometry,
 }
 
 impl Layout {
@@ -114,6 +116,7 @@ impl Layout {
             relocated: Vec::new(),
             local,
             window_len,
+            geometry,
         };
         layout.routes = layout.routes_without(&[]).expect("every chain has a live head");
         layout
@@ -139,6 +142,11 @@ impl Layout {
             (route.len() == self.copies.min(chain.len())).then_some(route)
         };
         self.chains.iter().map(route).collect()
+    }
+
+    /// The geometry of every slot: the offsets of a slot's halves, and where its values live.
+    pub fn geometry(&self) -> SlotGeometry {
+        self.geometry
     }
 
     /// The current copies of `key`, or `None` for a key outside the store.

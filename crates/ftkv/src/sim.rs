@@ -270,7 +270,6 @@ impl Sim {
                 kinds: KINDS,
                 copies: self.copies,
                 spares: 0,
-                geometry: SlotGeometry::new(64),
                 previous: self.previous.clone(),
                 acked,
             };
@@ -546,8 +545,8 @@ impl Sim {
     /// (in the layout of the communicator it shrank to).
     fn write_copies(&mut self, id: i32, comm: usize, sends: &[Key]) {
         let live = self.comms[comm].members.clone();
-        let layout =
-            Layout::compute(&live, &self.hosts, KINDS, self.copies, SlotGeometry::new(64), id);
+        let geometry = self.previous.geometry();
+        let layout = Layout::compute(&live, &self.hosts, KINDS, self.copies, geometry, id);
         for key in sends {
             let Some(&version) = self.stored.get(&id).and_then(|s| s.get(key)) else {
                 self.violations.push(format!("worker {id} sends {key} which it does not hold"));

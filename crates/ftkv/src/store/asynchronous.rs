@@ -6,23 +6,22 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use super::Store;
+use super::{Store, Windows};
 use crate::detector::{Health, Lane};
 use crate::error::{Error, Result};
 use crate::fabric::{Fabric, FabricError, FabricResult, FabricWindow};
-use crate::fence::Fencer;
 use crate::halves;
 use crate::key::{Key, Recovery};
 use crate::layout::Copy;
-use crate::slot::{Header, SlotGeometry, HEADER_LEN};
+use crate::slot::{Header, HEADER_LEN};
 
 /// One version's other copies, for the replicator thread.
 struct Job<W> {
-    window: Arc<Fencer<W>>,
+    /// The windows the copies go to.
+    windows: Arc<Windows<W>>,
     /// Where the watchdog sees the job's one-sided calls ([`Lane::Replicator`]).
     health: Arc<Health>,
     targets: Vec<Copy>,
-    geometry: SlotGeometry,
     header: Header,
     encoded: [u8; HEADER_LEN],
     data: Arc<[u8]>,
@@ -65,10 +64,10 @@ impl<W> Drop for Replicator<W> {
 
 /// Writes one job's copies, its one-sided calls bounded by the watchdog like the owner's.
 fn write_copies<W: FabricWindow>(job: &Job<W>) -> FabricResult<()> {
-    let window = job.window.window();
+    let (window, geometry) = (job.windows.window(), job.windows.geometry());
     let version = job.header.version;
-    halves::write_extents(window, &job.targets, job.geometry, version, &job.data)?;
-    let bytes = halves::inline_bytes(job.geometry, &job.data) * job.targets.len();
+    halves::write_extents(window, &job.targets, geometry, version, &job.data)?;
+    let bytes = halves::inline_bytes(geometry, &job.data) * job.targets.len();
     job.health.enter_call_on(Lane::Replicator, bytes);
     let out = halves::Outgoing {
         version: job.header.version,
@@ -76,8 +75,7 @@ fn write_copies<W: FabricWindow>(job: &Job<W>) -> FabricResult<()> {
         data: &job.data,
         free_stale: job.free_stale,
     };
-    let written =
-        job.window.window().scope(|s| halves::issue_version(s, &job.targets, job.geometry, &out));
+    let written = window.scope(|s| halves::issue_version(s, &job.targets, geometry, &out));
     job.health.leave_call_on(Lane::Replicator);
     written
 }
@@ -129,7 +127,8 @@ impl<F: Fabric> PendingPut<'_, F> {
             written => written?,
         }
         store.acked.set(self.key.kind as usize, self.header.version);
-        store.spills.written(self.key, self.header.version, self.data.len(), store.geometry);
+        let geometry = store.routes.geometry();
+        store.spills.written(self.key, self.header.version, self.data.len(), geometry);
         if !store.lost.is_empty() {
             store.lost.retain(|&k| k != self.key);
         }
@@ -179,7 +178,7 @@ impl<F: Fabric> Store<F> {
         self.check_own(key)?;
         self.check_value(value)?;
         let version = self.next_own_version(key);
-        let header = Header::for_value(value, version, self.epoch, self.me);
+        let header = Header::for_value(value, version, self.epoch()?, self.me);
         let data: Arc<[u8]> = Arc::from(value);
         let rest = match self.start_async(key, header, &data) {
             Err(e) if e.needs_recovery() && self.config.recovery == Recovery::Localized => {
@@ -215,7 +214,8 @@ impl<F: Fabric> Store<F> {
         }
         let (first, others) = copies.split_at(1.min(copies.len()));
         let others = others.to_vec();
-        let free_stale = self.spills.stale(key, header.version, data.len(), self.geometry);
+        let geometry = self.routes.geometry();
+        let free_stale = self.spills.stale(key, header.version, data.len(), geometry);
         self.put_to(first, header, data, free_stale)?;
         if others.is_empty() {
             return Ok(None);
@@ -231,16 +231,14 @@ impl<F: Fabric> Store<F> {
         data: &Arc<[u8]>,
         free_stale: bool,
     ) -> Result<mpsc::Receiver<FabricResult<()>>> {
-        let window = self.window.clone().ok_or(Error::Closed)?;
+        let windows = self.windows.clone().ok_or(Error::Closed)?;
         if self.replicator.is_none() {
             self.replicator = Some(Replicator::start()?);
         }
         let jobs = self.replicator.as_ref().and_then(|r| r.jobs.as_ref()).ok_or(Error::Closed)?;
         let (done, finished) = mpsc::sync_channel(1);
-        let (health, geometry) = (self.health.clone(), self.geometry);
-        let (encoded, data) = (header.encode(), data.clone());
-        let job =
-            Job { window, health, targets, geometry, header, encoded, data, free_stale, done };
+        let (health, encoded, data) = (self.health.clone(), header.encode(), data.clone());
+        let job = Job { windows, health, targets, header, encoded, data, free_stale, done };
         jobs.send(job).map_err(|_| Error::RecoveryFailed("the replicator thread ended".into()))?;
         Ok(finished)
     }

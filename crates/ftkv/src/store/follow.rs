@@ -1,5 +1,5 @@
-//! Localized recovery's repair ([`Recovery::Localized`](crate::Recovery::Localized)): after a
-//! failure the copies that lived on failed workers move down their chains to reserve holders.
+//! Localized recovery's repair ([`Recovery::Localized`]): after a failure the copies that
+//! lived on failed workers move down their chains to reserve holders.
 //!
 //! A repairer thread beside the detector does it as soon as the detector publishes the
 //! failure, whether or not the owner makes a store call: it fences the failed workers out of
@@ -7,7 +7,8 @@
 //! every own key that lost a copy to its new holder, and of every key of a failed owner whose
 //! first live holder this worker is. The store's calls go on meanwhile on their routes; a call
 //! that notices a failure its routes do not follow waits for the repairer and adopts its
-//! routes ([`Follower::await_routes`]).
+//! routes ([`Follower::await_routes`], from [`Store::follow`] and the retries of
+//! [`Store::localized`]).
 //!
 //! The repairer writes only to holders that are new in a route, and the owner moves to the new
 //! routes only once the repair is complete, so the owner's writes and the repairer's never
@@ -18,16 +19,16 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::{put_committed_inline, RepairReport, LOCALIZED_ATTEMPTS};
+use super::{RepairReport, Store, Windows, LOCALIZED_ATTEMPTS};
 use crate::detector::{read_allowance, Health, Lane};
 use crate::error::{Error, Result};
 use crate::fabric::{Fabric, FabricError};
-use crate::fence::{newest_header_version, read_copy, Fencer};
+use crate::fence::{newest_header_version, read_copy};
 use crate::halves;
-use crate::key::Key;
+use crate::key::{Key, Recovery};
 use crate::layout::{Copy, Layout};
 use crate::recovery;
-use crate::slot::{Committed, SlotGeometry, HEADER_LEN};
+use crate::slot::{Committed, HEADER_LEN};
 
 /// The last acknowledged version of each own key (0: none yet), written by the owner's calls
 /// and read by the repairer: an own key with an acknowledged write and no surviving copy
@@ -82,11 +83,12 @@ pub(crate) struct FollowerParts<F: Fabric> {
     pub workers: usize,
     pub hosts: Vec<u32>,
     pub kinds: usize,
-    pub geometry: SlotGeometry,
     pub poll_interval: Duration,
     pub health: Arc<Health>,
     pub comm: Arc<F>,
-    pub window: Arc<Fencer<F::Window>>,
+    /// The windows the repairs read and write; a global recovery starts a new follower on
+    /// its new ones.
+    pub windows: Arc<Windows<F::Window>>,
     pub acked: Arc<Acked>,
 }
 
@@ -201,7 +203,7 @@ impl<F: Fabric> Follower<F> {
         let started = Instant::now();
         let failed = self.parts.health.failed_workers(self.parts.workers);
         let current = &routes.layout;
-        self.parts.window.fence(&failed).map_err(|e| self.failure(current, e))?;
+        self.parts.windows.fence(&failed).map_err(|e| self.failure(current, e))?;
         let (next, orphaned) = self.relocated_layout(current, &failed)?;
         let (own_keys, own_bytes) = self.repair_own_keys(current, &next)?;
         let (orphan_keys, orphan_bytes) = self.repair_orphans(current, &next, &orphaned)?;
@@ -312,12 +314,12 @@ impl<F: Fabric> Follower<F> {
     /// The newest complete version on the live copies of `route`, read with watchdog-bounded
     /// gets.
     fn newest_surviving(&self, current: &Layout, route: &[Copy]) -> Result<Option<Committed>> {
-        let window = self.parts.window.window();
+        let (window, geometry) = (self.parts.windows.window(), self.parts.windows.geometry());
         let mut newest: Option<Committed> = None;
         for copy in route.iter().filter(|c| !self.parts.health.is_failed(c.worker)) {
-            let allowance = read_allowance(self.parts.geometry.max_value);
+            let allowance = read_allowance(geometry.max_value);
             self.parts.health.enter_call_on(Lane::Repairer, allowance);
-            let found = read_copy(window, copy, self.parts.geometry);
+            let found = read_copy(window, copy, geometry);
             self.parts.health.leave_call_on(Lane::Repairer);
             let found = found.map_err(|e| self.failure(current, e))?;
             if let Some(found) = found {
@@ -331,11 +333,11 @@ impl<F: Fabric> Follower<F> {
 
     /// The copies of `targets` whose slots name no version as new as `version`.
     fn behind(&self, current: &Layout, targets: &[Copy], version: u64) -> Result<Vec<Copy>> {
+        let (window, geometry) = (self.parts.windows.window(), self.parts.windows.geometry());
         let mut behind = Vec::with_capacity(targets.len());
         for copy in targets {
             self.parts.health.enter_call_on(Lane::Repairer, 3 * HEADER_LEN);
-            let found =
-                newest_header_version(self.parts.window.window(), copy, self.parts.geometry);
+            let found = newest_header_version(window, copy, geometry);
             self.parts.health.leave_call_on(Lane::Repairer);
             if found.map_err(|e| self.failure(current, e))? < version {
                 behind.push(*copy);
@@ -346,13 +348,14 @@ impl<F: Fabric> Follower<F> {
 
     /// Writes a committed version (data, then header, into its half) to `targets`.
     fn copy_to(&self, current: &Layout, targets: &[Copy], committed: &Committed) -> Result<()> {
-        let (window, geometry) = (self.parts.window.window(), self.parts.geometry);
+        let windows = &self.parts.windows;
+        let (window, geometry) = (windows.window(), windows.geometry());
         let version = committed.header.version;
         let extents = halves::write_extents(window, targets, geometry, version, &committed.data);
         extents.map_err(|e| self.failure(current, e))?;
         let bytes = halves::inline_bytes(geometry, &committed.data) * targets.len();
         self.parts.health.enter_call_on(Lane::Repairer, bytes);
-        let written = put_committed_inline(window, targets, committed, geometry);
+        let written = windows.put_committed_inline(targets, committed);
         self.parts.health.leave_call_on(Lane::Repairer);
         written.map_err(|e| self.failure(current, e))?;
         if targets.iter().any(|c| self.parts.health.is_failed(c.worker)) {
@@ -467,5 +470,109 @@ struct RunningFlag<'a>(&'a AtomicBool);
 impl Drop for RunningFlag<'_> {
     fn drop(&mut self) {
         self.0.store(false, Ordering::Release);
+    }
+}
+
+impl<F: Fabric> Store<F> {
+    /// Runs `op` on routes that follow every failure the detector published, again after a
+    /// failure that interrupted it, and follows the failures noticed meanwhile before returning.
+    pub(super) fn localized<T>(&mut self, mut op: impl FnMut(&mut Self) -> Result<T>) -> Result<T> {
+        let mut last = None;
+        for _ in 0..LOCALIZED_ATTEMPTS {
+            let done = self.follow_failures().and_then(|()| op(self));
+            let done = done.and_then(|value| self.follow_failures().map(|()| value));
+            match done {
+                Err(e) if e.needs_recovery() && !self.health.alarmed() => {
+                    last = Some(e);
+                    // Gives the detector a few polls to publish the failure behind the error.
+                    std::thread::sleep(self.config.poll_interval * 4);
+                }
+                done => return done,
+            }
+        }
+        let last = last.map(|e| e.to_string()).unwrap_or_default();
+        Err(self.escalate(&format!("failures kept interrupting a store call (last: {last})")))
+    }
+
+    /// Localized recovery: brings the routes up to the failures the detector published, once
+    /// the repairer thread moved the copies that lived on failed workers
+    /// ([`Follower::await_routes`]). A no-op (one atomic load) while nothing new failed.
+    pub(super) fn follow_failures(&mut self) -> Result<()> {
+        let generation = self.health.generation();
+        if generation == self.followed {
+            return Ok(());
+        }
+        // No repairer between a recovery that gave up and the next one: recover again.
+        let Some(repairer) = self.repairer.as_ref() else {
+            return Err(Error::RecoveryNeeded { failed: self.newly_failed() });
+        };
+        let followed = repairer.follower().await_routes(generation)?;
+        self.routes = followed.layout;
+        self.followed = followed.generation;
+        self.repairs.extend(followed.repairs);
+        Ok(())
+    }
+
+    /// Gives up on localized recovery: raises the alarm and revokes the store's communicator,
+    /// so every survivor's next store call returns [`Error::RecoveryNeeded`] and
+    /// [`Store::recover`] rebuilds the store globally.
+    fn escalate(&self, why: &str) -> Error {
+        send_to_global_recovery(self.me, &self.health, self.workers, &*self.comm, why);
+        Error::RecoveryNeeded { failed: self.newly_failed() }
+    }
+
+    /// The localized repairs done since the last call, oldest first ([`Recovery::Localized`]):
+    /// one per change of the failed set that this worker followed.
+    pub fn take_repairs(&mut self) -> Vec<RepairReport> {
+        let mut repairs = std::mem::take(&mut self.repairs);
+        if let Some(repairer) = &self.repairer {
+            repairs.extend(repairer.follower().take_repairs());
+        }
+        repairs
+    }
+
+    /// Brings this worker's routes up to every failure noticed so far ([`Recovery::Localized`]):
+    /// waits until the repairer thread, which moves the copies that lived on failed workers in
+    /// the background, has followed them, and adopts its routes. Every put, delete and get
+    /// that notices a new failure does the same first. A no-op with global recovery or when
+    /// nothing new failed. [`Error::RecoveryNeeded`] when the repair escalated to global
+    /// recovery or a further failure interrupted it (call again).
+    ///
+    /// # Example
+    ///
+    /// With localized recovery the survivors keep going; the copies that lived on the failed
+    /// worker move to reserve holders, and `take_repairs` reports what this worker moved:
+    ///
+    /// ```
+    /// use ftkv::fabric::{local::LocalCluster, Fabric};
+    /// use ftkv::{Config, Key, Store};
+    ///
+    /// let cluster = LocalCluster::new(5);
+    /// cluster.arm(3, "written", 1);
+    /// let moved = cluster.run(|fabric| {
+    ///     let config = Config::new(["checkpoint"], 2).localized();
+    ///     let mut store = Store::create(&fabric, config).unwrap();
+    ///     store.put(Key::new(store.worker(), 0), b"state").unwrap();
+    ///     store.sync().unwrap();
+    ///     fabric.failpoint("written");
+    ///     for _ in 0..10_000 {
+    ///         if store.failed().contains(&3) {
+    ///             break;
+    ///         }
+    ///         std::thread::sleep(std::time::Duration::from_millis(1));
+    ///     }
+    ///     assert!(store.failed().contains(&3), "the failure was noticed");
+    ///     store.follow().unwrap();
+    ///     assert!(!store.needs_recovery(), "no global recovery");
+    ///     store.take_repairs().iter().map(|r| r.keys_moved).sum::<usize>()
+    /// });
+    /// let moved: usize = moved.into_iter().flatten().sum();
+    /// assert_eq!(moved, 2, "the two keys with a copy on worker 3 moved");
+    /// ```
+    pub fn follow(&mut self) -> Result<()> {
+        if self.config.recovery == Recovery::Global {
+            return self.ensure_healthy();
+        }
+        self.localized(|_| Ok(()))
     }
 }

@@ -187,7 +187,7 @@ impl<F: Fabric> Store<F> {
 
     /// Compare-and-swap of the lock word of `copy`, bounded by the watchdog; the value it held.
     fn swap_lock_word(&self, copy: &Copy, from: u64, to: u64) -> Result<u64> {
-        let window = self.window.as_ref().ok_or(Error::Closed)?.window();
+        let window = self.windows()?.window();
         self.health.enter_call(8);
         let held = window.compare_and_swap(copy.rank, copy.disp + LOCK_AT as i64, from, to);
         self.health.leave_call();
@@ -200,9 +200,9 @@ impl<F: Fabric> Store<F> {
         let header = match value {
             Some(value) => {
                 self.check_value(value)?;
-                Header::for_value(value, version, self.epoch, self.me)
+                Header::for_value(value, version, self.epoch()?, self.me)
             }
-            None => Header::for_delete(version, self.epoch, self.me),
+            None => Header::for_delete(version, self.epoch()?, self.me),
         };
         self.write(key, header, value.unwrap_or(&[]))?;
         if key.owner == self.me {

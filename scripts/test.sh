@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# The whole test suite on a fresh machine: set-up (idempotent), formatting and lint checks, every
-# unit and real-MPI test, the real-MPI tests again over `btl self,tcp` and over 3 simulated hosts,
-# and short chaos campaigns on one host and across hosts.
+# The whole test suite on a fresh machine: set-up (idempotent), the formatting check, every unit
+# and real-MPI test, the real-MPI tests that depend on the transport again over `btl self,tcp`
+# and over 3 simulated hosts, and short chaos campaigns on one host and across hosts. The lints
+# (`cargo clippy --workspace --all-targets -- -D warnings`, and the docs with
+# `RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace`) are separate commands: each
+# builds every dependency once more, minutes on a fresh 2-core machine.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -21,13 +24,10 @@ across_hosts() {
 }
 step "set-up"
 scripts/setup.sh
-step "fmt, clippy and docs"
+step "fmt"
 cargo fmt --all -- --check
-cargo clippy --workspace --all-targets --quiet -- -D warnings
-RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --quiet
-step "the store and the pool without MPI (no ftkv-mpi in the build): unit and in-process tests"
-cargo test --release -p ftkv -p ftkv-tasks --no-default-features
-cargo clippy -p ftkv -p ftkv-tasks --no-default-features --all-targets --quiet -- -D warnings
+step "the store and the pool build without MPI (no ftkv-mpi in the build)"
+cargo build --release -p ftkv -p ftkv-tasks --no-default-features --quiet
 step "unit, scenario and real-MPI tests"
 cargo test --workspace --release
 step "simulated store recoveries and pool runs (global and localized): 10000 seeded scenarios each, kills at any step (no MPI)"
@@ -37,17 +37,21 @@ target/release/ftkv sim --model scale --sizes 1024x16,1024x64
 step "simulated transactions: 1000 seeded runs, coordinator and backup kills at every step (no MPI)"
 target/release/ftkv sim --model txn --runs 1000 --seed 100001
 step "real-MPI tests over btl self,tcp"
-# The two large-value tests write their values into extents (files on this host), not through
-# Open MPI's btl: they run on one host and over 3 simulated hosts, not again here.
+# The large-value tests write their values into extents (files on this host), not through Open
+# MPI's btl; the transactions' and the watchdog's tests exercise the store, not the transport.
 FTKV_TEST_BTL=tcp cargo test --release -p ftkv-cli --test mpi_layer --test store --test tasks -- \
-  --skip values_grow_to_256_mib --skip a_1_gib_value
+  --skip values_grow_to_256_mib --skip a_1_gib_value --skip transactions_stay_atomic \
+  --skip a_stuck_put --skip mismatched_or_invalid --skip bad_input
 step "real-MPI store and task tests over 3 simulated hosts, and the C example"
-FTKV_NODES=3 cargo test --release -p ftkv-cli --test store --test tasks
+# A 1 GiB value crosses the hosts' links in the 256 MiB growth test's extents already (a 1 GiB
+# one takes 50 s there); configuration checks happen before any link exists.
+FTKV_NODES=3 cargo test --release -p ftkv-cli --test store --test tasks -- \
+  --skip a_1_gib_value --skip mismatched_or_invalid --skip bad_input
 FTKV_NODES=3 cargo test --release -p ftkv-capi --test c_example
-step "chaos: 10 runs, 6 ranks, 2 copies, 1 kill each"
-target/release/ftkv chaos --runs 10 --ranks 6 --copies 2 --kills 1 --seed 1
-step "chaos across 3 simulated hosts: 4 runs, 6 ranks, 2 copies, 1 kill each"
-across_hosts 300 target/release/ftkv chaos --nodes 3 --runs 4 --ranks 6 --copies 2 --kills 1 --seed 1
+step "chaos: 6 runs, 6 ranks, 2 copies, 1 kill each"
+target/release/ftkv chaos --runs 6 --ranks 6 --copies 2 --kills 1 --seed 1
+step "chaos across 3 simulated hosts: 3 runs, 6 ranks, 2 copies, 1 kill each"
+across_hosts 300 target/release/ftkv chaos --nodes 3 --runs 3 --ranks 6 --copies 2 --kills 1 --seed 1
 step "chaos across 3 simulated hosts, one host's link cut 2 s in: survivors exact, its ranks end"
 across_hosts 300 target/release/ftkv chaos --nodes 3 --runs 2 --ranks 6 --copies 2 --kills 0 \
   --duration 5 --cut-link 2 --seed 1

@@ -42,14 +42,14 @@
 /// # Panics
 /// If `hosts` lacks the owner or a live rank.
 pub fn holders(owner: i32, kind: u16, live: &[i32], hosts: &[u32], copies: usize) -> Vec<i32> {
-    let home = hosts[owner as usize];
-    let (mates, elsewhere): (Vec<i32>, Vec<i32>) =
-        ring_after(owner, live).partition(|&r| hosts[r as usize] == home);
-    let groups = host_groups(&elsewhere, hosts, home);
+    let mut census = take_census(owner, live, hosts);
+    let home = census.iter().position(|host| host.id == hosts[owner as usize]);
+    let home = home.expect("the owner's host is among the hosts");
+    let (groups, starts) = other_hosts(owner, &mut census, home, hosts);
+    let mates = ring_order(owner, &census[home].candidates);
     let plan = hosts_in_copy_order(&groups, mates.len(), copies);
     let dealt_elsewhere = plan.iter().filter(|&&host| host == Host::Elsewhere).count();
-    let offsets = dealing_offsets(owner, &groups, hosts);
-    let mut dealer = Dealer::new(groups, offsets);
+    let mut dealer = Dealer::new(groups, starts);
     for _ in 0..kind {
         dealer.deal(dealt_elsewhere);
     }
@@ -85,62 +85,73 @@ fn hosts_in_copy_order(groups: &[Vec<i32>], mates: usize, copies: usize) -> Vec<
     (0..rounds).flat_map(round).take(copies).collect()
 }
 
-/// The live ranks after `owner` on the ring, `owner` excluded.
-fn ring_after(owner: i32, live: &[i32]) -> impl Iterator<Item = i32> + '_ {
-    let after = live.iter().filter(move |&&r| r > owner);
-    let before = live.iter().filter(move |&&r| r < owner);
-    after.chain(before).copied()
+/// One host as a key's placement sees it.
+struct HostCensus {
+    id: u32,
+    /// Its workers, dead ones included.
+    workers: usize,
+    /// Its live ranks other than the owner, in world-rank order.
+    candidates: Vec<i32>,
 }
 
-/// `ranks` grouped by host, each group in world-rank order, the groups in host id order from
-/// the host after `home`, wrapping around.
-fn host_groups(ranks: &[i32], hosts: &[u32], home: u32) -> Vec<Vec<i32>> {
-    let mut groups = std::collections::BTreeMap::<(bool, u32), Vec<i32>>::new();
-    for &rank in ranks {
-        let host = hosts[rank as usize];
-        groups.entry((host < home, host)).or_default().push(rank);
+/// Every host of `hosts`, in host id order.
+fn take_census(owner: i32, live: &[i32], hosts: &[u32]) -> Vec<HostCensus> {
+    let mut is_candidate = vec![false; hosts.len()];
+    for &rank in live.iter().filter(|&&r| r != owner) {
+        is_candidate[rank as usize] = true;
     }
-    groups.into_values().map(sorted).collect()
+    let mut index = std::collections::HashMap::<u32, usize>::new();
+    let mut census: Vec<HostCensus> = Vec::new();
+    for (worker, &id) in hosts.iter().enumerate() {
+        let at = *index.entry(id).or_insert_with(|| {
+            census.push(HostCensus { id, workers: 0, candidates: Vec::new() });
+            census.len() - 1
+        });
+        census[at].workers += 1;
+        if is_candidate[worker] {
+            census[at].candidates.push(worker as i32);
+        }
+    }
+    census.sort_unstable_by_key(|host| host.id);
+    census
 }
 
-fn sorted(mut ranks: Vec<i32>) -> Vec<i32> {
-    ranks.sort_unstable();
-    ranks
-}
-
-/// Where `owner` starts dealing in each of `groups`: its index among the workers of every host
-/// but the group's, ordered by host id from the host after the group's (wrapping around), then
-/// by worker id. Dead workers count, so the offsets stay put across failures; and the owners
-/// that deal to one host have consecutive offsets, so its ranks are dealt to evenly.
-fn dealing_offsets(owner: i32, groups: &[Vec<i32>], hosts: &[u32]) -> Vec<usize> {
+/// The candidates of the hosts other than `census[home]` that have some, in host id order from
+/// the host after `home` (wrapping around), taken out of `census`; and where `owner` starts
+/// dealing in each: its index among the workers of every host but that one, ordered by host id
+/// from the host after that one (wrapping around), then by worker id. Dead workers count, so
+/// the starts stay put across failures; and the owners that deal to one host start at
+/// consecutive positions, so its ranks are dealt to evenly.
+fn other_hosts(
+    owner: i32,
+    census: &mut [HostCensus],
+    home: usize,
+    hosts: &[u32],
+) -> (Vec<Vec<i32>>, Vec<usize>) {
+    let through: Vec<usize> = census
+        .iter()
+        .scan(0, |through, host| {
+            *through += host.workers;
+            Some(*through)
+        })
+        .collect();
     let workers = hosts.len();
-    let owner_index = host_major_index(owner, hosts);
-    let through = workers_through_each_host(hosts);
-    let offset = |group: &Vec<i32>| {
-        let host = hosts[group[0] as usize];
-        (owner_index + workers - through[&host]) % workers
-    };
-    groups.iter().map(offset).collect()
+    let mates_before = hosts[..owner as usize].iter().filter(|&&h| h == census[home].id).count();
+    let owner_index = through[home] - census[home].workers + mates_before;
+    let others = (home + 1..census.len()).chain(0..home);
+    others
+        .map(|at| {
+            let start = (owner_index + workers - through[at]) % workers;
+            (std::mem::take(&mut census[at].candidates), start)
+        })
+        .filter(|(candidates, _)| !candidates.is_empty())
+        .unzip()
 }
 
-/// `owner`'s index among all workers ordered by (host id, worker id).
-fn host_major_index(owner: i32, hosts: &[u32]) -> usize {
-    let me = (hosts[owner as usize], owner as usize);
-    hosts.iter().enumerate().filter(|&(w, &h)| (h, w) < me).count()
-}
-
-/// For each host id, how many workers are on it or on a host of a lower id.
-fn workers_through_each_host(hosts: &[u32]) -> std::collections::HashMap<u32, usize> {
-    let mut per_host = std::collections::BTreeMap::<u32, usize>::new();
-    for &host in hosts {
-        *per_host.entry(host).or_default() += 1;
-    }
-    let mut through = 0;
-    let cumulative = |(host, count): (u32, usize)| {
-        through += count;
-        (host, through)
-    };
-    per_host.into_iter().map(cumulative).collect()
+/// `mates` (in world-rank order) as a ring from `owner`: those after it, then those before.
+fn ring_order(owner: i32, mates: &[i32]) -> Vec<i32> {
+    let after = mates.partition_point(|&r| r < owner);
+    mates[after..].iter().chain(&mates[..after]).copied().collect()
 }
 
 /// One owner's copies on other hosts, dealt key after key: round-robin over the host groups,
@@ -155,10 +166,10 @@ struct Dealer {
 }
 
 impl Dealer {
-    /// Each group's cursor starts at its offset: owners with different offsets deal to
+    /// Each group's cursor starts at its start: owners with different starts deal to
     /// different ranks first.
-    fn new(groups: Vec<Vec<i32>>, offsets: Vec<usize>) -> Dealer {
-        Dealer { cursors: offsets, groups, next: 0 }
+    fn new(groups: Vec<Vec<i32>>, starts: Vec<usize>) -> Dealer {
+        Dealer { cursors: starts, groups, next: 0 }
     }
 
     /// One key's copies: up to `copies` distinct ranks, one per group per round.

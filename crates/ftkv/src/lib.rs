@@ -12,8 +12,9 @@
 //! ```
 //!
 //! - **Keys** are `(owner, kind)`; the owner is the worker's rank in the communicator the store
-//!   was created on. Copies are placed by [`placement::holders`], never on the owner, and on as
-//!   many hosts other than the owner's as there are.
+//!   was created on. Copies are placed by [`placement::holders`], never on the owner: one on
+//!   each other host, then one on the owner's host, before a second on any, so losing one host
+//!   costs each key as few copies as the hosts allow.
 //! - **put / delete** are blocking: `Ok` means every holder has the new version, flushed. The
 //!   data path is passive-target RMA into `MPI_Win_allocate` windows in one `lock_all` epoch:
 //!   data and header to every holder, then one flush per holder. No holder's CPU is involved.

@@ -351,8 +351,8 @@ fn asynchronous_puts_through_a_kill_from_outside_lose_nothing() {
 }
 
 /// Both ranks of the last host (ranks 4 and 5 of 6, mapped by slot over 3 simulated hosts
-/// under `FTKV_NODES=3`) SIGKILLed from outside at once. Across hosts every key keeps a copy
-/// on another host and a reserve there, so no survivor falls back to global recovery; on one
+/// under `FTKV_NODES=3`) SIGKILLed from outside at once. Across hosts a key's 2 copies sit on 2
+/// hosts, so every key keeps a copy and no survivor falls back to global recovery; on one
 /// host a key can lose both copies, and the fallback (which reports such a key lost) is
 /// allowed. Either way every survivor's
 /// checkpoint ends with its full copy count holding its last acknowledged write, and the final

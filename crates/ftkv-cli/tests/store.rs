@@ -410,7 +410,9 @@ fn connections_from_outside_the_job_are_dropped_and_change_nothing() {
         eprintln!("skipped: simulated hosts need root");
         return;
     }
-    let launch = job("host-cas", 4)
+    // Its own hosts and their TCP transport, whatever FTKV_NODES and FTKV_TEST_BTL say.
+    let launch = Launch::new(env!("CARGO_BIN_EXE_ftkv-mpitest"), 4)
+        .args(["host-cas"])
         .on_hosts(ftkv_cli::cluster::Hosts::Simulated(2))
         .env("FTKV_TEST_LISTENERS", "1")
         .env("FTKV_TEST_CAS_ROUNDS", "5000")

@@ -28,6 +28,7 @@ use ftkv_launch::args::{self, Opt};
 use ftkv_launch::launch::{
     kill_random_rank, report_line, union_of_failed, JobOutput, Launch, RunningJob,
 };
+use ftkv_launch::rank_errors::find_rank_error;
 
 /// Campaign parameters.
 #[derive(Debug, Clone)]
@@ -472,13 +473,17 @@ pub fn agreed_failed(out: &JobOutput, ranks: usize) -> Vec<usize> {
     union_of_failed((0..ranks).filter_map(|r| done_report(out, r)).flat_map(|d| d.failed))
 }
 
-/// Who was killed, and for each survivor that did not finish its last lines and its stderr.
+/// Who was killed, the ranks' errors (each message once), and for each survivor that did not
+/// finish its last lines and the rest of its stderr.
 fn diagnose(
     out: &ftkv_launch::launch::JobOutput,
     killed: &[usize],
     unfinished: &[usize],
 ) -> String {
     let mut text = format!("  killed ranks {killed:?}, unfinished survivors {unfinished:?}\n");
+    for line in out.errors_said_once() {
+        text += &format!("  {line}\n");
+    }
     let untagged = out.stderr.lines().filter(|l| !l.trim().is_empty() && !l.starts_with("[1,"));
     for line in untagged.filter(|l| !l.contains("help message")).take(10) {
         text += &format!("  [mpirun] {line}\n");
@@ -488,7 +493,9 @@ fn diagnose(
         for line in &lines[lines.len().saturating_sub(6)..] {
             text += &format!("  [rank {rank}] {line}\n");
         }
-        let own: Vec<&str> = out.own_stderr(rank).filter(|l| is_own_diagnostic(l)).collect();
+        let said = |l: &&str| find_rank_error(l).is_some();
+        let own: Vec<&str> =
+            out.own_stderr(rank).filter(|l| is_own_diagnostic(l) && !said(l)).collect();
         for line in &own[own.len().saturating_sub(20)..] {
             text += &format!("  [rank {rank} stderr] {line}\n");
         }

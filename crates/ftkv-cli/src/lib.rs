@@ -4,7 +4,7 @@
 
 pub use ftkv_bench::{bench, bench_recovery, bench_scale, bench_store, peers, stats};
 pub use ftkv_chaos as chaos;
-pub use ftkv_launch::{args, cluster, env, interrupt, launch, progress};
+pub use ftkv_launch::{args, cluster, env, interrupt, launch, progress, rank_errors};
 
 pub mod ping;
 pub mod probe;

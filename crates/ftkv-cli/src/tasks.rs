@@ -20,6 +20,7 @@ use serde::Serialize;
 use crate::args::{self, Opt};
 use crate::launch::{kill_random_rank, JobOutput, Launch};
 use crate::progress::Progress;
+use crate::rank_errors::find_rank_error;
 
 /// What the pool computes: a UTS tree (the reference's flags or a sample name) or N-Queens.
 #[derive(Debug, Clone, PartialEq)]
@@ -612,22 +613,26 @@ impl Watch {
     }
 }
 
-/// The ranks' own error lines (`ftkv: rank R: error: ...`), to put first in a failure message.
+/// The ranks' own errors, each message once with the ranks that reported it (`ftkv: ranks
+/// 0-3, 5: ...`), to put first in a failure message.
 fn rank_errors(out: &JobOutput) -> String {
-    let lines = crate::rank_failure::error_lines(&out.stderr, 5);
-    lines.iter().map(|l| format!("{l}\n")).collect()
+    out.errors_said_once().iter().take(5).map(|l| format!("{l}\n")).collect()
 }
 
-/// The last 30 lines `rank` printed, on stdout and on stderr.
+/// The last 30 lines `rank` printed, on stdout and on stderr, but its error ([`rank_errors`]
+/// shows it).
 fn own_lines(out: &JobOutput, rank: usize) -> String {
     let stdout = out.rank_lines(rank).iter().map(String::as_str);
-    let lines: Vec<&str> = stdout.chain(out.own_stderr(rank)).collect();
+    let stderr = out.own_stderr(rank).filter(|l| find_rank_error(l).is_none());
+    let lines: Vec<&str> = stdout.chain(stderr).collect();
     let last = &lines[lines.len().saturating_sub(30)..];
     last.iter().map(|l| format!("  [rank {rank}] {l}\n")).collect()
 }
 
+/// The last 40 lines of the job's output, without the ranks' errors ([`rank_errors`] shows
+/// them).
 fn tail(out: &JobOutput) -> String {
-    let text = out.transcript();
+    let text = out.transcript_but_errors();
     let lines: Vec<&str> = text.lines().collect();
     let status = out.status.map_or("no exit status".to_owned(), |s| s.to_string());
     format!(

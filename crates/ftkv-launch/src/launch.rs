@@ -15,6 +15,7 @@ use anyhow::{bail, ensure, Context, Result};
 
 use crate::cluster::{Hosts, SimulatedCluster};
 use crate::env;
+use crate::rank_errors::{find_rank_error, rank_errors_in, said_once};
 
 /// Variables of ftkv's that every job's ranks see when they are set here.
 const FORWARDED: [&str; 2] = ["FTKV_FAILPOINT", "FTKV_TRACE"];
@@ -100,7 +101,9 @@ impl Launch {
     }
 
     /// The job's output goes straight to this process's stdout and stderr, untagged (the
-    /// returned [`JobOutput`] then holds no stdout lines; its stderr is kept as well).
+    /// returned [`JobOutput`] then holds no stdout lines; its stderr is kept as well), except
+    /// the ranks' error lines: once the job has ended, each of their messages is printed once,
+    /// with the ranks that reported it ([`JobOutput::errors_said_once`]).
     pub fn attached(mut self) -> Launch {
         self.attached = true;
         self
@@ -201,6 +204,7 @@ impl Launch {
         Ok(RunningJob {
             _slot: slot,
             child,
+            attached,
             rank_errors,
             cluster,
             processes,
@@ -276,6 +280,8 @@ impl Drop for RankErrors {
 pub struct RunningJob {
     _slot: std::sync::MutexGuard<'static, ()>,
     child: Child,
+    /// The job's output goes to this process's own (see [`Launch::attached`]).
+    attached: bool,
     rank_errors: RankErrors,
     /// Dropped (removed) after the job's processes have ended.
     cluster: Option<SimulatedCluster>,
@@ -328,7 +334,11 @@ impl RunningJob {
             self.err_reader.take().map(|r| r.join().unwrap_or_default()).unwrap_or_default();
         self.rank_errors.append_missing(&mut stderr);
         let stdout = self.seen.join("\n");
-        Ok(JobOutput::parse(&stdout, stderr, status, timed_out, self.start.elapsed()))
+        let out = JobOutput::parse(&stdout, stderr, status, timed_out, self.start.elapsed());
+        if self.attached {
+            out.errors_said_once().iter().for_each(|line| eprintln!("{line}"));
+        }
+        Ok(out)
     }
 }
 
@@ -424,20 +434,24 @@ fn spawn(mut cmd: Command, attached: bool) -> Result<Child> {
     cmd.spawn().with_context(|| format!("cannot start {:?} (run scripts/setup.sh)", env::mpirun()))
 }
 
-/// Copies `pipe` to this process's stderr as it comes and returns all of it: an attached job's
-/// stderr reaches the terminal live and is still there to judge afterwards (a runtime that
-/// could not start, see [`JobOutput::never_started`]).
+/// Copies `pipe` to this process's stderr line by line as it comes, but for the ranks' error
+/// lines (said once each when the job has ended, see [`Launch::attached`]), and returns all of
+/// it: an attached job's stderr reaches the terminal live and is still there to judge
+/// afterwards (a runtime that could not start, see [`JobOutput::never_started`]).
 fn tee(pipe: &mut impl Read) -> String {
-    use std::io::Write;
-    let (mut kept, mut chunk) = (Vec::new(), [0u8; 4096]);
-    loop {
-        match pipe.read(&mut chunk) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => {
-                let _ = std::io::stderr().write_all(&chunk[..n]);
-                kept.extend_from_slice(&chunk[..n]);
-            }
+    copy_but_rank_errors(pipe, &mut std::io::stderr())
+}
+
+/// Copies `pipe` to `sink` line by line but for the ranks' error lines, and returns all of it.
+fn copy_but_rank_errors(pipe: &mut impl Read, sink: &mut impl std::io::Write) -> String {
+    use std::io::BufRead;
+    let mut reader = std::io::BufReader::new(pipe);
+    let (mut kept, mut line) = (Vec::new(), Vec::new());
+    while matches!(reader.read_until(b'\n', &mut line), Ok(n) if n > 0) {
+        if find_rank_error(&String::from_utf8_lossy(&line)).is_none() {
+            let _ = sink.write_all(&line);
         }
+        kept.append(&mut line);
     }
     String::from_utf8_lossy(&kept).replace('\0', "")
 }
@@ -852,6 +866,12 @@ impl JobOutput {
         self.stderr.lines().filter_map(move |l| l.strip_prefix(tag.as_str()))
     }
 
+    /// The ranks' error lines in the job's stderr (`ftkv: rank R: error: ...`), each message
+    /// once with the ranks that reported it (`ftkv: ranks 0-3, 5: ...`).
+    pub fn errors_said_once(&self) -> Vec<String> {
+        said_once(rank_errors_in(&self.stderr))
+    }
+
     /// Whether `rank` left evidence that it ended itself as a fail-stop failure: ftkv's
     /// watchdog message or Open MPI's fatal-signal report.
     pub fn ended_itself(&self, rank: usize) -> bool {
@@ -866,8 +886,17 @@ impl JobOutput {
         (0..ranks).filter(|&r| self.ended_itself(r)).collect()
     }
 
-    /// All output, for failure messages.
+    /// All output, for failure messages: the ranks' errors first, each message once
+    /// ([`JobOutput::errors_said_once`]), then [`JobOutput::transcript_but_errors`].
     pub fn transcript(&self) -> String {
+        let errors: String =
+            self.errors_said_once().iter().map(|l| format!("[errors] {l}\n")).collect();
+        errors + &self.transcript_but_errors()
+    }
+
+    /// All output but the ranks' error lines, for failure messages that show those themselves:
+    /// stdout by rank, `mpirun`'s own lines, the exit status, then stderr.
+    pub fn transcript_but_errors(&self) -> String {
         let mut text = String::new();
         for (rank, lines) in &self.by_rank {
             for line in lines {
@@ -881,7 +910,10 @@ impl JobOutput {
             self.status.map_or("none (killed at the timeout)".to_owned(), |s| s.to_string());
         let elapsed = self.elapsed.as_secs_f64();
         text.push_str(&format!("[mpirun] exit status {status} after {elapsed:.2} s\n"));
-        text.push_str(&format!("[stderr]\n{}", self.stderr));
+        text.push_str("[stderr]\n");
+        for line in self.stderr.lines().filter(|l| find_rank_error(l).is_none()) {
+            text.push_str(&format!("{line}\n"));
+        }
         text
     }
 }
@@ -1018,6 +1050,30 @@ mod tests {
             Duration::ZERO,
         );
         assert_eq!(out.own_stderr(2).collect::<Vec<_>>(), vec![" ftkv: x"]);
+    }
+
+    #[test]
+    fn an_attached_job_s_stderr_is_copied_live_but_for_the_ranks_error_lines() {
+        let stderr =
+            "warning: slow\nftkv: rank 1: error: store: X\nftkv: rank 0: error: store: X\nend";
+        let mut shown = Vec::new();
+        let kept = copy_but_rank_errors(&mut stderr.as_bytes(), &mut shown);
+        assert_eq!(String::from_utf8(shown).unwrap(), "warning: slow\nend");
+        assert_eq!(kept, stderr, "all of it is kept");
+        let out = JobOutput::parse("", kept, None, false, Duration::ZERO);
+        assert_eq!(out.errors_said_once(), vec!["ftkv: ranks 0-1: store: X"]);
+    }
+
+    #[test]
+    fn a_transcript_says_the_ranks_errors_once_first() {
+        let stderr = "[1,0]<stderr>: ftkv: rank 0: error: store: X\n\
+                      [1,1]<stderr>: note\n\
+                      [recorded by rank-1] ftkv: rank 1: error: store: X\n";
+        let out = JobOutput::parse("[1,1]<stdout>: hi", stderr.into(), None, false, Duration::ZERO);
+        let transcript = out.transcript();
+        assert!(transcript.starts_with("[errors] ftkv: ranks 0-1: store: X\n[rank 1] hi\n"));
+        assert!(transcript.ends_with("[stderr]\n[1,1]<stderr>: note\n"), "{transcript}");
+        assert_eq!(transcript.matches("store: X").count(), 1, "{transcript}");
     }
 
     #[test]

@@ -95,19 +95,33 @@ impl Default for PoolConfig {
     }
 }
 
-/// Everything that can end a worker.
+/// Everything that can end a worker. A store's or a fabric's error is part of the pool error's
+/// text and not its [`source`](std::error::Error::source), so a chain printed with `{:#}` says
+/// it once.
 #[derive(Debug, thiserror::Error)]
 pub enum PoolError {
     #[error("store: {0}")]
-    Store(#[from] ftkv::Error),
+    Store(ftkv::Error),
     #[error("fabric: {0}")]
-    Fabric(#[from] FabricError),
+    Fabric(FabricError),
     #[error("corrupt {0} in the store")]
     Corrupt(&'static str),
     #[error("a worker failed and checkpointing is off")]
     Unprotected,
     #[error("localized recovery needs checkpointing")]
     LocalizedWithoutCheckpoints,
+}
+
+impl From<ftkv::Error> for PoolError {
+    fn from(e: ftkv::Error) -> PoolError {
+        PoolError::Store(e)
+    }
+}
+
+impl From<FabricError> for PoolError {
+    fn from(e: FabricError) -> PoolError {
+        PoolError::Fabric(e)
+    }
 }
 
 impl PoolError {
@@ -675,4 +689,34 @@ enum SettlePlan<T> {
     Adopt(i32),
     Loot { victim: i32, loot: Loot<T>, thiefs: Option<Checkpoint<T>> },
     TakeBack { thiefs: Option<Checkpoint<T>> },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The `: `-separated parts of `text` that occur more than once.
+    fn repeated_segments(text: &str) -> Vec<&str> {
+        let segments: Vec<&str> = text.split(": ").collect();
+        let repeated = |s: &&str| segments.iter().filter(|t| *t == s).count() > 1;
+        segments.iter().copied().filter(repeated).collect()
+    }
+
+    #[test]
+    fn every_part_of_a_worker_s_error_is_said_once() {
+        let revoked = FabricError::Revoked { op: "put" };
+        let table = [
+            (
+                PoolError::from(ftkv::Error::from(revoked.clone())),
+                "store: fabric: put: the communicator was revoked",
+            ),
+            (PoolError::from(ftkv::Error::Closed), "store: the store is closed"),
+            (PoolError::from(revoked), "fabric: put: the communicator was revoked"),
+        ];
+        for (error, want) in table {
+            let chain = format!("{:#}", anyhow::Error::from(error).context("worker 3"));
+            assert_eq!(chain, format!("worker 3: {want}"));
+            assert_eq!(repeated_segments(&chain), Vec::<&str>::new(), "{chain}");
+        }
+    }
 }

@@ -1,5 +1,6 @@
 //! The store's errors.
 
+use crate::fabric::FabricError;
 use crate::key::Key;
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -54,8 +55,16 @@ pub enum Error {
     TransactionContended { key: Key, attempts: usize },
     #[error("invalid transaction: {0}")]
     InvalidTransaction(String),
+    /// A fabric call failed. The fabric's error is part of this one's text and not its
+    /// [`source`](std::error::Error::source), so a chain printed with `{:#}` says it once.
     #[error("fabric: {0}")]
-    Fabric(#[from] crate::fabric::FabricError),
+    Fabric(FabricError),
+}
+
+impl From<FabricError> for Error {
+    fn from(e: FabricError) -> Error {
+        Error::Fabric(e)
+    }
 }
 
 impl Error {
@@ -63,5 +72,27 @@ impl Error {
     pub fn needs_recovery(&self) -> bool {
         matches!(self, Error::RecoveryNeeded { .. })
             || matches!(self, Error::Fabric(e) if e.is_failure())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The `: `-separated parts of `text` that occur more than once.
+    fn repeated_segments(text: &str) -> Vec<&str> {
+        let segments: Vec<&str> = text.split(": ").collect();
+        let repeated = |s: &&str| segments.iter().filter(|t| *t == s).count() > 1;
+        segments.iter().copied().filter(repeated).collect()
+    }
+
+    #[test]
+    fn a_fabric_error_is_said_once_alone_and_in_a_chain() {
+        let revoked = || Error::from(FabricError::Revoked { op: "put" });
+        let alone = revoked().to_string();
+        let chain = format!("{:#}", anyhow::Error::from(revoked()).context("writing a checkpoint"));
+        assert_eq!(alone, "fabric: put: the communicator was revoked");
+        assert_eq!(chain, "writing a checkpoint: fabric: put: the communicator was revoked");
+        assert_eq!(repeated_segments(&chain), Vec::<&str>::new(), "{chain}");
     }
 }

@@ -37,20 +37,21 @@ target/release/ftkv sim --model scale --sizes 1024x16,1024x64
 step "simulated transactions: 1000 seeded runs, coordinator and backup kills at every step (no MPI)"
 target/release/ftkv sim --model txn --runs 1000 --seed 100001
 step "real-MPI tests over btl self,tcp"
+# The reruns select their tests across the workspace: a package selection (-p) would unify
+# features differently and build the crates again.
 # The large-value tests write their values into extents (files on this host), not through Open
 # MPI's btl; the transactions' and the watchdog's tests exercise the store, not the transport;
 # the intruder test makes its own hosts.
-FTKV_TEST_BTL=tcp cargo test --release -p ftkv-cli --test mpi_layer --test store --test tasks -- \
+FTKV_TEST_BTL=tcp cargo test --workspace --release --test mpi_layer --test store --test tasks -- \
   --skip values_grow_to_256_mib --skip a_1_gib_value --skip transactions_stay_atomic \
   --skip a_stuck_put --skip mismatched_or_invalid --skip bad_input --skip connections_from_outside
 step "real-MPI store and task tests over 3 simulated hosts, and the C example"
 # A 1 GiB value crosses the hosts' links in the 256 MiB growth test's extents already (a 1 GiB
 # one takes 50 s there); configuration checks happen before any link exists; the intruder test
 # makes its own hosts.
-FTKV_NODES=3 cargo test --release -p ftkv-cli --test store --test tasks -- \
+FTKV_NODES=3 cargo test --workspace --release --test store --test tasks --test c_example -- \
   --skip a_1_gib_value --skip mismatched_or_invalid --skip bad_input \
   --skip connections_from_outside
-FTKV_NODES=3 cargo test --release -p ftkv-capi --test c_example
 step "chaos: 6 runs, 6 ranks, 2 copies, 1 kill each"
 target/release/ftkv chaos --runs 6 --ranks 6 --copies 2 --kills 1 --seed 1
 step "chaos across 3 simulated hosts: 3 runs, 6 ranks, 2 copies, 1 kill each"

@@ -406,7 +406,7 @@ fn compare_and_swap_is_atomic_across_shared_memory_and_host_links() {
 /// counted what connected.
 #[test]
 fn connections_from_outside_the_job_are_dropped_and_change_nothing() {
-    if !is_root() {
+    if !ftkv_cli::cluster::is_root() {
         eprintln!("skipped: simulated hosts need root");
         return;
     }
@@ -434,12 +434,6 @@ fn connections_from_outside_the_job_are_dropped_and_change_nothing() {
     eprintln!("{} intruder runs, {connected} connections, {rejected} dropped", intruders.len());
     assert!(connected > 0, "no intruder connected: {intruders:?}");
     assert!(rejected > 0, "{connected} intruding connections, none counted as dropped");
-}
-
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
-        s.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
-    })
 }
 
 /// When the intruder visits a listener again after its first visit.

@@ -311,21 +311,23 @@ pub fn namespaces_with_prefix(prefix: &str) -> Vec<String> {
 /// Namespaces of simulated clusters whose creating process is gone (a driver that was
 /// SIGKILLed cannot remove its own); removed before a new cluster is made.
 pub fn remove_orphaned_clusters() {
-    for name in namespaces_with_prefix("ftkv") {
-        let pid = name["ftkv".len()..].split('x').next().and_then(|p| p.parse::<u32>().ok());
-        if pid.is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists()) {
-            let _ = ip(&["netns", "del", &name]);
-        }
+    for name in namespaces_with_prefix("ftkv").into_iter().filter(|n| creator_is_gone(n)) {
+        let _ = ip(&["netns", "del", &name]);
     }
     let Some(root) = cpu_hierarchy() else { return };
     let Ok(entries) = std::fs::read_dir(&root) else { return };
     for name in entries.filter_map(|e| e.ok()?.file_name().into_string().ok()) {
-        let pid = name.strip_prefix("ftkv").and_then(|rest| rest.split('x').next());
-        let pid = pid.and_then(|p| p.parse::<u32>().ok());
-        if pid.is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists()) {
+        if creator_is_gone(&name) {
             let _ = std::fs::remove_dir(root.join(&name));
         }
     }
+}
+
+/// Whether `name` is a cluster's (`ftkv<pid>x...`) whose creating process `pid` is gone.
+fn creator_is_gone(name: &str) -> bool {
+    let pid = name.strip_prefix("ftkv").and_then(|rest| rest.split('x').next());
+    let pid = pid.and_then(|p| p.parse::<u32>().ok());
+    pid.is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists())
 }
 
 /// The root of the CPU controller's hierarchy: cgroup v1's `cpu` mount, or the unified
@@ -406,7 +408,8 @@ fn run(cmd: &mut Command) -> Result<()> {
     Ok(())
 }
 
-fn is_root() -> bool {
+/// Whether this process runs as root (simulated hosts need it).
+pub fn is_root() -> bool {
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
 }

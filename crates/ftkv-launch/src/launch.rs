@@ -402,17 +402,12 @@ fn forward_lines(stdout: impl Read, sender: &std::sync::mpsc::Sender<String>) {
 /// `hosts` (`hostfile`: a simulated cluster's).
 pub fn mpirun_flags(ranks: usize, hosts: &Hosts, hostfile: Option<&Path>) -> Result<Vec<String>> {
     let mut flags: Vec<String> = ["--with-ft", "ulfm"].map(String::from).into();
-    if is_root() {
+    if crate::cluster::is_root() {
         flags.push("--allow-run-as-root".into());
     }
     flags.extend(["-n".to_owned(), ranks.to_string()]);
     flags.extend(crate::cluster::mapping_flags(hosts, ranks, hostfile)?);
     Ok(flags)
-}
-
-fn is_root() -> bool {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
 }
 
 /// Jobs of one process run one at a time (concurrent jobs on 2 cores distort each other's

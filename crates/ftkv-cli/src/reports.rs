@@ -70,6 +70,14 @@ pub struct CasReport {
     pub rejected: usize,
 }
 
+/// `cas-victim`: the compare-and-swaps a survivor made after its host-mate was killed in the
+/// middle of its own swaps, on the dead member's word and on the other survivor's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SwapsAfterKillReport {
+    pub on_the_dead: u64,
+    pub on_a_survivor: u64,
+}
+
 /// `detect`: how long rank 0's pings took to see the victim failed (rank 0 only).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DetectedReport {

@@ -4,7 +4,9 @@
 use std::time::Duration;
 
 use ftkv_cli::launch::{JobOutput, Launch};
-use ftkv_cli::reports::{DetectedReport, HelloReport, Passed, RingReport, ShrunkReport};
+use ftkv_cli::reports::{
+    DetectedReport, HelloReport, Passed, RingReport, ShrunkReport, SwapsAfterKillReport,
+};
 
 mod common;
 
@@ -53,6 +55,19 @@ fn rma_put_get_and_atomics_round_trip() {
     for rank in 0..4 {
         assert_passed(&out, rank, "rma");
         assert_passed(&out, rank, "done");
+    }
+}
+
+/// A host-mate SIGKILLed from outside while it and another rank race compare-and-swap loops on
+/// its word (`cas-victim`, 3 ranks on one host) blocks no survivor's later swap, on its word or
+/// on a survivor's: swaps leave nothing held at any instant (a spin lock in Open MPI's osc sm,
+/// held by a rank killed inside `MPI_Compare_and_swap`, would hold them forever).
+#[test]
+fn a_rank_killed_inside_its_compare_and_swap_blocks_no_survivor() {
+    let out = common::job_with_outside_kills(job("cas-victim", 3), 3, &[1]);
+    for survivor in [0, 2] {
+        let swaps: SwapsAfterKillReport = report(&out, survivor, "swaps");
+        assert!(swaps.on_the_dead > 0 && swaps.on_a_survivor > 0, "rank {survivor}: {swaps:?}");
     }
 }
 

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use ftkv_cli::chaos::RecoveryReport;
-use ftkv_cli::launch::{kill_pid, with_start_retries, JobOutput, Launch, RunningJob};
+use ftkv_cli::launch::{JobOutput, Launch, RunningJob};
 use ftkv_cli::reports::{
     AckedRound, CasReport, CheckpointRead, ErrorReport, IdleObserverReport, IdleOwnerReport,
     LocalizedReport, Passed, RejectedReport, RoundRead, TxnReport,
@@ -264,52 +264,11 @@ fn a_stuck_put_is_ended_by_the_watchdog_and_the_others_recover() {
 /// Starts `store-localized` on `ranks` ranks, SIGKILLs `victims` from outside by PID once all
 /// write, and returns the job's output.
 fn localized_with_outside_kills(ranks: usize, victims: &[usize]) -> JobOutput {
-    localized_job_with_outside_kills(
+    common::job_with_outside_kills(
         job("store-localized", ranks).env("STORE_SECONDS", "3"),
         ranks,
         victims,
     )
-}
-
-/// Runs `launch` (a `store-localized` job), SIGKILLs `victims` from outside 0.8 s after every
-/// rank is ready, and returns the job's output.
-/// A job whose `mpirun` could not start at all is started again, as [`Launch::run`] does.
-fn localized_job_with_outside_kills(launch: Launch, ranks: usize, victims: &[usize]) -> JobOutput {
-    let started = with_start_retries("store test", || {
-        let mut running = launch.spawn()?;
-        match ready_pids(&mut running, ranks) {
-            Some(pids) => Ok((Ok((running, pids)), None)),
-            None => {
-                let out = running.finish()?;
-                let again = out.never_started().then(|| "mpirun could not start".to_owned());
-                Ok((Err(out), again))
-            }
-        }
-    });
-    let (mut running, pids) = started.expect("mpirun starts").unwrap_or_else(|out| {
-        panic!("the ranks did not get ready:\n{}", out.transcript());
-    });
-    std::thread::sleep(Duration::from_millis(800));
-    for victim in victims {
-        assert!(kill_pid(pids[victim]).expect("kill"), "rank {victim} ended before its kill");
-    }
-    while running.next_line(Duration::from_millis(50)).is_some() || running.is_running() {}
-    let out = running.finish().expect("the job's output");
-    assert!(!out.timed_out, "job hung:\n{}", out.transcript());
-    out
-}
-
-/// Each rank's pid from its `ready pid=<pid>` line (at most 60 s of waiting for a line);
-/// `None` when the job's output ended first.
-fn ready_pids(running: &mut RunningJob, ranks: usize) -> Option<HashMap<usize, u32>> {
-    let mut pids = HashMap::new();
-    while pids.len() < ranks {
-        let (Some(rank), line) = running.next_line(Duration::from_secs(60))? else { continue };
-        if let Some(pid) = line.strip_prefix("ready pid=").and_then(|p| p.trim().parse().ok()) {
-            pids.insert(rank, pid);
-        }
-    }
-    Some(pids)
 }
 
 /// Localized recovery on real MPI: a rank SIGKILLed from outside while every rank overwrites
@@ -340,7 +299,7 @@ fn a_rank_killed_from_outside_is_repaired_locally_while_the_others_write() {
 fn asynchronous_puts_through_a_kill_from_outside_lose_nothing() {
     let (ranks, victim) = (6, 4);
     let launch = job("store-localized", ranks).env("STORE_SECONDS", "3").env("STORE_ASYNC", "1");
-    let out = localized_job_with_outside_kills(launch, ranks, &[victim]);
+    let out = common::job_with_outside_kills(launch, ranks, &[victim]);
     for rank in (0..ranks).filter(|&r| r != victim) {
         let report = localized_report(&out, rank);
         assert_eq!(report.global, None, "rank {rank}: {report:?}");
@@ -588,7 +547,7 @@ fn assert_full_and_current(report: &LocalizedReport, rank: usize) {
 fn an_idle_owners_lost_copies_are_repaired_while_it_makes_no_store_call() {
     let (ranks, victim) = (6, 4);
     let launch = job("store-localized", ranks).env("STORE_IDLE_SECONDS", "5");
-    let out = localized_job_with_outside_kills(launch, ranks, &[victim]);
+    let out = common::job_with_outside_kills(launch, ranks, &[victim]);
     let observed: IdleObserverReport = out
         .rank_report(0, "idle_observer")
         .expect("a JSON report")

@@ -193,6 +193,14 @@ extern "C" {
         baseptr: *mut c_void,
         win: *mut MPI_Win,
     ) -> c_int;
+    pub fn MPI_Win_allocate_shared(
+        size: MPI_Aint,
+        disp_unit: c_int,
+        info: MPI_Info,
+        comm: MPI_Comm,
+        baseptr: *mut c_void,
+        win: *mut MPI_Win,
+    ) -> c_int;
     pub fn MPI_Win_create_dynamic(info: MPI_Info, comm: MPI_Comm, win: *mut MPI_Win) -> c_int;
     pub fn MPI_Win_attach(win: MPI_Win, base: *mut c_void, size: MPI_Aint) -> c_int;
     pub fn MPI_Win_detach(win: MPI_Win, base: *const c_void) -> c_int;
@@ -205,6 +213,13 @@ extern "C" {
     pub fn MPI_Win_flush(rank: c_int, win: MPI_Win) -> c_int;
     pub fn MPI_Win_flush_all(win: MPI_Win) -> c_int;
     pub fn MPI_Win_sync(win: MPI_Win) -> c_int;
+    pub fn MPI_Win_shared_query(
+        win: MPI_Win,
+        rank: c_int,
+        size: *mut MPI_Aint,
+        disp_unit: *mut c_int,
+        baseptr: *mut c_void,
+    ) -> c_int;
     pub fn MPI_Win_fence(assert: c_int, win: MPI_Win) -> c_int;
     pub fn MPI_Put(
         origin: *const c_void,

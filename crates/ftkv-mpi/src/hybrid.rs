@@ -4,7 +4,7 @@
 //! the target process makes MPI progress (20 ms when the target calls MPI every 20 ms) and a
 //! flush to a dead target never returns; two-sided messages between hosts, too, wait for the
 //! target's progress engine to read its sockets. A [`HostWindow`] therefore keeps one
-//! `MPI_Win_allocate` window per host (over the members that share the host: osc sm, loads and
+//! `MPI_Win_allocate_shared` window per host (over the members that share the host: osc sm, loads and
 //! stores) and reaches members on other hosts over connections of its own
 //! ([`crate::remote`]), served by one thread per member that sleeps in `poll` on all of its
 //! incoming connections until a request comes: a put completes in bounded time whatever the
@@ -18,15 +18,17 @@ use std::sync::Arc;
 use crate::comm::Comm;
 use crate::error::{MpiError, Result};
 use crate::extent::Extents;
-use crate::remote::{Atomics, Links, Memory, Remote};
+use crate::remote::{Links, Memory, Remote};
 use crate::runtime::other;
-use crate::window::{LockedWindow, RmaScope, Window};
+use crate::window::{LockedWindow, RmaScope, SharedSegments, Window};
 
 /// A window over every member of a communicator whose operations use shared memory to members
 /// on this host and TCP connections of its own to members on other hosts. Inside a passive-target epoch from
 /// creation to [`HostWindow::close`].
 pub struct HostWindow {
     local: Option<LockedWindow>,
+    /// The memory of this host's members, for compare-and-swap by the processor's atomics.
+    segments: SharedSegments,
     /// Each member's rank in the host's communicator, `None` for members on other hosts.
     host_rank: Arc<[Option<i32>]>,
     /// The connections to other hosts; dropped (serving thread joined) before the window is
@@ -53,7 +55,8 @@ impl HostWindow {
         let marker = extents.open_marker(comm.rank())?;
         let color = first_on_host(&hosts, hosts[me]) as i32;
         let host = comm.split(color, comm.rank())?;
-        let local = Window::allocate(&host, len)?.lock_all()?;
+        let local = Window::allocate_shared(&host, len)?.lock_all()?;
+        let segments = local.window().shared_segments(host.size())?;
         let host_rank: Arc<[Option<i32>]> = host_ranks(&hosts, hosts[me]).into();
         let remote: Vec<bool> = host_rank.iter().map(Option::is_none).collect();
         let links = if remote.iter().any(|&r| r) {
@@ -62,15 +65,14 @@ impl HostWindow {
             // process pairs.
             comm.dup()?.connect_pairs()?;
             let (base, len) = local.window().local_memory();
-            let own = host.rank();
-            let atomics = Atomics { ops: local.window().ops(), own };
-            let memory = Memory { base, len, atomics, extents, member: me as i32 };
+            let memory = Memory { base, len, extents, member: me as i32 };
             Some(Arc::new(Links::start(comm, &remote, memory)?))
         } else {
             None
         };
         Ok(HostWindow {
             local: Some(local),
+            segments,
             host_rank,
             links,
             extents,
@@ -132,9 +134,10 @@ impl HostWindow {
     }
 
     /// Atomically replaces the u64 at `disp` in `target`'s memory by `swap` if it equals
-    /// `compare`, and returns the value it held. On this host `MPI_Compare_and_swap` (osc sm
-    /// serialises it with every other accumulate on the target); on another host the target's
-    /// serving thread runs the same call on its own memory, so both paths exclude each other.
+    /// `compare`, and returns the value it held: the processor's lock-free compare-and-swap
+    /// on the target's shared memory, run by this thread for a target on this host and by the
+    /// target's serving thread for one on another host, so both paths exclude each other and a
+    /// member killed in the middle of a swap blocks nobody's next one.
     /// Complete at the target when it returns; a target on another host whose connection ended
     /// fails it with `ProcFailed`.
     pub fn compare_and_swap(&self, target: i32, disp: i64, compare: u64, swap: u64) -> Result<u64> {
@@ -142,7 +145,7 @@ impl HostWindow {
         match rank {
             None => Err(other("HostWindow", "target rank outside the communicator")),
             Some(Some(rank)) => {
-                self.local().compare_and_swap(rank, disp, compare, swap).map_err(unattributed)
+                self.segments.compare_and_swap(rank, disp, compare, swap).map_err(unattributed)
             }
             Some(None) => {
                 let links = self.links.as_ref().ok_or_else(|| other("HostWindow", "no links"))?;

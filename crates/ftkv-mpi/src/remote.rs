@@ -73,7 +73,7 @@ use crate::comm::Comm;
 use crate::error::{MpiError, Result};
 use crate::extent::Extents;
 use crate::runtime::other;
-use crate::window::Ops;
+use crate::window::compare_and_swap_word;
 
 const OP_PUT: u8 = 1;
 const OP_GET: u8 = 2;
@@ -127,36 +127,26 @@ const BACKLOG: libc::c_int = 1024;
 pub(crate) struct Memory {
     pub base: *mut u8,
     pub len: usize,
-    pub atomics: Atomics,
     /// The window's extents, and this member's rank among the window's members.
     pub extents: Extents,
     pub member: i32,
 }
 
-/// How a serving thread runs atomic operations on its own memory: through the host's window
-/// (`MPI_Compare_and_swap` on its own rank there), so they exclude the atomics that members on
-/// this host issue through that window.
-#[derive(Clone, Copy)]
-pub(crate) struct Atomics {
-    pub ops: Ops,
-    /// This member's rank in the host's window.
-    pub own: i32,
-}
-
-impl Atomics {
-    fn compare_and_swap(self, disp: u64, operands: &[u8]) -> Option<u64> {
-        let word = |at: usize| u64::from_le_bytes(operands[at..at + 8].try_into().expect("8"));
-        self.ops.compare_and_swap(self.own, disp as i64, word(0), word(8)).ok()
-    }
-}
-
-// SAFETY: the memory and the window handle belong to a window that outlives the serving thread
-// (the window joins it before it is freed); the memory is only written by raw copies, never
-// through Rust references, and MPI runs with MPI_THREAD_MULTIPLE, so the serving thread may call
-// MPI on the handle while the application thread does.
+// SAFETY: the memory belongs to a window that outlives the serving thread (the window joins it
+// before it is freed); it is only written by raw copies and atomic instructions, never through
+// plain Rust references.
 unsafe impl Send for Memory {}
 
 impl Memory {
+    /// The compare-and-swap of a request (`operands`: the compare and the swap value) on the
+    /// word at `disp` of this member's memory, with the processor's lock-free instruction
+    /// ([`compare_and_swap_word`]), as members on this host run it.
+    fn compare_and_swap(self, disp: u64, operands: &[u8]) -> Option<u64> {
+        let word = |at: usize| u64::from_le_bytes(operands[at..at + 8].try_into().expect("8"));
+        let disp = i64::try_from(disp).ok()?;
+        compare_and_swap_word(self.base, self.len, disp, word(0), word(8)).ok()
+    }
+
     fn range(self, disp: u64, len: u64) -> Option<*mut u8> {
         let end = disp.checked_add(len)?;
         // SAFETY: `disp` is at most `self.len`, so the offset stays inside the allocation.
@@ -1120,7 +1110,7 @@ fn serve_entry(
             stream.read_exact(put_data)?;
             let aligned = entry.disp.is_multiple_of(8) && entry.len == 8;
             let held = match target.filter(|_| aligned) {
-                Some(_) => memory.atomics.compare_and_swap(entry.disp, put_data),
+                Some(_) => memory.compare_and_swap(entry.disp, put_data),
                 None => None,
             };
             gets.push(Answer::Held(held.unwrap_or(0)));

@@ -12,6 +12,7 @@
 
 use std::ffi::c_void;
 use std::ptr;
+use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::sync::Arc;
 
 use crate::comm::{byte_count, Comm};
@@ -22,12 +23,90 @@ use crate::runtime::{other, Runtime};
 /// How a window's memory was created; it decides what a target displacement means.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WindowKind {
-    /// `MPI_Win_allocate`: displacements are byte offsets into each rank's window.
+    /// `MPI_Win_allocate` or `MPI_Win_allocate_shared`: displacements are byte offsets into
+    /// each rank's window.
     Allocate,
     /// `MPI_Win_create_dynamic` + `MPI_Win_attach`: displacements are the target's absolute
     /// addresses, as returned by [`Window::attach`].
     Dynamic,
 }
+
+/// The memory of a window's members on this host, as mapped into this process: for the atomic
+/// operations ftkv runs with the processor's own instructions ([`compare_and_swap_word`]).
+#[derive(Debug)]
+pub(crate) struct SharedSegments(Vec<(*mut u8, usize)>);
+
+// SAFETY: the segments are addresses of window memory that stays mapped until the window is
+// freed; they are only used through atomic instructions on words inside them.
+unsafe impl Send for SharedSegments {}
+// SAFETY: as above.
+unsafe impl Sync for SharedSegments {}
+
+impl SharedSegments {
+    /// [`compare_and_swap_word`] on the word at `disp` of member `rank`'s memory.
+    pub(crate) fn compare_and_swap(
+        &self,
+        rank: i32,
+        disp: i64,
+        compare: u64,
+        swap: u64,
+    ) -> Result<u64> {
+        let (base, len) = usize::try_from(rank)
+            .ok()
+            .and_then(|r| self.0.get(r))
+            .copied()
+            .ok_or_else(|| other("compare-and-swap", "target rank outside the window"))?;
+        compare_and_swap_word(base, len, disp, compare, swap)
+    }
+}
+
+/// Atomically replaces the u64 at `disp` of the `len` bytes at `base` by `swap` if it equals
+/// `compare` (one lock-free instruction, sequentially consistent), and returns the value it
+/// held. Nothing is held between the compare and the swap, so a process killed at any moment
+/// leaves nothing that could block another's swap on the same word (Open MPI's osc sm runs
+/// `MPI_Compare_and_swap` under a spin lock in the target's shared state, which a process
+/// killed inside it holds forever). Fails when the word is not inside the memory or not 8-byte
+/// aligned.
+pub(crate) fn compare_and_swap_word(
+    base: *mut u8,
+    len: usize,
+    disp: i64,
+    compare: u64,
+    swap: u64,
+) -> Result<u64> {
+    let start = usize::try_from(disp).ok().filter(|&d| d.checked_add(8).is_some_and(|e| e <= len));
+    let Some(start) = start else {
+        return Err(other("compare-and-swap", "the word lies outside the target's memory"));
+    };
+    let address = base as usize + start;
+    if address % std::mem::align_of::<AtomicU64>() != 0 {
+        return Err(other("compare-and-swap", "the word is not 8-byte aligned"));
+    }
+    // SAFETY: the word lies inside mapped window memory (checked above) and is aligned for an
+    // AtomicU64; every change of it goes through atomic instructions, so a shared reference to
+    // it as an atomic never aliases a plain Rust reference.
+    let word = unsafe { &*(address as *const AtomicU64) };
+    Ok(match word.compare_exchange(compare, swap, AtomicOrdering::SeqCst, AtomicOrdering::SeqCst) {
+        Ok(held) | Err(held) => held,
+    })
+}
+
+/// Which call allocates a window's memory.
+#[derive(Clone, Copy)]
+enum Allocation {
+    Plain,
+    Shared,
+}
+
+/// The signature `MPI_Win_allocate` and `MPI_Win_allocate_shared` share.
+type AllocateFn = unsafe extern "C" fn(
+    ffi::MPI_Aint,
+    std::ffi::c_int,
+    ffi::MPI_Info,
+    ffi::MPI_Comm,
+    *mut c_void,
+    *mut ffi::MPI_Win,
+) -> std::ffi::c_int;
 
 /// `MPI_Win_lock`'s lock type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,13 +139,30 @@ impl Window {
     /// written, so a large window costs address space until used). Collective; fails with
     /// `ProcFailed` if a member of `comm` is dead.
     pub fn allocate(comm: &Comm, len: usize) -> Result<Window> {
+        Window::allocate_with(comm, len, Allocation::Plain)
+    }
+
+    /// `MPI_Win_allocate_shared`: like [`Window::allocate`], for members that all share this
+    /// host, whose memory each member can also reach with its own instructions
+    /// ([`Window::shared_segments`]). Fails if a member lives on another host.
+    pub fn allocate_shared(comm: &Comm, len: usize) -> Result<Window> {
+        Window::allocate_with(comm, len, Allocation::Shared)
+    }
+
+    fn allocate_with(comm: &Comm, len: usize, allocation: Allocation) -> Result<Window> {
         let mut base: *mut u8 = ptr::null_mut();
         let mut raw = null_win();
-        let size = aint(len, "MPI_Win_allocate")?;
+        let (call, name) = match allocation {
+            Allocation::Plain => (ffi::MPI_Win_allocate as AllocateFn, "MPI_Win_allocate"),
+            Allocation::Shared => {
+                (ffi::MPI_Win_allocate_shared as AllocateFn, "MPI_Win_allocate_shared")
+            }
+        };
+        let size = aint(len, name)?;
         // SAFETY: `base` receives the address of `len` bytes owned by the window; `raw` is a
-        // valid out-pointer; `comm` is a valid communicator.
+        // valid out-pointer; `comm` is a valid communicator. Both calls take these arguments.
         let rc = unsafe {
-            ffi::MPI_Win_allocate(
+            call(
                 size,
                 1,
                 ffi::ftkv_info_null,
@@ -75,7 +171,7 @@ impl Window {
                 &mut raw,
             )
         };
-        check(rc, "MPI_Win_allocate")?;
+        check(rc, name)?;
         Window::wrap(raw, WindowKind::Allocate, base, len, comm)
     }
 
@@ -158,6 +254,34 @@ impl Window {
         // SAFETY: the range lies inside the window's memory (checked above).
         unsafe { ptr::copy_nonoverlapping(data.as_ptr(), self.base.add(offset), data.len()) };
         Ok(())
+    }
+
+    /// Every member's memory of a window from [`Window::allocate_shared`], mapped into this
+    /// process (`MPI_Win_shared_query`), indexed by rank in the window. Valid while the window
+    /// is not freed.
+    pub(crate) fn shared_segments(&self, members: i32) -> Result<SharedSegments> {
+        let mut segments = Vec::with_capacity(members.max(0) as usize);
+        for rank in 0..members {
+            let (mut size, mut unit): (ffi::MPI_Aint, std::ffi::c_int) = (0, 0);
+            let mut base: *mut u8 = ptr::null_mut();
+            // SAFETY: `self.raw` is a valid window; the out-pointers are valid locals, `base`
+            // receives the address of `rank`'s memory as mapped into this process.
+            let rc = unsafe {
+                ffi::MPI_Win_shared_query(
+                    self.raw,
+                    rank,
+                    &mut size,
+                    &mut unit,
+                    (&mut base as *mut *mut u8).cast::<c_void>(),
+                )
+            };
+            check(rc, "MPI_Win_shared_query")?;
+            if base.is_null() && size > 0 {
+                return Err(other("MPI_Win_shared_query", "a member's memory is not shared"));
+            }
+            segments.push((base, size as usize));
+        }
+        Ok(SharedSegments(segments))
     }
 
     fn check_local_range(&self, offset: usize, len: usize) -> Result<()> {

@@ -11,6 +11,7 @@ use anyhow::{bail, ensure, Context, Result};
 use ftkv_cli::launch::report_line;
 use ftkv_cli::reports::{
     CasReport, DetectedReport, ErrorReport, HelloReport, Passed, RingReport, ShrunkReport,
+    SwapsAfterKillReport,
 };
 use ftkv_mpi::{failpoint, Comm, HostWindow, LockedWindow, Mpi, Window};
 
@@ -49,6 +50,7 @@ fn run(case: &str) -> Result<()> {
         "sendrecv" => sendrecv(&world),
         "rma" => rma(&world),
         "host-cas" => host_cas(&world),
+        "cas-victim" => cas_victim(&world),
         "detect" => detect(&world),
         "shrink" => shrink(&world),
         "error-on-one-rank" => error_on_one_rank(&world, false),
@@ -215,6 +217,44 @@ fn host_cas(world: &Comm) -> Result<()> {
     world.barrier()?;
     window.close()?;
     Ok(())
+}
+
+/// `cas-victim` (3 ranks): ranks 1 and 2 race compare-and-swap loops on rank 1's word 0 while
+/// the test SIGKILLs rank 1 from outside, 0.8 s after every rank printed `ready pid=<pid>`
+/// (rank 1 swaps until it dies, and fails if it is still alive after 30 s). 2 s after `ready`,
+/// ranks 0 and 2 swap for another second on the dead rank's word and on each other's, and
+/// report how many swaps they made: a member killed inside a swap must block none of them.
+fn cas_victim(world: &Comm) -> Result<()> {
+    const VICTIM: i32 = 1;
+    let rank = world.rank();
+    ensure!(world.size() == 3, "cas-victim runs on 3 ranks");
+    let window = HostWindow::allocate(world, 64)?;
+    ensure!(!window.spans_hosts(), "cas-victim runs on one host");
+    world.barrier()?;
+    println!("ready pid={}", std::process::id());
+    std::io::Write::flush(&mut std::io::stdout())?;
+    let ready = Instant::now();
+    while rank == VICTIM || ready.elapsed() < Duration::from_secs(2) {
+        if rank != 0 {
+            add_one(&window, VICTIM)?;
+        }
+        ensure!(ready.elapsed() < Duration::from_secs(30), "rank {rank} was not killed");
+    }
+    let survivor = 2 - rank;
+    let mut report = SwapsAfterKillReport { on_the_dead: 0, on_a_survivor: 0 };
+    while ready.elapsed() < Duration::from_secs(3) {
+        add_one(&window, VICTIM)?;
+        add_one(&window, survivor)?;
+        report.on_the_dead += 1;
+        report.on_a_survivor += 1;
+    }
+    println!("{}", report_line("swaps", &report));
+    window.abandon();
+    report_passed("done");
+    // Without MPI_Finalize, which refuses the abandoned window; the runtime forwards output
+    // asynchronously, so the other survivor's last lines need time to arrive first.
+    std::thread::sleep(Duration::from_secs(1));
+    failpoint::exit_now(0)
 }
 
 /// Prints `listeners pid=<pid> inodes=<i,j,...>`: the sockets this rank listens on before it

@@ -67,13 +67,13 @@ enum Command {
         kills: usize,
         /// SIGSTOP one random worker at a random moment (10–50% of the work) for SECS seconds,
         /// then SIGCONT it: past the suspicion bound the others declare it failed, finish
-        /// without it, and it ends itself once resumed. Turns on Open MPI's heartbeat detector.
+        /// without it, and it ends itself once resumed.
         #[arg(long, value_parser = args::seconds, value_name = "SECS")]
         #[arg(allow_negative_numbers = true)]
         stop: Option<Duration>,
         /// The suspicion bound: a worker silent this long is declared failed (Open MPI's
-        /// heartbeat detector, turned on by this option or by --stop), and a worker that did
-        /// not run this long ends itself [default: 10].
+        /// heartbeat detector, always on), and a worker that did not run for half of it ends
+        /// itself [default: 10].
         #[arg(long, value_parser = args::seconds, value_name = "SECS")]
         #[arg(allow_negative_numbers = true)]
         suspicion: Option<Duration>,

@@ -188,8 +188,7 @@ pub struct Demo {
     pub timeout: Duration,
     /// SIGSTOP one worker for this long (then SIGCONT).
     pub stop: Option<Duration>,
-    /// The suspicion bound, when given; Open MPI's heartbeat detector runs when this or `stop`
-    /// is given.
+    /// The suspicion bound, when given (Open MPI's heartbeat detector always runs with it).
     pub suspicion: Option<Duration>,
     /// Localized recovery instead of global.
     pub localized: bool,
@@ -203,20 +202,10 @@ impl Demo {
         self.suspicion.unwrap_or(DEFAULT_SUSPICION)
     }
 
-    /// Whether the job runs Open MPI's heartbeat detector.
-    fn detects_silence(&self) -> bool {
-        self.stop.is_some() || self.suspicion.is_some()
-    }
-
-    /// The store's data-path watchdog: 2 s, or, with the heartbeat detector, 2 s more than the
-    /// suspicion bound (a put to a silent holder waits until the detector declares it).
+    /// The store's data-path watchdog: 2 s; across hosts the store raises it past the
+    /// suspicion bound (a put to a silent holder there waits until the detector declares it).
     fn watchdog(&self) -> Duration {
-        let margin = Duration::from_secs(2);
-        if self.detects_silence() {
-            self.suspicion() + margin
-        } else {
-            margin
-        }
+        Duration::from_secs(2)
     }
 }
 
@@ -306,13 +295,13 @@ fn run_pool_job(exe: &Path, demo: &Demo, show: bool) -> Result<RunReport> {
     if demo.localized {
         args.push("--localized".to_string());
     }
-    let mut launch =
-        Launch::new(exe, demo.ranks).args(args).timeout(demo.timeout).transport_from_env();
-    if demo.detects_silence() {
-        let timeout = demo.suspicion();
-        let period = (timeout / 10).clamp(Duration::from_millis(100), Duration::from_secs(1));
-        launch = launch.heartbeat_detector(period, timeout);
-    }
+    let timeout = demo.suspicion();
+    let period = (timeout / 10).clamp(Duration::from_millis(100), Duration::from_secs(1));
+    let launch = Launch::new(exe, demo.ranks)
+        .args(args)
+        .timeout(demo.timeout)
+        .transport_from_env()
+        .heartbeat_detector(period, timeout);
     let (out, watch) = crate::launch::with_start_retries("[demo]", || {
         let (out, watch) = watch_pool_job(&launch, demo, show)?;
         let again = out.never_started().then(|| "mpirun could not start the job".to_owned());

@@ -29,6 +29,39 @@ impl Runtime {
     }
 }
 
+/// The suspicion bound of Open MPI's heartbeat detector when the environment sets none: a rank
+/// silent this long (stopped, frozen, cut off) is declared failed.
+pub const DEFAULT_SUSPICION: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The heartbeat period that goes with [`DEFAULT_SUSPICION`]: one tenth of the bound.
+const DEFAULT_HEARTBEAT_PERIOD: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Switches Open MPI's heartbeat failure detector on for this process, with its own thread, a
+/// heartbeat every [`DEFAULT_HEARTBEAT_PERIOD`], the timeout [`DEFAULT_SUSPICION`] and failure
+/// notices spread by reliable broadcast among the ranks: without it, a rank that stops
+/// responding without dying (SIGSTOP, a frozen host) is never declared failed and every
+/// collective recovery waits for it. Leaves the detector alone when the environment already
+/// configures it (`OMPI_MCA_mpi_ft_detector`, which `mpirun --mca mpi_ft_detector ...` sets,
+/// `false` included), and each other parameter the environment sets. Open MPI reads them in
+/// `MPI_Init`; every rank of a job runs this with the same environment, so all agree.
+fn default_heartbeat_detector() {
+    if std::env::var_os("OMPI_MCA_mpi_ft_detector").is_some() {
+        return;
+    }
+    let settings = [
+        ("OMPI_MCA_mpi_ft_detector", "true".to_owned()),
+        ("OMPI_MCA_mpi_ft_detector_thread", "true".to_owned()),
+        ("OMPI_MCA_mpi_ft_detector_period", DEFAULT_HEARTBEAT_PERIOD.as_secs_f64().to_string()),
+        ("OMPI_MCA_mpi_ft_detector_timeout", DEFAULT_SUSPICION.as_secs_f64().to_string()),
+        ("OMPI_MCA_mpi_ft_propagator_with_rbcast", "true".to_owned()),
+    ];
+    for (name, value) in settings {
+        if std::env::var_os(name).is_none() {
+            std::env::set_var(name, value);
+        }
+    }
+}
+
 /// The MPI library, initialised once per process.
 ///
 /// Only [`Mpi::finalize`] and [`Mpi::finalize_bounded`] finalise MPI. Dropping it does not: a
@@ -43,7 +76,8 @@ pub struct Mpi {
 
 impl Mpi {
     /// Initialises MPI with `MPI_THREAD_MULTIPLE` and sets `MPI_ERRORS_RETURN` on
-    /// `MPI_COMM_WORLD`. Fails if the library does not provide `MPI_THREAD_MULTIPLE`, if MPI was
+    /// `MPI_COMM_WORLD`. Open MPI's heartbeat detector runs with the [`DEFAULT_SUSPICION`]
+    /// bound unless the environment configures it. Fails if the library does not provide `MPI_THREAD_MULTIPLE`, if MPI was
     /// initialised before in this process, or if the `MPI_Status` layout of the linked Open MPI
     /// differs from the one this crate was written for.
     pub fn init() -> Result<Mpi> {
@@ -51,6 +85,7 @@ impl Mpi {
             return Err(other("MPI_Init_thread", "MPI was already initialised in this process"));
         }
         check_abi()?;
+        default_heartbeat_detector();
         let mut provided: c_int = 0;
         // SAFETY: MPI permits NULL argc/argv; `provided` is a valid out-pointer.
         let rc = unsafe {

@@ -85,8 +85,11 @@ pub struct Config {
     pub recovery_watchdog: std::time::Duration,
     /// The suspicion bound: how long a rank may be unresponsive (stopped, starved, cut off)
     /// before the others may declare it failed and go on without it. The declaring is done by
-    /// Open MPI's heartbeat detector, whose timeout the launcher sets to this bound
-    /// (`mpi_ft_detector_timeout`); the store's part is the other side: a process whose
+    /// Open MPI's heartbeat detector, which `ftkv_mpi::Mpi::init` switches on with a 10 s
+    /// timeout (the default here) unless the environment configures it
+    /// (`mpi_ft_detector_timeout`; ftkv's launcher sets it to the bound it is given); a
+    /// program that initialises MPI itself passes the same MCA parameters to `mpirun`. It must
+    /// equal the detector's timeout. The store's part is the other side: a process whose
     /// detector thread finds that it itself did not run for more than half the bound (it was
     /// SIGSTOPped, or its host froze) ends itself as a fail-stop failure with a message saying
     /// so, instead of rejoining a computation that has gone on without it.
@@ -104,13 +107,21 @@ pub struct Config {
 /// large value took longer than 2 s (a failure-free CI run lost two writers to the 2 s default).
 pub const CROSS_HOST_WATCHDOG: std::time::Duration = std::time::Duration::from_secs(8);
 
+/// How much longer than the suspicion bound the watchdog waits across hosts: a put to a silent
+/// holder on another host waits until the heartbeat detector declares it, and the declaration
+/// then takes a poll of the failed set to reach the put.
+pub const SUSPICION_MARGIN: std::time::Duration = std::time::Duration::from_secs(2);
+
 impl Config {
     /// The watchdog bound for ranks on `hosts` (one host id per live worker): the configured
-    /// one, raised to [`CROSS_HOST_WATCHDOG`] when the ranks span more than one host.
+    /// one; when the ranks span more than one host, at least [`CROSS_HOST_WATCHDOG`] and the
+    /// suspicion bound plus [`SUSPICION_MARGIN`]: a put to a silent (stopped, frozen) holder on
+    /// another host waits until the heartbeat detector declares it, and a shorter watchdog
+    /// would end the healthy writer first.
     pub fn effective_watchdog(&self, hosts: &[u32]) -> std::time::Duration {
         let spans_hosts = hosts.iter().any(|h| Some(h) != hosts.first());
         if spans_hosts {
-            self.watchdog.max(CROSS_HOST_WATCHDOG)
+            self.watchdog.max(CROSS_HOST_WATCHDOG).max(self.suspicion + SUSPICION_MARGIN)
         } else {
             self.watchdog
         }
@@ -251,11 +262,14 @@ mod tests {
     }
 
     #[test]
-    fn across_hosts_the_watchdog_is_at_least_the_cross_host_floor() {
+    fn across_hosts_the_watchdog_outlasts_the_floor_and_the_suspicion_bound() {
         let config = Config::new(["checkpoint"], 2);
+        let past_suspicion = config.suspicion + SUSPICION_MARGIN;
         assert_eq!(config.effective_watchdog(&[0, 0, 0]), config.watchdog);
-        assert_eq!(config.effective_watchdog(&[0, 1, 0]), CROSS_HOST_WATCHDOG);
-        let long = Config { watchdog: CROSS_HOST_WATCHDOG * 2, ..config };
-        assert_eq!(long.effective_watchdog(&[0, 1]), CROSS_HOST_WATCHDOG * 2);
+        assert_eq!(config.effective_watchdog(&[0, 1, 0]), past_suspicion);
+        let short = Config { suspicion: Duration::from_secs(1), ..config.clone() };
+        assert_eq!(short.effective_watchdog(&[0, 1]), CROSS_HOST_WATCHDOG);
+        let long = Config { watchdog: past_suspicion * 2, ..config };
+        assert_eq!(long.effective_watchdog(&[0, 1]), past_suspicion * 2);
     }
 }

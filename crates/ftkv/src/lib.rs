@@ -59,5 +59,7 @@ pub mod txn;
 pub mod txn_log;
 
 pub use error::{Error, Result};
-pub use key::{Config, Detection, Key, Recovery, CROSS_HOST_WATCHDOG, TX_RECORD_KIND};
+pub use key::{
+    Config, Detection, Key, Recovery, CROSS_HOST_WATCHDOG, SUSPICION_MARGIN, TX_RECORD_KIND,
+};
 pub use store::{DefaultFabric, PendingPut, RecoveryReport, RepairReport, Store};

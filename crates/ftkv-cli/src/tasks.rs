@@ -309,7 +309,7 @@ fn run_pool_job(exe: &Path, demo: &Demo, show: bool) -> Result<RunReport> {
     })?;
     ensure!(
         !out.timed_out,
-        "the pool did not finish within {:?}:\n{}{}",
+        "the pool did not finish within {:?}; the ranks' errors:\n{}{}",
         demo.timeout,
         rank_errors(&out),
         tail(&out)
@@ -602,10 +602,13 @@ impl Watch {
     }
 }
 
-/// The ranks' own errors, each message once with the ranks that reported it (`ftkv: ranks
-/// 0-3, 5: ...`), to put first in a failure message.
+/// The ranks' own errors, each message once with the ranks that reported it (`  ranks 0-3,
+/// 5: ...`, indented under the failure message that names them, which the driver prefixes with
+/// `ftkv:` once).
 fn rank_errors(out: &JobOutput) -> String {
-    out.errors_said_once().iter().take(5).map(|l| format!("{l}\n")).collect()
+    let lines = out.errors_said_once();
+    let unprefixed = lines.iter().take(5).map(|l| l.strip_prefix("ftkv: ").unwrap_or(l));
+    unprefixed.map(|l| format!("  {l}\n")).collect()
 }
 
 /// The last 30 lines `rank` printed, on stdout and on stderr, but its error ([`rank_errors`]
@@ -652,7 +655,8 @@ fn result_of(out: &JobOutput, demo: &Demo, watch: &Watch) -> Result<RunReport> {
     for &rank in &survivors {
         let Some(result) = result_of_rank(out, rank)? else {
             bail!(
-                "{}survivor {rank} reported no result; its own last lines:\n{}\n{}",
+                "survivor {rank} reported no result; the ranks' errors:\n{}its own last \
+                 lines:\n{}\n{}",
                 rank_errors(out),
                 own_lines(out, rank),
                 tail(out)
@@ -660,7 +664,12 @@ fn result_of(out: &JobOutput, demo: &Demo, watch: &Watch) -> Result<RunReport> {
         };
         results.push(result);
     }
-    ensure!(!results.is_empty(), "no rank reported a result:\n{}{}", rank_errors(out), tail(out));
+    ensure!(
+        !results.is_empty(),
+        "no rank reported a result; the ranks' errors:\n{}{}",
+        rank_errors(out),
+        tail(out)
+    );
     if let Some(rank) = stopped.filter(|r| failed.contains(r)) {
         ensure!(
             result_of_rank(out, rank)?.is_none(),

@@ -144,6 +144,16 @@ fn thief_killed_mid_steal() {
     }
 }
 
+/// With one copy, the keys whose only holder was the killed rank are lost, and most belong to
+/// live owners: each writes its own again after the global recovery (its checkpoint, and its
+/// loot key as the loot in flight or a deletion), so nothing ends on them and T1 stays exact.
+/// (Before the owners wrote their loot keys again, 3 of 3 such runs ended on "every copy of
+/// key (w, kind 1) was lost" for a live w.)
+#[test]
+fn keys_of_live_owners_lost_with_their_only_holder_are_written_again() {
+    t1_demo(1, &["--copies", "1", "--seed", "2"]);
+}
+
 #[test]
 fn buddy_killed_after_adopting() {
     let out = pool_job(QUEENS, 5, 2, "steal_thief_before_ack@1#1;buddy_after_adopting@2#1");

@@ -439,6 +439,18 @@ impl<'p, P: Problem> Worker<'p, P> {
         vec![Command::Put { slot: Slot::Loot, bytes }]
     }
 
+    /// Writes this worker's loot key again from what it knows, since a global recovery may have
+    /// lost every copy of it while this worker lives: the loot in flight, or a deletion when
+    /// none is (a loot key is deleted as soon as its thief acknowledged it, so without a loot
+    /// in flight the key holds nothing).
+    fn rewrite_loot(&mut self) -> Commands<P::Task> {
+        if self.pending.is_some() {
+            self.store_pending_loot()
+        } else {
+            vec![Command::DeleteLoot { owner: self.me }]
+        }
+    }
+
     fn on_loot(
         &mut self,
         victim: i32,
@@ -602,8 +614,9 @@ impl<'p, P: Problem> Worker<'p, P> {
     }
 
     /// After the store recovered on `live`: forgets the steal and termination state of the old
-    /// communicator, writes the loot in flight again and a fresh checkpoint, synchronises and
-    /// reads everyone's state. `None` when checkpointing is off (a failure is then fatal).
+    /// communicator, writes its loot key again (the loot in flight, or a deletion) and a fresh
+    /// checkpoint, so that keys the recovery lost while this worker lives hold its state again
+    /// (`RecoveryReport::keys_to_rewrite`), synchronises and reads everyone's state. `None` when checkpointing is off (a failure is then fatal).
     pub fn rejoin(&mut self, live: &[i32], now: Duration) -> Option<Commands<P::Task>> {
         if !self.checkpointing() {
             return None;
@@ -615,7 +628,7 @@ impl<'p, P: Problem> Worker<'p, P> {
         self.received_from.fill(0);
         (self.wave, self.quiet_wave, self.done) = (None, None, false);
         self.last_wave = now;
-        let mut commands = self.store_pending_loot();
+        let mut commands = self.rewrite_loot();
         commands.extend(self.checkpoint(now));
         commands.push(Command::Failpoint("rejoin_before_sync"));
         commands.push(Command::Sync);

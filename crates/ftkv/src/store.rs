@@ -29,8 +29,13 @@ pub struct RecoveryReport {
     pub failed: Vec<i32>,
     /// Keys whose newest surviving version was copied to their new holders.
     pub keys_recovered: usize,
-    /// Keys of which no copy survived (never written, or lost to too many failures).
+    /// Keys of failed owners of which no copy survived (never written, or lost to too many
+    /// failures): their data is gone.
     pub keys_lost: Vec<Key>,
+    /// Keys of live owners of which no copy survived (never written, or every holder failed):
+    /// nothing is lost as long as each owner writes its own again, since it knows what it
+    /// wrote. Until then [`Store::get`] reports [`crate::Error::KeyLost`] for them.
+    pub keys_to_rewrite: Vec<Key>,
     /// Recovery attempts (more than 1 when a failure interrupted recovery).
     pub attempts: usize,
     pub duration: Duration,

@@ -304,10 +304,13 @@ impl<F: Fabric> Store<F> {
             self.health.raise_alarm();
         }
         self.start_detector()?;
+        let (keys_to_rewrite, keys_lost) =
+            recovered.lost.into_iter().partition(|key| self.routes.live.contains(&key.owner));
         Ok(RecoveryReport {
             failed,
             keys_recovered: recovered.keys,
-            keys_lost: recovered.lost,
+            keys_lost,
+            keys_to_rewrite,
             attempts,
             duration: started.elapsed(),
         })

@@ -34,6 +34,14 @@ fn wait_for_ranks(driver: &Child, word: &str, count: usize) -> Vec<u32> {
     }
 }
 
+/// The MPI world rank of process `pid` (`PMIX_RANK` in the environment the runtime started it
+/// with); `None` for a process the runtime did not start as a rank.
+fn world_rank(pid: u32) -> Option<usize> {
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    let rank = environ.split(|&b| b == 0).find_map(|var| var.strip_prefix(b"PMIX_RANK="))?;
+    String::from_utf8_lossy(rank).parse().ok()
+}
+
 fn wait_bounded(mut driver: Child, bound: Duration) -> (std::process::ExitStatus, String, String) {
     let mut stdout = driver.stdout.take().expect("stdout");
     let mut stderr = driver.stderr.take().expect("stderr");
@@ -135,19 +143,24 @@ struct Ended {
 /// cannot survive (README, "A host's daemon dying ends the whole job").
 const DAEMON_LOST: &str = "PRTE has lost communication with a remote daemon";
 
-/// Both ranks of one host SIGKILLed at the same moment, 2 s into the deep tree (T3L), while
-/// the pool checkpoints and steals across hosts; `extra` arguments to the demo.
-fn kill_one_hosts_ranks_during_a_demo(extra: &[&str]) -> Ended {
-    let args = ["demo", "--nodes", "3", "-n", "6", "--kills", "0", "--copies", "2"];
+/// 6 ranks over `hosts` simulated hosts (by slot: 0–1, 2–3, 4–5 on 3 hosts; 0–2, 3–5 on 2),
+/// and every rank of the host of rank 5 SIGKILLed at the same moment, 2 s into the deep tree (T3L),
+/// while the pool checkpoints and steals across hosts; `extra` arguments to the demo. Over 2
+/// hosts the survivors hold exactly half of the workers, worker 0 among them, which the quorum
+/// rule lets go on.
+fn kill_one_hosts_ranks_during_a_demo(hosts: usize, extra: &[&str]) -> Ended {
+    let hosts_arg = hosts.to_string();
+    let args = ["demo", "--nodes", &hosts_arg, "-n", "6", "--kills", "0", "--copies", "2"];
     let driver = start(&[&args[..], &["--tree", "T3L", "--timeout", "150"], extra].concat());
     let pid = driver.id();
     let ranks = wait_for_ranks(&driver, "tasks-rank", 6);
     std::thread::sleep(Duration::from_millis(2000));
-    let host = netns_of(ranks[ranks.len() - 1]);
+    let last = ranks.iter().copied().max_by_key(|&p| world_rank(p)).expect("ranks");
+    let host = netns_of(last);
     let victims: Vec<String> =
         ranks.iter().filter(|&&p| netns_of(p) == host).map(|p| p.to_string()).collect();
     let spread: Vec<(u32, String)> = ranks.iter().map(|&p| (p, netns_of(p))).collect();
-    assert_eq!(victims.len(), 2, "6 ranks over 3 hosts put 2 on each: {spread:?}");
+    assert_eq!(victims.len(), 6 / hosts, "6 ranks over {hosts} hosts: {spread:?}");
     let killed = Command::new("kill").arg("-KILL").args(&victims).status().expect("kill");
     assert!(killed.success());
     let (status, stdout, stderr) = wait_bounded(driver, Duration::from_secs(200));
@@ -159,7 +172,7 @@ fn kill_one_hosts_ranks_during_a_demo(extra: &[&str]) -> Ended {
 /// once, and a second one fails the test.
 #[test]
 fn all_ranks_of_one_host_killed_at_once_lose_nothing() {
-    let (stdout, _) = kill_one_hosts_ranks_and_check(&[]);
+    let (stdout, _) = kill_one_hosts_ranks_and_check(3, &[]);
     assert!(!stdout.contains("global recoveries: 0"), "the store recovered globally: {stdout}");
 }
 
@@ -167,20 +180,29 @@ fn all_ranks_of_one_host_killed_at_once_lose_nothing() {
 /// while the other host's workers keep working; nobody stops for a global recovery.
 #[test]
 fn all_ranks_of_one_host_killed_at_once_are_settled_locally() {
-    let (stdout, stderr) = kill_one_hosts_ranks_and_check(&["--recovery", "localized"]);
+    let (stdout, stderr) = kill_one_hosts_ranks_and_check(3, &["--recovery", "localized"]);
     assert!(stdout.contains("global recoveries: 0"), "{stdout}\n{stderr}");
 }
 
-/// Kills one host's ranks during a demo run with `extra` arguments; checks the exact result,
-/// the agreed failures and that no process was left behind. The demo's stdout and stderr.
-fn kill_one_hosts_ranks_and_check(extra: &[&str]) -> (String, String) {
+/// Open MPI's default mapping over 2 hosts (by slot: ranks 0–2 on one, 3–5 on the other) and
+/// 2 copies: the second host's 3 ranks killed together. Placement keeps a copy of every key off
+/// each host, so nothing is lost and the count is exact.
+#[test]
+fn a_host_lost_over_two_hosts_by_slot_loses_nothing() {
+    kill_one_hosts_ranks_and_check(2, &[]);
+}
+
+/// Kills one host's ranks during a demo run over `hosts` hosts with `extra` arguments; checks
+/// the exact result, the agreed failures and that no process was left behind. The demo's
+/// stdout and stderr.
+fn kill_one_hosts_ranks_and_check(hosts: usize, extra: &[&str]) -> (String, String) {
     let _slot = job_slot();
     let shm_before = shm_segments();
-    let mut run = kill_one_hosts_ranks_during_a_demo(extra);
+    let mut run = kill_one_hosts_ranks_during_a_demo(hosts, extra);
     assert_no_leftovers(run.pid, &run.ranks, &shm_before);
     if !run.status.success() && run.stderr.contains(DAEMON_LOST) {
         eprintln!("the runtime lost a daemon and ended the job; once more:\n{}", run.stderr);
-        run = kill_one_hosts_ranks_during_a_demo(extra);
+        run = kill_one_hosts_ranks_during_a_demo(hosts, extra);
         assert_no_leftovers(run.pid, &run.ranks, &shm_before);
     }
     let Ended { status, stdout, stderr, .. } = run;
@@ -188,7 +210,7 @@ fn kill_one_hosts_ranks_and_check(extra: &[&str]) -> (String, String) {
     assert!(stdout.contains("-> MATCH"), "{stdout}");
     assert_eq!(
         list_after(&stdout, "failed ranks as the survivors agreed").len(),
-        2,
+        6 / hosts,
         "{stdout}\n{stderr}"
     );
     let ended = list_after(&stdout, "ranks that ended themselves");

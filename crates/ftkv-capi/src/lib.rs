@@ -22,6 +22,19 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use ftkv::{Config, Error, Key, Store};
 use ftkv_mpi::{c_abi, Mpi};
 
+/// Switches Open MPI's heartbeat detector on ([`ftkv_mpi::default_heartbeat_detector`]: a
+/// rank silent for 10 s is declared failed) when the shared library is loaded, before the
+/// program's `main` and so before its `MPI_Init`, unless the environment configures the
+/// detector (`mpirun --mca mpi_ft_detector ...`). A program linked with the static library
+/// passes the parameters to `mpirun` itself.
+#[used]
+#[link_section = ".init_array"]
+static HEARTBEAT_DETECTOR_ON_LOAD: extern "C" fn() = heartbeat_detector_on_load;
+
+extern "C" fn heartbeat_detector_on_load() {
+    ftkv_mpi::default_heartbeat_detector();
+}
+
 /// An MPI communicator handle as Open MPI's `mpi.h` defines it (a pointer).
 pub type MPI_Comm = *mut c_void;
 

@@ -25,5 +25,7 @@ pub use comm::{Agreed, Comm, Status, ANY_SOURCE, ANY_TAG};
 pub use error::{MpiError, Result};
 pub use hybrid::{HostScope, HostWindow};
 pub use request::{RecvRequest, SendRequest};
-pub use runtime::{end_job, shared_memory_capacity, wtime, Mpi};
+pub use runtime::{
+    default_heartbeat_detector, end_job, shared_memory_capacity, wtime, Mpi, DEFAULT_SUSPICION,
+};
 pub use window::{LockKind, LockedWindow, RmaScope, TargetLock, Window, WindowKind};

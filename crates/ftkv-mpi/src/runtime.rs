@@ -44,7 +44,9 @@ const DEFAULT_HEARTBEAT_PERIOD: std::time::Duration = std::time::Duration::from_
 /// configures it (`OMPI_MCA_mpi_ft_detector`, which `mpirun --mca mpi_ft_detector ...` sets,
 /// `false` included), and each other parameter the environment sets. Open MPI reads them in
 /// `MPI_Init`; every rank of a job runs this with the same environment, so all agree.
-fn default_heartbeat_detector() {
+/// [`Mpi::init`] calls it; a program that initialises MPI itself calls it before `MPI_Init`
+/// (ftkv's C library does when it is loaded).
+pub fn default_heartbeat_detector() {
     if std::env::var_os("OMPI_MCA_mpi_ft_detector").is_some() {
         return;
     }

@@ -66,8 +66,10 @@ impl Launch {
         self
     }
 
-    /// Open MPI's heartbeat failure detector: each rank's detector thread sends a heartbeat
-    /// every `period` and a rank silent for `timeout` is declared failed; the verdict spreads
+    /// Open MPI's heartbeat failure detector: each rank sends a heartbeat every `period` from
+    /// its MPI progress (a store's detector thread makes progress every millisecond; Open
+    /// MPI's own detector thread stays off, see `ftkv_mpi::default_heartbeat_detector`) and a
+    /// rank silent for `timeout` is declared failed; the verdict spreads
     /// by Open MPI's reliable broadcast among the ranks (the default, through the runtime, does
     /// not reach them while a host's daemon is cut off). The only thing in Open MPI that
     /// declares a rank failed that is alive but silent (stopped, cut off).
@@ -77,7 +79,7 @@ impl Launch {
         timeout: std::time::Duration,
     ) -> Launch {
         self.mca("mpi_ft_detector", "true")
-            .mca("mpi_ft_detector_thread", "true")
+            .mca("mpi_ft_detector_thread", "false")
             .mca("mpi_ft_detector_period", &period.as_secs_f64().to_string())
             .mca("mpi_ft_detector_timeout", &timeout.as_secs_f64().to_string())
             .mca("mpi_ft_propagator_with_rbcast", "true")

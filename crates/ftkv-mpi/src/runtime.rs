@@ -44,7 +44,7 @@ const DEFAULT_HEARTBEAT_PERIOD: std::time::Duration = std::time::Duration::from_
 /// every millisecond, not from a thread of Open MPI's own (`mpi_ft_detector_thread`): with that
 /// thread, 4 of 90 failure-free demo runs beside two busy loops ended with a rank aborted by a
 /// signal during start-up or with `MPI_Finalize` stuck on every rank (0 of 40 with the detector
-/// off, 0 of 40 with it driven by progress). A process that makes no MPI call for the whole
+/// off, 0 of 50 with it driven by progress, and 0 of 50 over 3 simulated hosts). A process that makes no MPI call for the whole
 /// timeout while no store is open is declared failed. Leaves the detector alone when the environment already
 /// configures it (`OMPI_MCA_mpi_ft_detector`, which `mpirun --mca mpi_ft_detector ...` sets,
 /// `false` included), and each other parameter the environment sets. Open MPI reads them in

@@ -757,7 +757,12 @@ pub fn recover(store: &mut Store) -> Result<()> {
         failed: report.failed,
         attempts: report.attempts,
         keys_recovered: report.keys_recovered,
-        lost_keys: report.keys_lost.iter().map(|k| (k.owner, k.kind)).collect(),
+        lost_keys: report
+            .keys_lost
+            .iter()
+            .chain(&report.keys_to_rewrite)
+            .map(|k| (k.owner, k.kind))
+            .collect(),
         ms: report.duration.as_secs_f64() * 1e3,
     };
     println!("{}", report_line("recovery", &report));

@@ -37,7 +37,7 @@ pub const DEFAULT_SUSPICION: std::time::Duration = std::time::Duration::from_sec
 const DEFAULT_HEARTBEAT_PERIOD: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Switches Open MPI's heartbeat failure detector on for this process, with a heartbeat every
-/// [`DEFAULT_HEARTBEAT_PERIOD`], the timeout [`DEFAULT_SUSPICION`] and failure notices spread
+/// second, the timeout [`DEFAULT_SUSPICION`] and failure notices spread
 /// by reliable broadcast among the ranks: without it, a rank that stops responding without
 /// dying (SIGSTOP, a frozen host) is never declared failed and every collective recovery waits
 /// for it. The heartbeats go out from MPI progress, which a store's detector thread makes

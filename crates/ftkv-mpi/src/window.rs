@@ -144,7 +144,7 @@ impl Window {
 
     /// `MPI_Win_allocate_shared`: like [`Window::allocate`], for members that all share this
     /// host, whose memory each member can also reach with its own instructions
-    /// ([`Window::shared_segments`]). Fails if a member lives on another host.
+    /// (`MPI_Win_shared_query`). Fails if a member lives on another host.
     pub fn allocate_shared(comm: &Comm, len: usize) -> Result<Window> {
         Window::allocate_with(comm, len, Allocation::Shared)
     }

@@ -157,8 +157,18 @@ int ftkv_needs_recovery(const struct ftkv_store *store);
  * Recovers the store collectively over the survivors: shrinks it to them and copies the
  * newest surviving version of every key to its new holders. Every survivor must call it
  * once it saw `FTKV_RECOVERY_NEEDED` (or `ftkv_needs_recovery`); a survivor that does not
- * holds the others in it. With `copies` = c, up to c − 1 failures between two recoveries
- * lose no acknowledged write.
+ * holds the others in it: they wait however long it takes, and print on stderr, after a
+ * second and then every five seconds, the workers they wait for (`ftkv: worker 0: recovery
+ * waiting for workers [3] to enter step shrink (MPIX_Comm_shrink) (6.0 s so far)...`). With
+ * `copies` = c, up to c − 1 failures between two recoveries lose no acknowledged write.
+ *
+ * The recovery deadline (10 s, plus the time the data to copy takes) runs only while every
+ * live survivor is inside the same step of the recovery, from the moment the last one entered
+ * it: a step stuck inside Open MPI with all of them in it (`MPIX_Comm_shrink` can stay
+ * blocked after a kill during recovery) ends each of them with a message naming the step
+ * (`... stuck in step shrink (MPIX_Comm_shrink)`), and a survivor stuck alone in a step the
+ * others left ends itself while they recover without it. A late survivor never makes the
+ * others end themselves.
  *
  * Completion: `FTKV_OK` on every survivor. Failure: another failure during the recovery
  * restarts it inside the call; `FTKV_RECOVERY_FAILED` when too few ranks are left.

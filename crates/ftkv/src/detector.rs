@@ -480,8 +480,9 @@ impl StuckCall {
     }
 }
 
-/// The steps of a recovery attempt, in order, named for the message of a [`Deadline`] that
-/// expires inside one.
+/// The steps of a recovery attempt, in the order an attempt takes them (the recovery deadline
+/// compares members' steps by it), named for the message of a deadline that expires inside
+/// one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(usize)]
 pub(crate) enum Step {
@@ -522,7 +523,7 @@ impl Step {
     }
 }
 
-/// The step a recovery attempt is in, shared between the store and its [`Deadline`], and the
+/// The step a recovery attempt is in, shared between the store and its deadline, and the
 /// bytes the attempt moves, which extend the deadline ([`SLOWEST_HEALTHY_RATE`]).
 #[derive(Debug, Default)]
 pub(crate) struct StepMarker {
@@ -545,56 +546,7 @@ impl StepMarker {
     }
 
     /// How long the attempt's bytes take at [`SLOWEST_HEALTHY_RATE`].
-    fn allowance(&self) -> Duration {
+    pub fn allowance(&self) -> Duration {
         Duration::from_secs_f64(self.bytes.load(Ordering::Relaxed) as f64 / SLOWEST_HEALTHY_RATE)
-    }
-}
-
-/// Ends the process (fail-stop, through the fabric) unless dropped within its bound: for the
-/// recovery calls that Open MPI can leave stuck on one member, or on all (then the job ends,
-/// each member naming the step it was stuck in). Dropping it wakes and joins its thread, so the
-/// communicator it holds is released before the drop returns.
-pub(crate) struct Deadline {
-    done: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Deadline {
-    /// Watches a recovery attempt whose current step `step` shows.
-    pub fn start<F: Fabric>(comm: Arc<F>, bound: Duration, step: Arc<StepMarker>) -> Deadline {
-        let done = Arc::new(AtomicBool::new(false));
-        let flag = done.clone();
-        let spawned = std::thread::Builder::new().name("ftkv-deadline".into()).spawn(move || {
-            let start = Instant::now();
-            while !flag.load(Ordering::Acquire) {
-                let bound = bound + step.allowance();
-                if start.elapsed() > bound {
-                    comm.fail_stop(&format!(
-                        "a recovery attempt has not ended after {bound:?}: stuck in step {}",
-                        step.get().describe()
-                    ));
-                    return;
-                }
-                std::thread::park_timeout(Duration::from_millis(10));
-            }
-        });
-        let thread = spawned
-            .map_err(|e| {
-                crate::events::warn(format!("cannot start the recovery deadline thread: {e}"))
-            })
-            .ok();
-        Deadline { done, thread }
-    }
-}
-
-impl Drop for Deadline {
-    fn drop(&mut self) {
-        self.done.store(true, Ordering::Release);
-        if let Some(thread) = self.thread.take() {
-            thread.thread().unpark();
-            if thread.join().is_err() {
-                crate::events::warn("the deadline thread panicked");
-            }
-        }
     }
 }

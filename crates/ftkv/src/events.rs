@@ -16,6 +16,11 @@ pub enum Event {
     Warning(String),
     /// A recovery step reached (only when `FTKV_TRACE` is set).
     RecoveryStep { worker: i32, epoch: u64, step: String },
+    /// This worker's recovery has waited `waited` in `step` for the `absent` workers, which
+    /// have not entered that step (most often: not called recover yet) and are not known
+    /// failed. The recovery deadline does not run meanwhile: a late survivor holds the others.
+    /// Raised after a second of waiting, then every five seconds.
+    RecoveryWaiting { worker: i32, step: String, absent: Vec<i32>, waited: std::time::Duration },
 }
 
 impl fmt::Display for Event {
@@ -28,6 +33,12 @@ impl fmt::Display for Event {
             Event::RecoveryStep { worker, epoch, step } => {
                 write!(f, "ftkv: worker {worker} epoch {epoch}: recovery: {step}")
             }
+            Event::RecoveryWaiting { worker, step, absent, waited } => write!(
+                f,
+                "ftkv: worker {worker}: recovery waiting for workers {absent:?} to enter step \
+                 {step} ({:.1} s so far): every survivor must call recover",
+                waited.as_secs_f64()
+            ),
         }
     }
 }
@@ -58,5 +69,18 @@ mod tests {
     fn ending_process_renders_the_line_the_drivers_look_for() {
         let line = Event::EndingProcess("a call has not returned for 2s".into()).to_string();
         assert!(line.starts_with("ftkv:") && line.contains("ending this process"), "{line}");
+    }
+
+    #[test]
+    fn recovery_waiting_names_the_absent_workers() {
+        let event = Event::RecoveryWaiting {
+            worker: 0,
+            step: "shrink (MPIX_Comm_shrink)".into(),
+            absent: vec![3, 4],
+            waited: std::time::Duration::from_millis(6000),
+        };
+        let line = event.to_string();
+        assert!(line.contains("waiting for workers [3, 4] to enter step shrink"), "{line}");
+        assert!(line.contains("(6.0 s so far)"), "{line}");
     }
 }

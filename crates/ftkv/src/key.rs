@@ -79,9 +79,11 @@ pub struct Config {
     pub watchdog: std::time::Duration,
     /// How often the detector thread polls MPI for failures.
     pub poll_interval: std::time::Duration,
-    /// A recovery attempt that has not ended after this long ends the process (fail-stop):
-    /// Open MPI's `MPIX_Comm_shrink` can stay stuck on one member while the others go on
-    /// without it.
+    /// A recovery step that has not ended this long after every live member entered it (plus
+    /// the time the attempt's bytes take) ends the process (fail-stop): Open MPI's
+    /// `MPIX_Comm_shrink` can stay stuck on one member, or on all. A member that has not entered
+    /// the step (a survivor that calls [`Store::recover`](crate::Store::recover) late) stops
+    /// the bound: the others wait for it, however long.
     pub recovery_watchdog: std::time::Duration,
     /// The suspicion bound: how long a rank may be unresponsive (stopped, starved, cut off)
     /// before the others may declare it failed and go on without it. The declaring is done by

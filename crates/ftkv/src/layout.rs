@@ -11,10 +11,21 @@
 //! live holder stays a holder as the failed set grows (fewer live candidates can only precede
 //! it), so only copies that lived on failed workers move. Reserved slots cost address space,
 //! not memory: pages become resident only when a copy is written there.
+//!
+//! Each member's window starts with [`MARKS_LEN`] bytes before its slots: the word at
+//! [`RECOVERY_MARK_AT`] is where the member marks the recovery step it entered, for the others
+//! to read one-sidedly (the store's recovery deadline).
 
 use crate::key::Key;
 use crate::placement::holders;
 use crate::slot::SlotGeometry;
+
+/// The bytes at the start of every member's window before its first slot (a cache line, so
+/// that the mark and the first slot's lock word are not written on the same line).
+pub const MARKS_LEN: usize = 64;
+
+/// The offset of the recovery mark, a little-endian `u64` changed only by compare-and-swap.
+pub const RECOVERY_MARK_AT: usize = 0;
 
 /// One copy's location.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,7 +105,7 @@ impl Layout {
                 let candidates = chain_workers(owner, kind, live, hosts, copies, spares);
                 let chain = candidates.into_iter().map(|worker| {
                     let rank = rank_of[&worker];
-                    let disp = (used[rank] * geometry.slot_len()) as i64;
+                    let disp = (MARKS_LEN + used[rank] * geometry.slot_len()) as i64;
                     used[rank] += 1;
                     if worker == me {
                         local.push((key, disp));
@@ -105,7 +116,7 @@ impl Layout {
             }
         }
         let mine = live.iter().position(|&w| w == me).map_or(0, |r| used[r]);
-        let window_len = mine.max(1) * geometry.slot_len();
+        let window_len = MARKS_LEN + mine.max(1) * geometry.slot_len();
         let mut layout = Layout {
             live: live.to_vec(),
             workers,
@@ -205,7 +216,7 @@ mod tests {
                 live.iter().map(|&me| Layout::compute(&live, &hosts, 2, 2, g, me)).collect();
             for layout in &layouts {
                 assert_eq!(layout.local.len(), 4, "4 keys × 2 copies / 4 ranks on {hosts:?}");
-                assert_eq!(layout.window_len, 4 * g.slot_len());
+                assert_eq!(layout.window_len, MARKS_LEN + 4 * g.slot_len());
             }
             for key in layouts[0].keys() {
                 for copy in layouts[0].route(key).unwrap() {

@@ -30,9 +30,11 @@
 //!   version of every key copied to its new holders. With [`Recovery::Localized`] a failure that
 //!   every key survives is repaired without it: copies move to reserve holders ([`layout`]) and
 //!   only the owners of lost copies copy data, while the other ranks keep writing. Up to `copies − 1` failures between two
-//!   recoveries lose no acknowledged write. A recovery attempt stuck inside Open MPI (shrink can
-//!   stay blocked on one member while the others go on) ends that member after
-//!   [`Config::recovery_watchdog`], a fail-stop like any other.
+//!   recoveries lose no acknowledged write. A recovery step stuck inside Open MPI (shrink can
+//!   stay blocked on one member, or on all) ends the members stuck in it after
+//!   [`Config::recovery_watchdog`], counted from the moment the last live member entered the
+//!   step, a fail-stop like any other; a survivor that calls recover late holds the others
+//!   (they wait and name it), it never makes them end themselves.
 //! - **Fabrics**: the store talks to a [`fabric::Fabric`]: MPI's `ftkv_mpi::Comm` in
 //!   production (the default `mpi` feature), [`fabric::local::LocalCluster`] (ranks as
 //!   threads, killable at named points) for protocol tests; without the `mpi` feature the

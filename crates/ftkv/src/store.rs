@@ -63,6 +63,7 @@ const LOCALIZED_ATTEMPTS: usize = 8;
 mod asynchronous;
 mod create;
 mod data;
+mod deadline;
 mod follow;
 mod recover;
 mod threads;
@@ -100,8 +101,12 @@ pub struct Store<F: Fabric = DefaultFabric> {
     handed: HashMap<Key, u64>,
     health: Arc<Health>,
     detector: Option<Detector>,
-    /// The detector's communicator, on which its thread answers pings.
+    /// The detector's communicator, on which its thread answers pings (and a recovery's
+    /// deadline learns failures).
     watch_comm: Option<Arc<F>>,
+    /// Global recovery attempts begun since creation: the same count on every survivor, since
+    /// each attempt ends in an agreement (the recovery deadline's marks number attempts by it).
+    recovery_attempts: u64,
     lost: Vec<Key>,
     recovered_failed: Vec<i32>,
     /// A failure noticed while the last recovery committed: the alarm stays raised after it.

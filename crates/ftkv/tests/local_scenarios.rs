@@ -467,3 +467,38 @@ fn recovery_places_copies_on_other_hosts_again() {
         assert_eq!((failed, live), (vec![4, 2, 5], vec![0, 1, 3]), "worker {worker}");
     }
 }
+
+/// Issue 24, item 5: a survivor that calls recover long after the recovery deadline (7 times
+/// the 200 ms bound here) holds the others inside their recovery; none of them ends itself,
+/// and every survivor reads every key, the dead worker's too.
+#[test]
+fn a_late_survivor_holds_the_others_past_the_recovery_deadline() {
+    let cluster = LocalCluster::new(4);
+    cluster.arm(1, "holder_dies", 1);
+    let results = within(60, "late survivor".into(), move || {
+        cluster.run(|fabric| {
+            let mut config = config(2);
+            config.recovery_watchdog = std::time::Duration::from_millis(200);
+            let mut store = Store::create(&fabric, config).expect("create");
+            let me = store.worker();
+            store.put(Key::new(me, 0), &value(me, 1, 100)).expect("put");
+            store.sync().expect("sync");
+            fabric_point(&fabric, "holder_dies");
+            common::wait_until("the failure is noticed", || store.needs_recovery());
+            if me == 3 {
+                std::thread::sleep(std::time::Duration::from_millis(1400));
+            }
+            let report = store.recover().expect("recover");
+            let reads: Vec<_> = (0..4).map(|o| store.get(Key::new(o, 0)).expect("get")).collect();
+            (report.failed, reads)
+        })
+    });
+    assert!(results[1].is_none(), "worker 1 was killed");
+    for (rank, result) in results.into_iter().enumerate().filter(|(r, _)| *r != 1) {
+        let (failed, reads) = result.unwrap_or_else(|| panic!("survivor {rank} ended itself"));
+        assert_eq!(failed, vec![1], "rank {rank}");
+        for (owner, read) in reads.into_iter().enumerate() {
+            assert_eq!(read, Some(value(owner as i32, 1, 100)), "rank {rank} reads {owner}");
+        }
+    }
+}

@@ -78,6 +78,7 @@ impl<F: Fabric> Store<F> {
             health,
             detector: None,
             watch_comm: None,
+            recovery_attempts: 0,
             lost: Vec::new(),
             recovered_failed: Vec::new(),
             pending_alarm: false,

@@ -6,9 +6,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::deadline::{Deadline, DeadlineParts};
 use super::{RecoveryReport, Store, Windows};
 use crate::attempt::{self, Command, Event, Fault};
-use crate::detector::{read_allowance, Deadline, Step, StepMarker};
+use crate::detector::{read_allowance, Step, StepMarker};
 use crate::error::{Error, Result};
 use crate::fabric::{Fabric, FabricWindow};
 use crate::key::Key;
@@ -27,8 +28,19 @@ impl<F: Fabric> Store<F> {
     ///
     /// A failure during recovery restarts it. With `copies = c`, up to `c − 1` failures between
     /// two recoveries lose no acknowledged write. Every survivor must call it once it saw
-    /// [`Error::RecoveryNeeded`] (or [`Store::needs_recovery`]); a rank that does not, hangs the
-    /// others' recovery until it does.
+    /// [`Error::RecoveryNeeded`] (or [`Store::needs_recovery`]); a rank that does not, holds
+    /// the others' recovery until it does: they wait however long it takes, and name the workers
+    /// they wait for in [`Event::RecoveryWaiting`](crate::events::Event::RecoveryWaiting) events
+    /// (after a second, then every five seconds).
+    ///
+    /// The recovery deadline ([`Config::recovery_watchdog`](crate::Config::recovery_watchdog),
+    /// plus the time the attempt's bytes take) runs only while every live member is inside the
+    /// same step of the attempt, counted from the moment the last of them entered it (or a member
+    /// was known failed): a step stuck with all of them inside, which Open MPI's shrink or
+    /// agreement can be, ends each of them as a fail-stop failure whose message names the step;
+    /// a member stuck alone in a step the others have left ends itself and the others recover
+    /// without it. Members mark their steps in the windows being replaced, which the others read
+    /// one-sidedly; lateness never ends a process.
     ///
     /// # Example
     ///
@@ -116,7 +128,7 @@ impl<F: Fabric> Store<F> {
     fn execute(
         &mut self,
         command: Command,
-        retained: &Windows<F::Window>,
+        retained: &Arc<Windows<F::Window>>,
         run: &mut AttemptRun<F>,
     ) -> Result<Event> {
         let step = run.step.clone();
@@ -133,8 +145,7 @@ impl<F: Fabric> Store<F> {
                 // Another survivor may be copying a value as large as the largest a put takes.
                 run.step.moves(read_allowance(self.config.max_value));
                 run.deadline = None;
-                let watchdog = self.config.recovery_watchdog;
-                run.deadline = Some(Deadline::start(self.comm.clone(), watchdog, run.step.clone()));
+                run.deadline = Some(self.start_deadline(retained, &run.step));
                 run.step.set(Step::Revoke);
                 self.comm.revoke().map_err(Error::Fabric)?;
                 self.trace(run.epoch, "revoked");
@@ -243,6 +254,10 @@ impl<F: Fabric> Store<F> {
         if committed.alarm {
             self.pending_alarm = true;
         }
+        // Every live member agreed: none is late for the free, and its marks go with it.
+        if let Some(deadline) = &run.deadline {
+            deadline.release_windows();
+        }
         run.step.set(Step::FreeWindow);
         let freed = Windows::close_replaced(retained);
         let epoch = run.epoch;
@@ -344,6 +359,26 @@ impl<F: Fabric> Store<F> {
         }
     }
 
+    /// Starts the deadline of the next attempt (numbered store-wide), whose members mark their
+    /// steps in `retained`.
+    fn start_deadline(
+        &mut self,
+        retained: &Arc<Windows<F::Window>>,
+        step: &Arc<StepMarker>,
+    ) -> Deadline<F::Window> {
+        self.recovery_attempts += 1;
+        Deadline::start(DeadlineParts {
+            comm: self.comm.clone(),
+            failures: self.watch_comm.clone(),
+            health: self.health.clone(),
+            windows: retained.clone(),
+            worker: self.me,
+            bound: self.config.recovery_watchdog,
+            step: step.clone(),
+            attempt: self.recovery_attempts,
+        })
+    }
+
     fn live_ids(&self, shrunk: &F) -> Result<Vec<i32>> {
         Ok(shrunk.ranks_in(&self.origin)?)
     }
@@ -353,7 +388,7 @@ impl<F: Fabric> Store<F> {
 /// deadline, and its windows once opened.
 struct AttemptRun<F: Fabric> {
     step: Arc<StepMarker>,
-    deadline: Option<Deadline>,
+    deadline: Option<Deadline<F::Window>>,
     /// The epoch of the last windows opened: the replaced windows' until the first attempt
     /// opens its own.
     epoch: u64,

@@ -13,7 +13,7 @@ use crate::fabric::{Fabric, FabricResult, FabricWindow};
 use crate::fence::{read_local_slot, Fencer};
 use crate::halves;
 use crate::key::Key;
-use crate::layout::{Copy, Layout};
+use crate::layout::{Copy, Layout, MARKS_LEN, RECOVERY_MARK_AT};
 use crate::slot::{Committed, SlotGeometry, FENCE_LEN, HEADER_LEN};
 
 /// This rank's part of a store's windows of one epoch: its window, with the layout of every
@@ -30,8 +30,8 @@ pub(crate) struct Windows<W> {
 }
 
 impl<W: FabricWindow> Windows<W> {
-    /// Allocates the window of `layout` collectively on `comm`, empties this rank's slot
-    /// headers, opens the lock_all epoch and waits until every rank did, so no put can land
+    /// Allocates the window of `layout` collectively on `comm`, empties this rank's recovery
+    /// mark and slot headers, opens the lock_all epoch and waits until every rank did, so no put can land
     /// before the headers are cleared. Fails with the fabric's error when the allocation or
     /// the barrier does (a process failure among the members, for one).
     pub fn open<F: Fabric<Window = W>>(comm: &F, layout: Layout, epoch: u64) -> Result<Self> {
@@ -41,7 +41,8 @@ impl<W: FabricWindow> Windows<W> {
             let halves = [0, 1].map(|i| (disp + geometry.half_start(i), HEADER_LEN));
             [(disp, FENCE_LEN), halves[0], halves[1]]
         });
-        let window = comm.open_window(layout.window_len, &headers.collect::<Vec<_>>())?;
+        let zeroed: Vec<_> = std::iter::once((0, MARKS_LEN)).chain(headers).collect();
+        let window = comm.open_window(layout.window_len, &zeroed)?;
         comm.barrier()?;
         Ok(Windows { window, layout, epoch, fencer: Fencer::default() })
     }
@@ -122,6 +123,27 @@ impl<W: FabricWindow> Windows<W> {
             free_stale: true,
         };
         self.window.scope(|s| halves::issue_version(s, targets, self.geometry(), &out))
+    }
+
+    /// The recovery mark of the member of rank `rank` in these windows (0 until it marked one):
+    /// read by compare-and-swap, so never torn. Fails with the fabric's error (a failure error
+    /// for a dead member on another host; on this host a dead member's last mark is read).
+    pub fn recovery_mark(&self, rank: i32) -> FabricResult<u64> {
+        self.window.compare_and_swap(rank, RECOVERY_MARK_AT as i64, 0, 0)
+    }
+
+    /// Raises the recovery mark of this member (rank `me`) to `mark`; a higher mark stays.
+    /// Complete when it returns: a member that reads the mark afterwards sees it.
+    pub fn raise_recovery_mark(&self, me: i32, mark: u64) -> FabricResult<()> {
+        let mut held = self.recovery_mark(me)?;
+        while held < mark {
+            let before = self.window.compare_and_swap(me, RECOVERY_MARK_AT as i64, held, mark)?;
+            if before == held {
+                break;
+            }
+            held = before;
+        }
+        Ok(())
     }
 
     /// The window itself, to free or abandon.

@@ -99,6 +99,7 @@ fn one_round(store: &mut Store, round: u32) -> std::result::Result<(), RoundErro
 /// come out of recovery one round apart; without this they would pair their syncs wrongly.
 fn recover_at(store: &mut Store, cause: Error, next: u32) -> Result<u32> {
     ensure!(cause.needs_recovery(), "store call failed: {cause}");
+    join_late(store);
     loop {
         chaos::recover(store)?;
         match lowest_next_round(store, next) {
@@ -106,6 +107,19 @@ fn recover_at(store: &mut Store, cause: Error, next: u32) -> Result<u32> {
             Err(e) if e.needs_recovery() => continue,
             Err(e) => bail!("agreeing on the round failed: {e}"),
         }
+    }
+}
+
+/// With `STORE_LATE_RANK=<w>`, worker `w` sleeps `STORE_LATE_SECONDS` (default 30) before its
+/// first recovery, as an application busy elsewhere would: the others wait for it inside theirs.
+fn join_late(store: &Store) {
+    static LATE_ONCE: std::sync::Once = std::sync::Once::new();
+    let late = std::env::var("STORE_LATE_RANK").ok().and_then(|v| v.parse::<i32>().ok());
+    if late == Some(store.worker()) {
+        LATE_ONCE.call_once(|| {
+            let seconds = env_usize("STORE_LATE_SECONDS", 30) as u64;
+            std::thread::sleep(std::time::Duration::from_secs(seconds));
+        });
     }
 }
 

@@ -309,9 +309,7 @@ fn run_pool_job(exe: &Path, demo: &Demo, show: bool) -> Result<RunReport> {
     let mut launch =
         Launch::new(exe, demo.ranks).args(args).timeout(demo.timeout).transport_from_env();
     if demo.detects_silence() {
-        let timeout = demo.suspicion();
-        let period = (timeout / 10).clamp(Duration::from_millis(100), Duration::from_secs(1));
-        launch = launch.heartbeat_detector(period, timeout);
+        launch = launch.suspicion_detector(demo.suspicion());
     }
     let (out, watch) = crate::launch::with_start_retries("[demo]", || {
         let (out, watch) = watch_pool_job(&launch, demo, show)?;

@@ -60,4 +60,5 @@ pub mod txn_log;
 
 pub use error::{Error, Result};
 pub use key::{Config, Detection, Key, Recovery, CROSS_HOST_WATCHDOG, TX_RECORD_KIND};
+pub use recovery::keeps_quorum;
 pub use store::{DefaultFabric, PendingPut, RecoveryReport, RepairReport, Store};

@@ -31,7 +31,10 @@ pub fn killable_hosts(host_of_rank: &[Option<usize>], alive: &[usize]) -> Vec<us
 /// One simulated host whose ranks are all SIGKILLed at a planned moment.
 #[derive(Debug)]
 pub struct HostKill {
+    /// Counted from the moment every rank's pid is known (start-up over simulated hosts takes
+    /// about as long as a short run).
     at: Duration,
+    ready: Option<Duration>,
     /// The host killed, once it was.
     pub host: Option<usize>,
     /// Its ranks that were SIGKILLed.
@@ -43,10 +46,10 @@ impl HostKill {
     pub fn planned(rng: &mut SmallRng, duration: Duration) -> HostKill {
         let d = duration.as_secs_f64();
         let at = Duration::from_secs_f64(rng.gen_range(0.2 * d..0.8 * d));
-        HostKill { at, host: None, ranks: Vec::new() }
+        HostKill { at, ready: None, host: None, ranks: Vec::new() }
     }
 
-    /// When due and every rank's pid is known: SIGKILLs every live rank of a random host among
+    /// When due (its moment after every rank's pid became known): SIGKILLs every live rank of a random host among
     /// [`killable_hosts`] and returns those ranks (empty otherwise). Fails when the job runs on
     /// no simulated hosts or no host can be lost while the rest keep the store.
     pub fn step(
@@ -57,7 +60,11 @@ impl HostKill {
         ranks: usize,
         rng: &mut SmallRng,
     ) -> Result<Vec<usize>> {
-        if self.host.is_some() || job.elapsed() < self.at || pids.len() < ranks {
+        if self.host.is_some() || pids.len() < ranks {
+            return Ok(Vec::new());
+        }
+        let ready = *self.ready.get_or_insert(job.elapsed());
+        if job.elapsed() < ready + self.at {
             return Ok(Vec::new());
         }
         let cluster = job.cluster().context("--kill-host needs simulated hosts (--nodes)")?;

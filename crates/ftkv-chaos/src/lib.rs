@@ -383,7 +383,8 @@ fn rank_launch(exe: &std::path::Path, campaign: &Campaign, seed: u64) -> Launch 
     if campaign.stop.is_some() {
         args.extend(["--suspicion-ms".to_owned(), STOP_SUSPICION.as_millis().to_string()]);
     }
-    let stall = if campaign.stop.is_some() { STALL_LENGTH + STOP_SUSPICION } else { Duration::ZERO };
+    let stall =
+        if campaign.stop.is_some() { STALL_LENGTH + STOP_SUSPICION } else { Duration::ZERO };
     let launch = Launch::new(exe, campaign.ranks)
         .args(args)
         .env("FTKV_TRACE", "1")
@@ -966,7 +967,9 @@ mod tests {
     fn local_reads_and_losses_are_judged_by_owner_and_report() {
         let mut h = Histories::default();
         let write = |kind, seq, acked| WriteReport { kind, seq, delete: false, acked };
-        for (rank, w) in [(1, write(0, 4, false)), (1, write(0, 4, true)), (2, write(0, 7, true))] {
+        let writes = [(1, write(0, 4, false)), (1, write(0, 4, true))];
+        for (rank, w) in writes.into_iter().chain([(2, write(0, 7, false)), (2, write(0, 7, true))])
+        {
             parse_line(&mut h, rank, &report_line("write", &w));
         }
         let read = |owner, read| FinalRead { owner, kind: 0, read };
@@ -980,7 +983,13 @@ mod tests {
         }
         let reported = BTreeSet::from([(1, 0), (2, 0)]);
         let v = judge_all(&h, &[0, 2], 3, &reported);
-        let want = Verdict { acked: 2, reported_lost: 1, unaccounted: 1, local_reads: 1, ..Verdict::default() };
+        let want = Verdict {
+            acked: 2,
+            reported_lost: 1,
+            unaccounted: 1,
+            local_reads: 1,
+            ..Verdict::default()
+        };
         assert_eq!(v, want, "1 is dead and reported lost; 2 lives and never wrote its key again");
         let unreported = judge_all(&h, &[0], 3, &BTreeSet::new());
         assert_eq!(unreported.unaccounted, 2);

@@ -88,7 +88,14 @@ mod tests {
             ("live owner rewrote", &rewritten, Live, true, Observed::Seq(1), Allowed),
             ("rewrite then in flight", &rewritten, Live, true, Observed::Seq(2), LostWrite),
             ("rewrite of nothing", &never_acked_deleted, Live, true, Observed::Absent, Allowed),
-            ("old put after rewrite", &never_acked_deleted, Live, true, Observed::Seq(4), LostWrite),
+            (
+                "old put after rewrite",
+                &never_acked_deleted,
+                Live,
+                true,
+                Observed::Seq(4),
+                LostWrite,
+            ),
             ("dead owner's rewrite", &rewritten, Dead, true, Observed::Seq(1), Allowed),
         ];
         for (case, ops, owner, reported, observed, want) in table {

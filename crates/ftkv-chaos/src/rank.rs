@@ -179,9 +179,10 @@ impl Writer {
             ensure!(Instant::now() < bound, "the store did not learn of {known} failures in 30 s");
             std::thread::sleep(Duration::from_millis(1));
         }
-        let read = self.store.follow().and_then(|()| {
-            report_finals(&mut self.store, workers, "final_local")
-        });
+        let read = self
+            .store
+            .follow()
+            .and_then(|()| report_finals(&mut self.store, workers, "final_local"));
         if let Err(e) = read {
             ensure!(e.needs_recovery(), "reading on the localized store failed: {e}");
         }

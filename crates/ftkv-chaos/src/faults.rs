@@ -182,12 +182,15 @@ fn ended_after_stall(out: &JobOutput, rank: usize) -> bool {
 mod tests {
     use super::*;
 
+    /// Case, host of each rank, live ranks, the hosts that may be killed.
+    type HostCase<'a> = (&'a str, &'a [Option<usize>], Vec<usize>, Vec<usize>);
+
     #[test]
     fn a_host_may_be_killed_only_when_the_rest_keep_the_quorum() {
         let by_slot = [Some(0), Some(0), Some(0), Some(1), Some(1), Some(1)];
         let by_node = [Some(0), Some(1), Some(2), Some(0), Some(1), Some(2)];
         let all: Vec<usize> = (0..6).collect();
-        let table: Vec<(&str, &[Option<usize>], Vec<usize>, Vec<usize>)> = vec![
+        let table: Vec<HostCase> = vec![
             ("2 hosts: the half without rank 0", &by_slot, all.clone(), vec![1]),
             ("3 hosts by node: any", &by_node, all.clone(), vec![0, 1, 2]),
             ("a host already dead: half with rank 0", &by_node, vec![0, 1, 3, 4], vec![1]),

@@ -70,12 +70,15 @@ mod tests {
         Op { seq, delete, acked }
     }
 
+    /// Case, history, owner, reported lost, read, verdict.
+    type KeyCase<'a> = (&'a str, &'a [Op], Owner, bool, Observed, KeyVerdict);
+
     #[test]
     fn key_verdict_table() {
         let acked = [op(1, false, true), op(2, false, true), op(3, false, false)];
         let rewritten = [op(1, false, true), op(2, false, false), op(1, false, true)];
         let never_acked_deleted = [op(4, false, false), op(0, true, true)];
-        let table: Vec<(&str, &[Op], Owner, bool, Observed, KeyVerdict)> = vec![
+        let table: Vec<KeyCase> = vec![
             ("last acked", &acked, Live, false, Observed::Seq(2), Allowed),
             ("in flight", &acked, Dead, false, Observed::Seq(3), Allowed),
             ("older than acked", &acked, Live, false, Observed::Seq(1), LostWrite),

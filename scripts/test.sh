@@ -62,6 +62,17 @@ across_hosts 300 target/release/ftkv chaos --nodes 3 --runs 2 --ranks 6 --copies
 step "chaos across 3 simulated hosts over slow links (20 Mbit/s, tc tbf): 2 runs, 1 kill each"
 across_hosts 300 target/release/ftkv chaos --nodes 3 --runs 2 --ranks 6 --copies 2 --kills 1 \
   --duration 4 --slow-links 20mbit --seed 3
+step "chaos with localized recovery: 3 runs, 1 kill each; 2 runs, 3 copies, 2 kills each"
+target/release/ftkv chaos --recovery localized --runs 3 --ranks 6 --copies 2 --kills 1 --seed 1
+target/release/ftkv chaos --recovery localized --runs 2 --ranks 6 --copies 3 --kills 2 --seed 1
+step "chaos, a rank SIGSTOPped 1 s in past the suspicion bound: 1 run each, global and localized"
+target/release/ftkv chaos --runs 1 --ranks 6 --copies 2 --kills 0 --stop 1 --seed 1
+target/release/ftkv chaos --recovery localized --runs 1 --ranks 6 --copies 2 --kills 0 --stop 1 --seed 2
+step "chaos, one simulated host's ranks SIGKILLed at once: 2 hosts by slot, 3 hosts by node"
+across_hosts 300 target/release/ftkv chaos --nodes 2 --kill-host --runs 2 --ranks 6 --copies 2 \
+  --kills 0 --seed 1
+across_hosts 300 target/release/ftkv chaos --nodes 3 --map-by node --kill-host --runs 2 --ranks 6 \
+  --copies 2 --kills 0 --recovery localized --seed 1
 # Campaigns with a second kill during recovery (`--kills 2`) are run by hand: a kill that lands
 # inside MPIX_Comm_shrink can leave Open MPI 5.0.11's shrink stuck on every survivor (see the
 # README), which no store design can prevent and which would make CI flaky.

@@ -1,5 +1,7 @@
 //! `ftkv chaos`: randomized SIGKILL campaigns under real `mpirun --with-ft ulfm`, checked
-//! against the history of acknowledged writes.
+//! against the history of acknowledged writes, with global or localized recovery
+//! (`--recovery`), whole simulated hosts SIGKILLed (`--kill-host`) and a rank SIGSTOPped past
+//! the suspicion bound (`--stop`).
 //!
 //! Who died is what the survivors agreed on (their [`DoneReport`]s), not what the driver
 //! killed: a rank killed from outside counts like one the driver killed, and so does one that
@@ -8,27 +10,33 @@
 //! Every rank loops put/delete on its own keys with self-describing values (`values`), printing
 //! a [`WriteReport`] before and again after each acknowledged write (`write {json}` lines). The
 //! driver SIGKILLs ranks from outside at random moments (every second kill as soon as a
-//! survivor reports that it is recovering), then reads every survivor's [`FinalRead`]s and
-//! judges each key: the value must be the last acknowledged write
-//! or one tried after it (in flight at a death), never older, never torn.
+//! survivor reports that it is recovering, or with localized recovery that it noticed the
+//! failure), then reads every survivor's [`FinalRead`]s and judges each key ([`oracle`]): the
+//! value must be the last acknowledged write or one tried after it (in flight at a death),
+//! never older, never torn; a dead owner's key may be lost only when a recovery reported it.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
-use ftkv::{Config, Key, Store};
-use ftkv_mpi::Mpi;
+use ftkv::Recovery;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
 pub use ftkv::history::{allowed, Observed, Op};
-use ftkv::history::{observe, planned_write, value};
 use ftkv_launch::args::{self, Opt};
-use ftkv_launch::launch::{
-    kill_random_rank, report_line, union_of_failed, JobOutput, Launch, RunningJob,
-};
+use ftkv_launch::cluster::Hosts;
+use ftkv_launch::launch::{kill_random_rank, union_of_failed, JobOutput, Launch, RunningJob};
 use ftkv_launch::rank_errors::find_rank_error;
+
+pub mod faults;
+pub mod oracle;
+mod rank;
+
+use faults::{HostKill, Stall, StallOutcome};
+use oracle::{judge_key, may_lose_keys, KeyVerdict, Owner};
+pub use rank::{failed_workers, finish, rank_main, recover, RankArgs};
 
 /// Campaign parameters.
 #[derive(Debug, Clone)]
@@ -47,7 +55,24 @@ pub struct Campaign {
     pub slow_links: Option<String>,
     /// Directory that receives the whole transcript of every failed run (`seed-<seed>.txt`).
     pub transcripts: Option<std::path::PathBuf>,
+    /// How the ranks' store repairs failures.
+    pub recovery: Recovery,
+    /// SIGSTOP one random rank this long after the start, for [`STALL_LENGTH`] (longer than
+    /// the suspicion bound [`STOP_SUSPICION`]), then SIGCONT it.
+    pub stop: Option<Duration>,
+    /// SIGKILL every rank of one simulated host at once, at a random moment (needs
+    /// `--nodes` 2 or more).
+    pub kill_host: bool,
 }
+
+/// The suspicion bound of runs with `--stop`: Open MPI's heartbeat detector declares a rank
+/// silent this long failed, and the store's own check ends a rank that did not run for half of
+/// it (the bound `tests/failures.rs` tests the demo's stop with).
+pub const STOP_SUSPICION: Duration = Duration::from_secs(3);
+
+/// How long a `--stop` keeps its rank stopped: twice the suspicion bound, so the detector has
+/// declared it well before it runs again.
+pub const STALL_LENGTH: Duration = Duration::from_secs(6);
 
 /// The campaign's summary (the JSON `ftkv chaos --json` writes).
 #[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
@@ -83,6 +108,17 @@ pub struct Summary {
     pub fenced: usize,
     /// Ranks of a cut-off host that finished as if they were the store (a split brain).
     pub split_brain: usize,
+    /// Hosts whose ranks were all SIGKILLed at once (`--kill-host`).
+    pub host_kills: usize,
+    /// Ranks SIGSTOPped past the suspicion bound (`--stop`).
+    pub stalls: usize,
+    /// Of those, ranks that were not declared failed, rejoined, or ended without saying why.
+    pub stall_failures: usize,
+    /// Reads of a key as lost that no recovery reported, or of a live owner's key that its
+    /// owner had not written again.
+    pub unaccounted_losses: u64,
+    /// Reads judged on localized stores before the final global recovery (`final_local`).
+    pub local_reads: u64,
     pub failed_runs: usize,
 }
 
@@ -98,12 +134,44 @@ impl Campaign {
                 "--cut-link {at:?} must fall inside the run's --duration {:?}",
                 self.duration
             );
-            let nodes = ftkv_launch::cluster::Hosts::from_env()?;
+            let nodes = Hosts::from_env()?;
             ensure!(
-                matches!(nodes, ftkv_launch::cluster::Hosts::Simulated(n) if n >= 3),
+                matches!(nodes, Hosts::Simulated(n) if n >= 3),
                 "--cut-link needs --nodes 3 or more (a majority must stay connected)"
             );
         }
+        if let Some(at) = self.stop {
+            ensure!(self.cut_link.is_none(), "--stop and --cut-link cannot be combined");
+            ensure!(
+                at < self.duration,
+                "--stop {at:?} must fall inside the run's --duration {:?}",
+                self.duration
+            );
+            let failures = Opt::new("--kills (with --stop)", self.kills + 1);
+            args::check_kills(failures, ranks)?;
+        }
+        if self.kill_host {
+            self.validate_host_kill()?;
+        }
+        Ok(())
+    }
+
+    /// `--kill-host` needs simulated hosts, 2 or more, and must leave at least 2 ranks after
+    /// the largest host and the single kills are gone.
+    fn validate_host_kill(&self) -> Result<()> {
+        let Hosts::Simulated(nodes) = Hosts::from_env()? else {
+            bail!("--kill-host needs simulated hosts: --nodes 2 or more");
+        };
+        ensure!(nodes >= 2, "--kill-host needs --nodes 2 or more, got --nodes {nodes}");
+        let largest = self.ranks.div_ceil(nodes);
+        let gone = largest + self.kills + usize::from(self.stop.is_some());
+        ensure!(
+            gone + 2 <= self.ranks,
+            "--kill-host on --nodes {nodes} ({largest} ranks per host) with --kills {} must leave \
+             at least 2 of --ranks {} alive",
+            self.kills,
+            self.ranks
+        );
         Ok(())
     }
 }
@@ -132,6 +200,11 @@ pub fn run(exe: &std::path::Path, campaign: &Campaign) -> Result<Summary> {
         summary.fenced += result.fenced;
         summary.split_brain += result.split_brain;
         summary.keys_lost_in_recovery += result.lost_in_recovery;
+        summary.host_kills += usize::from(result.host_killed);
+        summary.stalls += usize::from(result.stall.is_some());
+        summary.stall_failures += usize::from(result.stall.is_some_and(|s| !s.ok()));
+        summary.unaccounted_losses += result.verdict.unaccounted;
+        summary.local_reads += result.verdict.local_reads;
         let failed = result.failed(campaign.copies);
         summary.failed_runs += failed as usize;
         progress.line(&format!("{:>3}/{} seed={seed} {}", run + 1, campaign.runs, result.line()));
@@ -169,6 +242,12 @@ struct RunResult {
     fenced: usize,
     /// Ranks of the cut host that finished as the store.
     split_brain: usize,
+    /// A host's ranks were SIGKILLed at once.
+    host_killed: bool,
+    /// The only failures injected were one host's ranks: no key may be lost.
+    host_kill_only: bool,
+    /// What became of the rank stopped past the suspicion bound.
+    stall: Option<StallOutcome>,
     transcript_tail: String,
     transcript: String,
 }
@@ -179,10 +258,12 @@ impl RunResult {
     /// run whose survivors all ended stuck inside Open MPI's recovery counts apart.
     fn failed(&self, copies: usize) -> bool {
         let v = &self.verdict;
-        let unexplained_loss = v.reported_lost > 0 && self.widest_recovery < copies;
+        let may_lose = may_lose_keys(copies, self.widest_recovery, self.host_kill_only);
+        let unexplained_loss = v.reported_lost > 0 && !may_lose;
         self.hung
             || self.split_brain > 0
-            || v.lost + v.torn > 0
+            || v.lost + v.torn + v.unaccounted > 0
+            || self.stall.is_some_and(|s| !s.ok())
             || unexplained_loss
             || self.unexplained
             || (self.none_finished && !self.stuck)
@@ -200,6 +281,15 @@ impl RunResult {
         if self.cut > 0 {
             kills += &format!(" cut={} fenced={}", self.cut, self.fenced);
         }
+        if self.host_killed {
+            kills += " (a host)";
+        }
+        if let Some(s) = self.stall {
+            kills += &format!(
+                " stall(declared={} ended_itself={} rejoined={})",
+                s.declared, s.ended_itself, s.rejoined
+            );
+        }
         let v = &self.verdict;
         let verdict = match (self.hung, self.stuck, self.unexplained || self.none_finished) {
             (true, _, _) => "HANG",
@@ -208,8 +298,8 @@ impl RunResult {
             _ => "ok",
         };
         format!(
-            "kills={kills} acked={} lost={} torn={} reported_lost={} {verdict}",
-            v.acked, v.lost, v.torn, v.reported_lost
+            "kills={kills} acked={} lost={} torn={} reported_lost={} unaccounted={} {verdict}",
+            v.acked, v.lost, v.torn, v.reported_lost, v.unaccounted
         )
     }
 }
@@ -251,39 +341,21 @@ fn run_attempt(
     campaign: &Campaign,
     seed: u64,
 ) -> Result<(RunResult, Start)> {
-    let millis = campaign.duration.as_millis().to_string();
-    let args = ["chaos-rank", &campaign.copies.to_string(), &millis, &seed.to_string()];
-    let mut launch = Launch::new(exe, campaign.ranks)
-        .args(args)
-        .args(["--watchdog-ms", &watchdog_for(campaign).as_millis().to_string()])
-        .env("FTKV_TRACE", "1")
-        .timeout(campaign.duration + Duration::from_secs(40));
-    if campaign.cut_link.is_some() {
-        launch = with_failure_detector(launch);
-    }
-    let mut job = launch.spawn()?;
+    let mut job = rank_launch(exe, campaign, seed).spawn()?;
     if let Some(rate) = &campaign.slow_links {
         let Some(cluster) = job.cluster() else { bail!("--slow-links needs --nodes") };
         cluster.throttle_links(rate, "20ms")?;
     }
     let mut rng = SmallRng::seed_from_u64(seed);
-    let mut killer = Killer::plan(&mut rng, campaign);
-    let mut cut = campaign.cut_link.map(LinkCut::planned);
+    let mut faults = Faults::plan(&mut rng, campaign);
     while let Some(line) = job.next_line(Duration::from_millis(2)).or_else(|| idle(&mut job)) {
-        killer.observe(&line);
-        killer.maybe_kill(&job, &mut rng)?;
-        if let Some(cut) = &mut cut {
-            cut.observe(&line);
-            cut.step(&job, &killer, campaign.ranks, &mut rng)?;
-        }
+        faults.step(&job, &line, campaign.ranks, &mut rng)?;
     }
-    let restored = cut.as_mut().map(|c| c.restore(&job)).transpose()?;
+    let restored = faults.cut.as_mut().map(|c| c.restore(&job)).transpose()?;
     let out = job.finish()?;
-    let mut result = classify(&out, campaign.ranks, &killer.killed);
-    if let Some(cut) = &cut {
-        cut.judge(&out, campaign.ranks, &mut result, restored == Some(true));
-    }
-    let cut_missed = cut.as_ref().is_some_and(|c| c.host.is_none());
+    let mut result = classify(&out, campaign.ranks, &faults.faulted());
+    faults.judge(&out, campaign, &mut result, restored == Some(true));
+    let cut_missed = faults.cut.as_ref().is_some_and(|c| c.host.is_none());
     let start = if out.never_started() {
         Start::NeverStarted
     } else if cut_missed && result.failed(campaign.copies) {
@@ -294,13 +366,120 @@ fn run_attempt(
     Ok((result, start))
 }
 
-/// The store's watchdog bound: the default, or with a cut link long enough for the failure
-/// detector to declare every rank of the cut host failed (it declares one after another, each
-/// after its own timeout), so that the watchdog does not end the writers on the connected side.
+/// The `mpirun` job of one run: the rank program with the campaign's store settings, and
+/// Open MPI's heartbeat detector when a link is cut or a rank stopped.
+fn rank_launch(exe: &std::path::Path, campaign: &Campaign, seed: u64) -> Launch {
+    let mut args = vec![
+        "chaos-rank".to_owned(),
+        campaign.copies.to_string(),
+        campaign.duration.as_millis().to_string(),
+        seed.to_string(),
+        "--watchdog-ms".to_owned(),
+        watchdog_for(campaign).as_millis().to_string(),
+    ];
+    if campaign.recovery == Recovery::Localized {
+        args.push("--localized".to_owned());
+    }
+    if campaign.stop.is_some() {
+        args.extend(["--suspicion-ms".to_owned(), STOP_SUSPICION.as_millis().to_string()]);
+    }
+    let stall =
+        if campaign.stop.is_some() { STALL_LENGTH + STOP_SUSPICION } else { Duration::ZERO };
+    let launch = Launch::new(exe, campaign.ranks)
+        .args(args)
+        .env("FTKV_TRACE", "1")
+        .timeout(campaign.duration + Duration::from_secs(40) + stall);
+    if campaign.cut_link.is_some() {
+        with_failure_detector(launch)
+    } else if campaign.stop.is_some() {
+        launch.suspicion_detector(STOP_SUSPICION)
+    } else {
+        launch
+    }
+}
+
+/// Every fault planned for one run and what became of it.
+struct Faults {
+    killer: Killer,
+    host: Option<HostKill>,
+    stall: Option<Stall>,
+    cut: Option<LinkCut>,
+    /// Single kills were planned besides a host kill or a stall.
+    single_kills: bool,
+}
+
+impl Faults {
+    /// Draws the run's faults from `rng` (single kills first, so a seed kills as it did before
+    /// host kills existed).
+    fn plan(rng: &mut SmallRng, campaign: &Campaign) -> Faults {
+        let killer = Killer::plan(rng, campaign);
+        let host = campaign.kill_host.then(|| HostKill::planned(rng, campaign.duration));
+        let stall = campaign.stop.map(|at| Stall::planned(at, STALL_LENGTH));
+        let cut = campaign.cut_link.map(LinkCut::planned);
+        Faults { killer, host, stall, cut, single_kills: campaign.kills > 0 }
+    }
+
+    /// Takes in one output line and injects whatever fault is due.
+    fn step(
+        &mut self,
+        job: &RunningJob,
+        line: &(Option<usize>, String),
+        ranks: usize,
+        rng: &mut SmallRng,
+    ) -> Result<()> {
+        self.killer.observe(line);
+        let stalled = self.stall.as_ref().and_then(Stall::rank);
+        self.killer.maybe_kill(job, rng, stalled)?;
+        if let Some(host) = &mut self.host {
+            let gone = self.killer.killed.iter().copied().chain(stalled).collect::<Vec<_>>();
+            let killed = host.step(job, &self.killer.pids, &gone, ranks, rng)?;
+            self.killer.killed.extend(killed);
+        }
+        if let Some(stall) = &mut self.stall {
+            stall.step(job, &self.killer.pids, &self.killer.killed, ranks, rng)?;
+        }
+        if let Some(cut) = &mut self.cut {
+            cut.observe(line);
+            cut.step(job, &self.killer, ranks, rng)?;
+        }
+        Ok(())
+    }
+
+    /// The ranks this driver took out: SIGKILLed (alone or with their host) or stopped.
+    fn faulted(&self) -> Vec<usize> {
+        let stalled = self.stall.as_ref().and_then(Stall::rank);
+        self.killer.killed.iter().copied().chain(stalled).collect()
+    }
+
+    /// Completes `result` with what the host kill, the stall and the cut did. A planned host
+    /// kill or stall that never happened leaves the run unexplained.
+    fn judge(&self, out: &JobOutput, campaign: &Campaign, result: &mut RunResult, cut: bool) {
+        result.kills = self.killer.killed.len();
+        let host_killed = self.host.as_ref().is_some_and(|h| h.host.is_some());
+        result.host_killed = host_killed;
+        let others = self.single_kills || self.stall.is_some() || self.cut.is_some();
+        result.host_kill_only = host_killed && !others;
+        if let Some(stall) = &self.stall {
+            result.stall = stall.outcome(out, &agreed_failed(out, campaign.ranks));
+            result.unexplained |= result.stall.is_none();
+        }
+        result.unexplained |= self.host.is_some() && !host_killed;
+        if let Some(link) = &self.cut {
+            link.judge(out, campaign.ranks, result, cut);
+        }
+    }
+}
+
+/// The store's watchdog bound: the default; with a stopped rank, 2 s more than the suspicion
+/// bound (a put to a silent holder waits until the detector declares it, as in `ftkv demo
+/// --stop`); with a cut link long enough for the failure detector to declare every rank of
+/// the cut host failed (it declares one after another, each after its own timeout), so that
+/// the watchdog does not end the writers on the connected side.
 fn watchdog_for(campaign: &Campaign) -> Duration {
-    match campaign.cut_link {
-        None => ftkv::Config::new(["checkpoint"], 1).watchdog,
-        Some(_) => Duration::from_secs(8),
+    match (campaign.cut_link, campaign.stop) {
+        (Some(_), _) => Duration::from_secs(8),
+        (None, Some(_)) => STOP_SUSPICION + Duration::from_secs(2),
+        (None, None) => ftkv::Config::new(["checkpoint"], 1).watchdog,
     }
 }
 
@@ -429,37 +608,52 @@ fn classify(out: &ftkv_launch::launch::JobOutput, ranks: usize, killed: &[usize]
     let ended: Vec<usize> = not_killed.filter(|r| !finished.contains(r)).collect();
     let fail_stop = |r: &&usize| ended_as_fail_stop(out, **r);
     let outside = ended.iter().filter(|r| agreed_failed.contains(r) && !fail_stop(r)).count();
-    let (widest_recovery, lost_in_recovery) = recoveries(out, ranks);
+    let recoveries = recoveries(out, ranks);
     RunResult {
         cut: 0,
         fenced: 0,
         split_brain: 0,
+        host_killed: false,
+        host_kill_only: false,
+        stall: None,
         kills: killed.len(),
-        verdict: judge_all(&histories, &finished, ranks),
+        verdict: judge_all(&histories, &finished, ranks, &recoveries.lost_keys),
         hung: out.timed_out,
         unexplained: !unfinished.iter().all(|&r| ended_as_fail_stop(out, r)),
         none_finished: finished.is_empty(),
         fail_stops: ended.iter().filter(fail_stop).count(),
         outside,
         stuck: ended.iter().any(|&r| ended_stuck_in_recovery(out, r)),
-        widest_recovery,
-        lost_in_recovery,
+        widest_recovery: recoveries.widest,
+        lost_in_recovery: recoveries.lost_in_recovery,
         transcript_tail: diagnose(out, killed, &unfinished),
         transcript: out.transcript(),
     }
 }
 
-/// From every rank's [`RecoveryReport`]s: the most workers one recovery reported failed, and
-/// the most keys any one survivor heard reported lost in all. A report that does not parse
-/// counts as none (the rank died while writing it).
-fn recoveries(out: &JobOutput, ranks: usize) -> (usize, u64) {
-    let (mut widest, mut lost) = (0, 0);
+/// What the recoveries of one run reported, over every rank's [`RecoveryReport`]s.
+#[derive(Debug, Default)]
+struct Recoveries {
+    /// The most workers one recovery reported failed.
+    widest: usize,
+    /// The most keys any one survivor heard reported lost in all.
+    lost_in_recovery: u64,
+    /// Every key any recovery reported lost.
+    lost_keys: BTreeSet<(i32, u16)>,
+}
+
+/// Reads every rank's [`RecoveryReport`]s; a report that does not parse counts as none (the
+/// rank died while writing it).
+fn recoveries(out: &JobOutput, ranks: usize) -> Recoveries {
+    let mut all = Recoveries::default();
     for rank in 0..ranks {
         let reports: Vec<RecoveryReport> = out.rank_reports(rank, "recovery").unwrap_or_default();
-        widest = reports.iter().map(|r| r.failed.len()).fold(widest, usize::max);
-        lost = lost.max(reports.iter().map(|r| r.lost_keys.len() as u64).sum());
+        all.widest = reports.iter().map(|r| r.failed.len()).fold(all.widest, usize::max);
+        let lost = reports.iter().map(|r| r.lost_keys.len() as u64).sum();
+        all.lost_in_recovery = all.lost_in_recovery.max(lost);
+        all.lost_keys.extend(reports.iter().flat_map(|r| r.lost_keys.iter().copied()));
     }
-    (widest, lost)
+    all
 }
 
 /// Rank `rank`'s [`DoneReport`], if it finished (and wrote one that parses).
@@ -531,7 +725,8 @@ fn idle(job: &mut RunningJob) -> Option<(Option<usize>, String)> {
 struct Killer {
     pids: HashMap<usize, u32>,
     killed: Vec<usize>,
-    /// Per planned kill: a time after start, or `None` for "as soon as a survivor recovers".
+    /// Per planned kill: a time after start, or `None` for "as soon as a survivor recovers"
+    /// (or, with localized recovery, noticed the failure).
     plan: Vec<Option<Duration>>,
     recovering_seen: bool,
 }
@@ -550,12 +745,20 @@ impl Killer {
         if let Some(pid) = text.strip_prefix("pid=").and_then(|p| p.trim().parse().ok()) {
             self.pids.insert(*rank, pid);
         }
-        if text.starts_with("recovering") && !self.killed.is_empty() {
+        let repairing = text.starts_with("recovering") || text.starts_with("noticed ");
+        if repairing && !self.killed.is_empty() {
             self.recovering_seen = true;
         }
     }
 
-    fn maybe_kill(&mut self, job: &RunningJob, rng: &mut SmallRng) -> Result<()> {
+    /// SIGKILLs a random rank other than `spared` and those already killed when the next
+    /// planned kill is due.
+    fn maybe_kill(
+        &mut self,
+        job: &RunningJob,
+        rng: &mut SmallRng,
+        spared: Option<usize>,
+    ) -> Result<()> {
         let Some(next) = self.plan.get(self.killed.len()).copied() else { return Ok(()) };
         let due = match next {
             Some(at) => job.elapsed() >= at,
@@ -564,7 +767,8 @@ impl Killer {
         if !due || self.pids.len() < self.plan.len() + 2 {
             return Ok(());
         }
-        let Some(victim) = kill_random_rank(&self.pids, &self.killed, rng)? else {
+        let excluded: Vec<usize> = self.killed.iter().copied().chain(spared).collect();
+        let Some(victim) = kill_random_rank(&self.pids, &excluded, rng)? else {
             self.plan.truncate(self.killed.len());
             return Ok(());
         };
@@ -579,6 +783,8 @@ impl Killer {
 pub struct Histories {
     pub ops: BTreeMap<(i32, u16), Vec<Op>>,
     pub finals: HashMap<usize, HashMap<(i32, u16), Observed>>,
+    /// Reads on a localized store before the final global recovery (`final_local`).
+    pub finals_local: HashMap<usize, HashMap<(i32, u16), Observed>>,
 }
 
 fn parse_histories(out: &JobOutput, ranks: usize) -> Histories {
@@ -591,8 +797,9 @@ fn parse_histories(out: &JobOutput, ranks: usize) -> Histories {
     h
 }
 
-/// Applies one output line of `rank` (a [`WriteReport`] or [`FinalRead`]; other lines, and a
-/// line cut short by the rank's death, change nothing) to the histories.
+/// Applies one output line of `rank` (a [`WriteReport`] or [`FinalRead`], `final` or
+/// `final_local`; other lines, and a line cut short by the rank's death, change nothing) to
+/// the histories.
 pub fn parse_line(h: &mut Histories, rank: usize, line: &str) {
     let Some((kind, json)) = line.split_once(' ') else { return };
     match kind {
@@ -607,7 +814,7 @@ pub fn parse_line(h: &mut Histories, rank: usize, line: &str) {
                 ops.push(Op { seq: write.seq, delete: write.delete, acked: false });
             }
         }
-        "final" => {
+        "final" | "final_local" => {
             let Ok(read) = serde_json::from_str::<FinalRead>(json) else { return };
             let observed = match read.read {
                 Read::Seq(seq) => Observed::Seq(seq),
@@ -615,7 +822,8 @@ pub fn parse_line(h: &mut Histories, rank: usize, line: &str) {
                 Read::Lost => Observed::Lost,
                 Read::Torn => Observed::Torn,
             };
-            h.finals.entry(rank).or_default().insert((read.owner, read.kind), observed);
+            let finals = if kind == "final" { &mut h.finals } else { &mut h.finals_local };
+            finals.entry(rank).or_default().insert((read.owner, read.kind), observed);
         }
         _ => {}
     }
@@ -675,139 +883,64 @@ pub struct Verdict {
     /// Reads older than the last acknowledged write: silently lost data.
     pub lost: u64,
     pub torn: u64,
-    /// Keys the store reported lost.
+    /// Reads of keys the store reported lost (a dead owner's, after a recovery said so).
     pub reported_lost: u64,
+    /// Reads of a key as lost that no recovery reported, or of a live owner's key still lost.
+    pub unaccounted: u64,
+    /// Reads judged on localized stores before the final global recovery.
+    pub local_reads: u64,
 }
 
-/// Judges every survivor's reads of every key.
-pub fn judge_all(h: &Histories, survivors: &[usize], ranks: usize) -> Verdict {
+/// Judges every survivor's reads of every key ([`oracle::judge_key`]), the final ones and those
+/// taken on a localized store before its final global recovery. Owners among `survivors` are
+/// live; `reported_lost` holds the keys any recovery reported lost.
+pub fn judge_all(
+    h: &Histories,
+    survivors: &[usize],
+    ranks: usize,
+    reported_lost: &BTreeSet<(i32, u16)>,
+) -> Verdict {
     let acked = h.ops.values().flatten().filter(|o| o.acked).count() as u64;
     let mut verdict = Verdict { acked, ..Verdict::default() };
     let empty = HashMap::new();
     for rank in survivors {
-        let finals = h.finals.get(rank).unwrap_or(&empty);
-        for owner in 0..ranks as i32 {
-            for kind in 0..2u16 {
-                let ops = h.ops.get(&(owner, kind)).map_or(&[][..], Vec::as_slice);
-                match finals.get(&(owner, kind)) {
-                    None => {}
-                    Some(Observed::Torn) => verdict.torn += 1,
-                    Some(Observed::Lost) => verdict.reported_lost += 1,
-                    Some(&o) if !allowed(ops, o) => verdict.lost += 1,
-                    Some(_) => {}
-                }
+        for (local, finals) in [(false, &h.finals), (true, &h.finals_local)] {
+            let finals = finals.get(rank).unwrap_or(&empty);
+            for (&key, &observed) in finals.iter().filter(|(k, _)| (k.0 as usize) < ranks) {
+                let ops = h.ops.get(&key).map_or(&[][..], Vec::as_slice);
+                let live = survivors.contains(&(key.0 as usize));
+                let owner = if live { Owner::Live } else { Owner::Dead };
+                let judged = judge_key(ops, owner, reported_lost.contains(&key), observed);
+                count(&mut verdict, judged);
+                verdict.local_reads += u64::from(local);
             }
         }
     }
     verdict
 }
 
-/// The rank side of one chaos run.
-pub fn rank_main(copies: usize, duration: Duration, seed: u64, watchdog: Duration) -> Result<()> {
-    let mpi = Mpi::init()?;
-    let world = mpi.world()?;
-    println!("pid={}", std::process::id());
-    let mut config = Config::new(["checkpoint", "loot"], copies);
-    config.initial_capacity = 4096;
-    config.max_value = 64 << 10;
-    config.watchdog = watchdog;
-    let mut store = Store::create(&world, config)?;
-    let mut rng = SmallRng::seed_from_u64(seed ^ (store.worker() as u64) << 32);
-    write_loop(&mut store, &mut rng, duration)?;
-    finish(&mut store)?;
-    report_finals(&mut store, world.size())?;
-    println!("{}", report_line("done", &DoneReport { failed: failed_workers(&store) }));
-    drop(store);
-    drop(world);
-    mpi.finalize_bounded(Duration::from_secs(3))?;
-    Ok(())
-}
-
-fn write_loop(store: &mut Store, rng: &mut SmallRng, duration: Duration) -> Result<()> {
-    let me = store.worker();
-    let start = Instant::now();
-    let mut seq = 0u32;
-    while start.elapsed() < duration {
-        seq += 1;
-        let (kind, delete) = planned_write(seq);
-        let write = WriteReport { kind, seq, delete, acked: false };
-        println!("{}", report_line("write", &write));
-        let key = Key::new(me, kind);
-        let result = if delete {
-            store.delete(key)
-        } else {
-            store.put(key, &value(me, seq, rng.gen_range(16..8192)))
-        };
-        match result {
-            Ok(()) => println!("{}", report_line("write", &WriteReport { acked: true, ..write })),
-            Err(e) if e.needs_recovery() => recover(store)?,
-            Err(e) => bail!("store call failed: {e}"),
-        }
-        std::thread::sleep(Duration::from_micros(300));
-    }
-    Ok(())
-}
-
-/// Runs a recovery, printing `recovering` before (the driver's cue for a kill during
-/// recovery) and a [`RecoveryReport`] after it.
-pub fn recover(store: &mut Store) -> Result<()> {
-    println!("recovering");
-    let report = store.recover()?;
-    let report = RecoveryReport {
-        failed: report.failed,
-        attempts: report.attempts,
-        keys_recovered: report.keys_recovered,
-        lost_keys: report
-            .keys_lost
-            .iter()
-            .chain(&report.keys_to_rewrite)
-            .map(|k| (k.owner, k.kind))
-            .collect(),
-        ms: report.duration.as_secs_f64() * 1e3,
-    };
-    println!("{}", report_line("recovery", &report));
-    Ok(())
-}
-
-/// Syncs the survivors at the end of a run, recovering as often as failures interrupt it.
-pub fn finish(store: &mut Store) -> Result<()> {
-    loop {
-        match store.sync() {
-            Ok(()) => return Ok(()),
-            Err(e) if e.needs_recovery() => recover(store)?,
-            Err(e) => bail!("sync failed: {e}"),
-        }
+/// Adds one key's verdict to the run's counts.
+fn count(verdict: &mut Verdict, judged: KeyVerdict) {
+    match judged {
+        KeyVerdict::Allowed => {}
+        KeyVerdict::ReportedLost => verdict.reported_lost += 1,
+        KeyVerdict::LostWrite => verdict.lost += 1,
+        KeyVerdict::Torn => verdict.torn += 1,
+        KeyVerdict::UnaccountedLoss => verdict.unaccounted += 1,
     }
 }
 
-/// The workers that are not in the store's live set: the same on every survivor, since the
-/// live set is the shrunk communicator's membership.
-pub fn failed_workers(store: &Store) -> Vec<usize> {
-    let live = store.live();
-    (0..store.workers()).filter(|&w| !live.contains(&(w as i32))).collect()
-}
-
-fn report_finals(store: &mut Store, workers: i32) -> Result<()> {
-    for owner in 0..workers {
-        for kind in 0..2u16 {
-            let read = match store.get(Key::new(owner, kind)) {
-                Ok(read) => match observe(owner, read.as_deref()) {
-                    Observed::Seq(seq) => Read::Seq(seq),
-                    Observed::Absent => Read::Absent,
-                    Observed::Torn | Observed::Lost => Read::Torn,
-                },
-                Err(ftkv::Error::KeyLost(_)) => Read::Lost,
-                Err(e) => return Err(e.into()),
-            };
-            println!("{}", report_line("final", &FinalRead { owner, kind, read }));
-        }
-    }
-    Ok(())
+/// With localized recovery: a rank noticed more failed workers (`noticed {json}`), the cue for
+/// a kill during the repair.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NoticedReport {
+    pub failed: Vec<i32>,
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ftkv_launch::launch::report_line;
 
     #[test]
     fn lines_build_histories_and_verdicts() {
@@ -826,7 +959,39 @@ mod tests {
             parse_line(&mut h, 0, &report_line("final", &read));
         }
         parse_line(&mut h, 0, "final {\"owner\":1,\"kin");
-        let v = judge_all(&h, &[0], 2);
-        assert_eq!(v, Verdict { acked: 2, lost: 1, torn: 0, reported_lost: 0 });
+        let v = judge_all(&h, &[0], 2, &BTreeSet::new());
+        assert_eq!(v, Verdict { acked: 2, lost: 1, ..Verdict::default() });
+    }
+
+    #[test]
+    fn local_reads_and_losses_are_judged_by_owner_and_report() {
+        let mut h = Histories::default();
+        let write = |kind, seq, acked| WriteReport { kind, seq, delete: false, acked };
+        let writes = [(1, write(0, 4, false)), (1, write(0, 4, true))];
+        for (rank, w) in writes.into_iter().chain([(2, write(0, 7, false)), (2, write(0, 7, true))])
+        {
+            parse_line(&mut h, rank, &report_line("write", &w));
+        }
+        let read = |owner, read| FinalRead { owner, kind: 0, read };
+        let lines = [
+            ("final_local", read(1, Read::Seq(4))),
+            ("final", read(1, Read::Lost)),
+            ("final", read(2, Read::Lost)),
+        ];
+        for (tag, r) in lines {
+            parse_line(&mut h, 0, &report_line(tag, &r));
+        }
+        let reported = BTreeSet::from([(1, 0), (2, 0)]);
+        let v = judge_all(&h, &[0, 2], 3, &reported);
+        let want = Verdict {
+            acked: 2,
+            reported_lost: 1,
+            unaccounted: 1,
+            local_reads: 1,
+            ..Verdict::default()
+        };
+        assert_eq!(v, want, "1 is dead and reported lost; 2 lives and never wrote its key again");
+        let unreported = judge_all(&h, &[0], 3, &BTreeSet::new());
+        assert_eq!(unreported.unaccounted, 2);
     }
 }

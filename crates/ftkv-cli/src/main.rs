@@ -195,6 +195,22 @@ enum Command {
         /// up to 20 ms of queueing delay; needs `--nodes`).
         #[arg(long, value_name = "RATE")]
         slow_links: Option<String>,
+        /// How the ranks' store repairs a failure: `global` (every survivor recovers together)
+        /// or `localized` (only the owners of lost copies move them, the others keep writing;
+        /// a final global recovery before the last reads). Survivors read every key before
+        /// that final recovery too, judged by the same oracle.
+        #[arg(long, value_enum, default_value_t = RecoveryArg::Global)]
+        recovery: RecoveryArg,
+        /// SIGSTOP one random rank this many seconds into each run, for 6 s (twice the 3 s
+        /// suspicion bound, with Open MPI's heartbeat detector on), then SIGCONT it: the others
+        /// must declare it failed and finish exact, the resumed rank must end itself.
+        #[arg(long, value_parser = args::seconds, value_name = "SECS")]
+        stop: Option<Duration>,
+        /// SIGKILL every rank of one simulated host at once at a random moment (needs `--nodes`
+        /// 2 or more; `--map-by` places the ranks): a host whose loss leaves the others the
+        /// store's quorum. With 2 copies no key may be lost.
+        #[arg(long)]
+        kill_host: bool,
         /// Write the whole transcript of every failed run into this directory.
         #[arg(long, value_name = "DIR")]
         transcripts: Option<PathBuf>,
@@ -214,6 +230,12 @@ enum Command {
         /// The store's watchdog bound for one data-path call, in milliseconds.
         #[arg(long, default_value_t = 2000)]
         watchdog_ms: u64,
+        /// Localized recovery instead of global.
+        #[arg(long)]
+        localized: bool,
+        /// The store's suspicion bound in milliseconds (the heartbeat detector's timeout).
+        #[arg(long)]
+        suspicion_ms: Option<u64>,
     },
     /// One probe case on the ranks of an mpirun job (used by `ftkv probe`).
     #[command(hide = true)]
@@ -396,6 +418,15 @@ struct PoolArgs {
 enum RecoveryArg {
     Global,
     Localized,
+}
+
+impl From<RecoveryArg> for Recovery {
+    fn from(arg: RecoveryArg) -> Recovery {
+        match arg {
+            RecoveryArg::Global => Recovery::Global,
+            RecoveryArg::Localized => Recovery::Localized,
+        }
+    }
 }
 
 impl PoolArgs {
@@ -590,6 +621,9 @@ fn run(command: Command) -> Result<()> {
             duration,
             cut_link,
             slow_links,
+            recovery,
+            stop,
+            kill_host,
             transcripts,
             json,
         } => {
@@ -604,6 +638,9 @@ fn run(command: Command) -> Result<()> {
                 cut_link,
                 slow_links,
                 transcripts,
+                recovery: recovery.into(),
+                stop,
+                kill_host,
             };
             run_chaos(&campaign, json)
         }
@@ -619,9 +656,15 @@ fn run(command: Command) -> Result<()> {
             launch_under_mpirun(ranks)?;
             ftkv_cli::bench::detect_rank_main()
         }
-        Command::ChaosRank { copies, millis, seed, watchdog_ms } => {
-            let watchdog = Duration::from_millis(watchdog_ms);
-            chaos::rank_main(copies, Duration::from_millis(millis), seed, watchdog)
+        Command::ChaosRank { copies, millis, seed, watchdog_ms, localized, suspicion_ms } => {
+            chaos::rank_main(&chaos::RankArgs {
+                copies,
+                duration: Duration::from_millis(millis),
+                seed,
+                watchdog: Duration::from_millis(watchdog_ms),
+                recovery: if localized { Recovery::Localized } else { Recovery::Global },
+                suspicion: suspicion_ms.map(Duration::from_millis),
+            })
         }
         Command::ProbeCase { window, call, failure, hang_after } => {
             let failure = probe::Knowledge::parse(&failure)?;

@@ -295,13 +295,11 @@ fn run_pool_job(exe: &Path, demo: &Demo, show: bool) -> Result<RunReport> {
     if demo.localized {
         args.push("--localized".to_string());
     }
-    let timeout = demo.suspicion();
-    let period = (timeout / 10).clamp(Duration::from_millis(100), Duration::from_secs(1));
     let launch = Launch::new(exe, demo.ranks)
         .args(args)
         .timeout(demo.timeout)
         .transport_from_env()
-        .heartbeat_detector(period, timeout);
+        .suspicion_detector(demo.suspicion());
     let (out, watch) = crate::launch::with_start_retries("[demo]", || {
         let (out, watch) = watch_pool_job(&launch, demo, show)?;
         let again = out.never_started().then(|| "mpirun could not start the job".to_owned());

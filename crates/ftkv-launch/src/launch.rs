@@ -85,6 +85,18 @@ impl Launch {
             .mca("mpi_ft_propagator_with_rbcast", "true")
     }
 
+    /// Open MPI's heartbeat detector set for a store's suspicion bound (`Config::suspicion`): a
+    /// rank silent for `suspicion` is declared failed, heartbeats every tenth of it (at least
+    /// 0.1 s, at most 1 s), so that the store's own check, which ends a rank that did not run
+    /// for half the bound, keeps its margin. What `ftkv demo --stop` and `ftkv chaos --stop`
+    /// run with.
+    pub fn suspicion_detector(self, suspicion: std::time::Duration) -> Launch {
+        let tenth = suspicion / 10;
+        let period =
+            tenth.clamp(std::time::Duration::from_millis(100), std::time::Duration::from_secs(1));
+        self.heartbeat_detector(period, suspicion)
+    }
+
     /// An MCA parameter (`--mca key value`).
     pub fn mca(mut self, key: &str, value: &str) -> Launch {
         self.mca.push((key.to_owned(), value.to_owned()));

@@ -64,4 +64,5 @@ pub use error::{Error, Result};
 pub use key::{
     Config, Detection, Key, Recovery, CROSS_HOST_WATCHDOG, SUSPICION_MARGIN, TX_RECORD_KIND,
 };
+pub use recovery::keeps_quorum;
 pub use store::{DefaultFabric, PendingPut, RecoveryReport, RepairReport, Store};

@@ -28,6 +28,7 @@ pub struct Launch {
     ranks: usize,
     env: Vec<(String, String)>,
     mca: Vec<(String, String)>,
+    flags: Vec<String>,
     timeout: Duration,
     attached: bool,
     hosts: Option<Hosts>,
@@ -43,6 +44,7 @@ impl Launch {
             ranks,
             env: Vec::new(),
             mca: Vec::new(),
+            flags: Vec::new(),
             timeout: Duration::from_secs(60),
             attached: false,
             hosts: None,
@@ -86,6 +88,15 @@ impl Launch {
     /// An MCA parameter (`--mca key value`).
     pub fn mca(mut self, key: &str, value: &str) -> Launch {
         self.mca.push((key.to_owned(), value.to_owned()));
+        self
+    }
+
+    /// Extra `mpirun` flags, passed as given after ftkv's own flags and MCA parameters and
+    /// before the program (e.g. `--prtemca KEY VALUE`, `--runtime-options LIST`). `mpirun`
+    /// judges them: one it rejects ends the job before any rank starts, with its message on
+    /// the job's stderr ([`Launch::run`] does not start such a job again).
+    pub fn mpirun_args<I: IntoIterator<Item = S>, S: Into<String>>(mut self, flags: I) -> Launch {
+        self.flags.extend(flags.into_iter().map(Into::into));
         self
     }
 
@@ -134,6 +145,7 @@ impl Launch {
         for (key, value) in &self.mca {
             cmd.args(["--mca", key, value]);
         }
+        cmd.args(&self.flags);
         for (key, value) in &self.env {
             cmd.env(key, value).args(["-x", key]);
         }

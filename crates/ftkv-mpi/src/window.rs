@@ -79,7 +79,7 @@ pub(crate) fn compare_and_swap_word(
         return Err(other("compare-and-swap", "the word lies outside the target's memory"));
     };
     let address = base as usize + start;
-    if address % std::mem::align_of::<AtomicU64>() != 0 {
+    if !address.is_multiple_of(std::mem::align_of::<AtomicU64>()) {
         return Err(other("compare-and-swap", "the word is not 8-byte aligned"));
     }
     // SAFETY: the word lies inside mapped window memory (checked above) and is aligned for an

@@ -478,11 +478,11 @@ exclusive/shared, lock_all, put, get, accumulate, compare-and-swap, fetch-and-op
 fence, free) the target process is SIGKILLed first; once the caller's ULFM lists it as failed, \
 the call is made (failure `known`); in a second run of each case the caller makes no MPI call \
 for 300 ms after the kill and then calls (failure `unknown`: dead, but not yet noticed). The *_held cases lock a live target whose exclusive lock a dead process held. \
-The two-sided cases send to (eager 8 B, 4 MiB, synchronous) or receive/probe from the dead rank. The runtime case daemon_death runs 3 ranks on 3 simulated hosts: one rank SIGKILLs its host's PRRTE daemon and itself, and the others try to shrink and synchronise.
+The two-sided cases send to (eager 8 B, 4 MiB, synchronous) or receive/probe from the dead rank. The runtime case daemon_death runs 3 ranks on 3 simulated hosts: one rank SIGKILLs its host's PRRTE daemon and itself, and the others try to shrink and synchronise. It runs once per set of PRRTE recovery options (shipped: ftkv's flags only; recoverable_mca, continuous, autorestart, autorestart_mca, enable_recovery, errmgr_prted; select one with e.g. daemon_death:continuous), each reported with the PRRTE message that decided it.
 
 Each case runs in its own mpirun, so a hang cannot block the others. Outcomes: ok (the call \
 returned success: silent success against a dead process), proc_failed, revoked, error:<class>, \
-hang (no return within --hang-after seconds), abort (the job ended without a report), job_terminated (the runtime ended the job after losing a daemon).
+hang (no return within --hang-after seconds), abort (the job ended without a report), job_terminated (the runtime ended the job after losing a daemon), rejected_option (mpirun refused the options before any rank started), survivors_shrank (the ranks on the other hosts shrank and synchronised for 5 s).
 
 Why it matters: ftkv's data path is one-sided. A call that hangs must be bounded by a watchdog, \
 a call that silently succeeds must not count as a live copy, and only the calls reported here \

@@ -22,8 +22,60 @@ pub const TWO_SIDED: &str = "two_sided";
 /// Pseudo window name of the runtime cases, run over simulated hosts.
 pub const RUNTIME: &str = "runtime";
 /// Runtime cases: `daemon_death`, one host's PRRTE daemon and its rank SIGKILLed together; the
-/// outcome is whether the ranks on the other hosts can still shrink and synchronise.
+/// outcome is whether the ranks on the other hosts can still shrink and synchronise. Each runs
+/// once per entry of [`RUNTIME_OPTIONS`].
 pub const RUNTIME_CALLS: [&str; 1] = ["daemon_death"];
+
+/// A set of PRRTE options a runtime case runs under, on top of ftkv's own `mpirun` flags.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RuntimeOptions {
+    /// The name filters and reports use.
+    pub name: &'static str,
+    /// The extra `mpirun` flags ([`Launch::mpirun_args`]).
+    pub flags: &'static [&'static str],
+}
+
+/// The recoverable-runtime options of the installed PRRTE (3.0.14) that a runtime case is run
+/// under, one job each. `shipped` is ftkv's own flags only: `--with-ft ulfm`, which PRRTE's
+/// Open MPI personality turns into the runtime options `recoverable` and `notifyerrors`.
+pub const RUNTIME_OPTIONS: [RuntimeOptions; 7] = [
+    RuntimeOptions { name: "shipped", flags: &[] },
+    // Recoverable as the default of every job (an MCA parameter instead of a job option).
+    RuntimeOptions {
+        name: "recoverable_mca",
+        flags: &["--prtemca", "state_base_recoverable", "1"],
+    },
+    // Run until explicitly terminated; failed processes restarted.
+    RuntimeOptions { name: "continuous", flags: &["--runtime-options", "continuous"] },
+    // Documented by `prterun --help runtime-options`.
+    RuntimeOptions {
+        name: "autorestart",
+        flags: &["--runtime-options", "autorestart,max-restarts=2"],
+    },
+    // Automatic restarts as MCA defaults.
+    RuntimeOptions {
+        name: "autorestart_mca",
+        flags: &[
+            "--prtemca",
+            "state_base_autorestart",
+            "1",
+            "--prtemca",
+            "state_base_max_restarts",
+            "2",
+        ],
+    },
+    // Open MPI 4's recovery flags, still accepted by Open MPI 5's `mpirun`.
+    RuntimeOptions {
+        name: "enable_recovery",
+        flags: &["--enable-recovery", "--max-restarts", "2", "--continuous"],
+    },
+    // The other error manager `prte_info` lists (the daemons' own), for `mpirun`.
+    RuntimeOptions { name: "errmgr_prted", flags: &["--prtemca", "errmgr", "prted"] },
+];
+
+/// Extra `mpirun` flags of every runtime case: the error manager says what it decided
+/// (`Comm failure: daemon ... - aborting`).
+const RUNTIME_VERBOSE: [&str; 3] = ["--prtemca", "errmgr_base_verbose", "5"];
 
 /// One-sided calls, each made against the dead target (`*_held`: against a live target whose
 /// lock a dead rank held).
@@ -81,12 +133,24 @@ impl Knowledge {
     }
 }
 
-/// One probe case: a call on a window kind (or two-sided), with the failure known or not.
+/// One probe case: a call on a window kind (or two-sided), with the failure known or not; a
+/// runtime case also names the PRRTE options it runs under.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Case {
     pub window: &'static str,
     pub call: &'static str,
     pub failure: Knowledge,
+    pub options: Option<RuntimeOptions>,
+}
+
+impl Case {
+    /// The call, followed by `:<options>` for a runtime case.
+    fn label(&self) -> String {
+        match self.options {
+            Some(options) => format!("{}:{}", self.call, options.name),
+            None => self.call.to_owned(),
+        }
+    }
 }
 
 /// One measured case.
@@ -97,7 +161,11 @@ pub struct Outcome {
     pub outcome: String,
     /// Whether the caller knew of the failure when it called (see [`Knowledge`]).
     pub failure: Knowledge,
-    /// For an `abort`: the last lines the job wrote to stderr, which say who ended it.
+    /// For a runtime case: the name of its PRRTE options ([`RUNTIME_OPTIONS`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub options: Option<String>,
+    /// For an `abort`: the last lines the job wrote to stderr, which say who ended it; for a
+    /// runtime case: the message that decided its outcome.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
 }
@@ -106,19 +174,31 @@ pub struct Outcome {
 pub fn all_cases() -> Vec<Case> {
     let rma = RMA_WINDOWS.iter().flat_map(|w| RMA_CALLS.iter().map(move |c| (*w, *c)));
     let pairs = rma.chain(TWO_SIDED_CALLS.iter().map(|c| (TWO_SIDED, *c)));
-    let runtime =
-        RUNTIME_CALLS.iter().map(|call| Case { window: RUNTIME, call, failure: Knowledge::Known });
+    let runtime = RUNTIME_CALLS.iter().flat_map(|call| {
+        RUNTIME_OPTIONS.iter().map(move |options| Case {
+            window: RUNTIME,
+            call,
+            failure: Knowledge::Known,
+            options: Some(*options),
+        })
+    });
     pairs
         .flat_map(|(window, call)| {
-            [Knowledge::Known, Knowledge::Unknown].map(|failure| Case { window, call, failure })
+            [Knowledge::Known, Knowledge::Unknown].map(|failure| Case {
+                window,
+                call,
+                failure,
+                options: None,
+            })
         })
         .chain(runtime)
         .collect()
 }
 
 /// Selects the cases matching any filter; a filter is `:`-separated names of a window kind, a
-/// call and/or `known`/`unknown`, all of which a case must have (`allocate:put`, `fence:known`,
-/// `two_sided:ssend:unknown`, `flush`). A filter that matches nothing is an error.
+/// call, `known`/`unknown` and/or a runtime case's options, all of which a case must have
+/// (`allocate:put`, `fence:known`, `two_sided:ssend:unknown`, `flush`, `daemon_death:shipped`).
+/// A filter that matches nothing is an error.
 pub fn select_cases(filters: &[String]) -> Result<Vec<Case>> {
     if filters.is_empty() {
         return Ok(all_cases());
@@ -135,8 +215,9 @@ pub fn select_cases(filters: &[String]) -> Result<Vec<Case>> {
 }
 
 fn matches(filter: &str, case: &Case) -> bool {
-    let names = [case.window, case.call, case.failure.name()];
-    filter.split(':').all(|part| names.contains(&part))
+    let options = case.options.map(|o| o.name);
+    let names = [Some(case.window), Some(case.call), Some(case.failure.name()), options];
+    filter.split(':').all(|part| names.contains(&Some(part)))
 }
 
 fn ranks_for(call: &str) -> usize {
@@ -163,7 +244,7 @@ pub fn run_cases(
             i + 1,
             cases.len(),
             case.window,
-            case.call,
+            case.label(),
             case.failure.name(),
             started.elapsed().as_secs_f64()
         );
@@ -175,6 +256,7 @@ pub fn run_cases(
             call: case.call.to_owned(),
             outcome,
             failure: case.failure,
+            options: case.options.map(|o| o.name.to_owned()),
             detail,
         });
     }
@@ -198,19 +280,20 @@ fn run_case(
         .args(args)
         .env(OUTCOME_FILE_VAR, &file.to_string_lossy())
         .timeout(hang_after + Duration::from_secs(20));
-    if case.window == RUNTIME {
+    if let Some(options) = case.options {
         // One rank per host, so that the dying daemon takes only the target with it.
-        job = job.on_hosts(crate::cluster::Hosts::Simulated(ranks_for(case.call)));
+        job = job
+            .on_hosts(crate::cluster::Hosts::Simulated(ranks_for(case.call)))
+            .mpirun_args(RUNTIME_VERBOSE)
+            .mpirun_args(options.flags.iter().copied());
     }
     let out = job.run()?;
     let outcome = prober_outcome(&out, &file);
     let _ = std::fs::remove_file(&file);
-    // The runtime ending the job decides a runtime case whatever the prober saw meanwhile (its
-    // barriers fail once the runtime starts killing the job's ranks).
-    let terminated = out.stderr.contains("lost communication with a remote daemon");
-    if terminated && case.window == RUNTIME {
-        return Ok(("job_terminated".into(), None));
+    if case.options.is_some() {
+        return Ok(runtime_outcome(&out, outcome));
     }
+    let terminated = out.stderr.contains(DAEMON_LOST);
     if let Some(reported) = outcome {
         return Ok((reported.outcome, reported.detail));
     }
@@ -223,6 +306,55 @@ fn run_case(
     let lines: Vec<&str> = out.stderr.lines().collect();
     let tail = lines[lines.len().saturating_sub(ABORT_DETAIL_LINES)..].join("\n");
     Ok(("abort".into(), Some(format!("exit {:?}; stderr ends: {tail}", out.status))))
+}
+
+/// What PRRTE prints when it ends a job because it lost a daemon (its `node-died` message).
+const DAEMON_LOST: &str = "lost communication with a remote daemon";
+
+/// The outcome of a runtime case and the message that decided it: `job_terminated` (PRRTE
+/// ended the job after losing the daemon: this decides whatever the prober saw meanwhile,
+/// since its barriers fail once the runtime kills the job's ranks), `rejected_option` (`mpirun`
+/// ended before any rank spoke), `survivors_shrank` (the prober's shrink and barriers worked
+/// for [`RUNTIME_WATCH`]), the prober's error or `hang`, else `abort`.
+fn runtime_outcome(
+    out: &crate::launch::JobOutput,
+    reported: Option<ProberOutcome>,
+) -> (String, Option<String>) {
+    if out.stderr.contains(DAEMON_LOST) {
+        let decided = help_gist(&out.stderr, DAEMON_LOST);
+        let errmgr = out.stderr.lines().find(|l| l.contains("Comm failure: daemon"));
+        let detail = errmgr.map_or(decided.clone(), |l| format!("{decided}; errmgr: {}", l.trim()));
+        return ("job_terminated".into(), Some(detail));
+    }
+    let silent = (0..ranks_for(RUNTIME_CALLS[0])).all(|r| out.rank_lines(r).is_empty());
+    let failed = out.status.is_some_and(|s| !s.success());
+    if reported.is_none() && silent && failed && !out.timed_out {
+        return ("rejected_option".into(), Some(help_gist(&out.stderr, "")));
+    }
+    match reported {
+        Some(r) if r.outcome == "ok" => ("survivors_shrank".into(), None),
+        Some(r) => (r.outcome, r.detail),
+        None if out.timed_out => ("hang".into(), None),
+        None => ("abort".into(), Some(format!("exit {:?}", out.status))),
+    }
+}
+
+/// Longest detail [`help_gist`] returns.
+const GIST_CHARS: usize = 400;
+
+/// The gist of the PRRTE help message in `stderr` that starts at the first line containing
+/// `start` (`""`: the first line of text): that line and the message's indented lines (PRRTE
+/// indents a message's particulars) up to its closing `-----` line, joined with `; `, at most
+/// [`GIST_CHARS`].
+fn help_gist(stderr: &str, start: &str) -> String {
+    let is_text = |l: &&str| !l.trim().is_empty() && !l.starts_with("-----");
+    let mut lines =
+        stderr.lines().skip_while(|l| !is_text(l) || !l.contains(start)).filter(|l| !l.is_empty());
+    let Some(first) = lines.next() else { return String::new() };
+    let message = lines.take_while(|l| !l.starts_with("-----"));
+    let details = message.filter(|l| l.starts_with(' ') && !l.trim().is_empty()).map(str::trim);
+    let gist: Vec<&str> = std::iter::once(first.trim()).chain(details).collect();
+    gist.join("; ").chars().take(GIST_CHARS).collect()
 }
 
 /// The Markdown report: one matrix for the one-sided calls, one for the two-sided ones; each
@@ -257,9 +389,15 @@ pub fn markdown(outcomes: &[Outcome]) -> String {
             md += &format!("| {call} | {known} | {unknown} |\n");
         }
     }
-    md += "\n| runtime case (3 simulated hosts) | outcome |\n|---|---|\n";
-    for call in RUNTIME_CALLS {
-        md += &format!("| {call} | {} |\n", find(RUNTIME, call, Knowledge::Known));
+    md += "\n| runtime case (3 simulated hosts) | PRRTE options | outcome | deciding message |\n";
+    md += "|---|---|---|---|\n";
+    for o in outcomes.iter().filter(|o| o.window == RUNTIME) {
+        let options = RUNTIME_OPTIONS.iter().find(|r| Some(r.name) == o.options.as_deref());
+        let flags = options.map_or(String::new(), |r| r.flags.join(" "));
+        let flags = if flags.is_empty() { "none".to_owned() } else { format!("`{flags}`") };
+        let name = o.options.as_deref().unwrap_or_default();
+        let detail = o.detail.as_deref().unwrap_or_default();
+        md += &format!("| {}:{name} | {flags} | {} | {detail} |\n", o.call, o.outcome);
     }
     md
 }
@@ -591,13 +729,16 @@ mod tests {
 
     #[test]
     fn filters_select_cases_by_window_call_and_knowledge() {
-        let table: [(&str, usize); 9] = [
+        let runtime = RUNTIME_CALLS.len() * RUNTIME_OPTIONS.len();
+        let table: [(&str, usize); 11] = [
             ("allocate:put", 2),
             ("put", 4),
             ("fence:known", 2),
             ("two_sided:ssend:unknown", 1),
-            ("known", (all_cases().len() - RUNTIME_CALLS.len()) / 2 + RUNTIME_CALLS.len()),
-            ("daemon_death", 1),
+            ("known", (all_cases().len() - runtime) / 2 + runtime),
+            ("daemon_death", RUNTIME_OPTIONS.len()),
+            ("daemon_death:shipped", 1),
+            ("runtime:continuous:known", 1),
             ("runtime:daemon_death:unknown", 0),
             ("allocate:eager_send", 0),
             ("teleport", 0),
@@ -608,6 +749,32 @@ mod tests {
         }
         assert!(select_cases(&["teleport".into()]).is_err());
         let pairs = 2 * RMA_CALLS.len() + TWO_SIDED_CALLS.len();
-        assert_eq!(all_cases().len(), 2 * pairs + RUNTIME_CALLS.len());
+        assert_eq!(all_cases().len(), 2 * pairs + runtime);
+    }
+
+    #[test]
+    fn a_help_message_s_gist_is_its_first_line_and_its_particulars() {
+        let stderr = "noise\n-----\nPRTE has lost communication with a remote daemon.\n\n  \
+                      HNP daemon   : [p@0,0] on node head\n  Remote daemon: [p@0,2] on node h1\n\n\
+                      This is usually due to\n-----\n";
+        let want = "PRTE has lost communication with a remote daemon.; \
+                    HNP daemon   : [p@0,0] on node head; Remote daemon: [p@0,2] on node h1";
+        assert_eq!(help_gist(stderr, DAEMON_LOST), want);
+        let rejected = "-----\nIt looks like prte_init() failed\nfor some reason\n\n   \
+                        prte_errmgr_base_select failed\n-----\n  later: not this one\n";
+        let want = "It looks like prte_init() failed; prte_errmgr_base_select failed";
+        assert_eq!(help_gist(rejected, ""), want);
+        assert_eq!(help_gist("", DAEMON_LOST), "");
+    }
+
+    #[test]
+    fn runtime_option_names_are_unique_and_unlike_other_case_names() {
+        let names: std::collections::BTreeSet<&str> =
+            RUNTIME_OPTIONS.iter().map(|o| o.name).collect();
+        assert_eq!(names.len(), RUNTIME_OPTIONS.len());
+        let others = RMA_WINDOWS.iter().chain(&RMA_CALLS).chain(&TWO_SIDED_CALLS);
+        assert!(others
+            .chain(&[TWO_SIDED, RUNTIME, "known", "unknown"])
+            .all(|n| !names.contains(n)));
     }
 }

@@ -6,10 +6,12 @@ use std::time::Duration;
 use ftkv_cli::launch::output_within;
 use serde_json::Value;
 
-/// Every selected case runs in its own bounded job; this bounds the whole command.
-const PROBE_BOUND: Duration = Duration::from_secs(120);
+/// Every selected case runs in its own bounded job (the daemon's death once per PRRTE option
+/// set, several seconds each); this bounds the whole command.
+const PROBE_BOUND: Duration = Duration::from_secs(240);
 
-/// Window, call, failure knowledge, outcome, and the detail of an abort.
+/// Window, call (with `:<options>` for a runtime case), failure knowledge, outcome, and the
+/// detail of an abort or of a runtime case's outcome.
 type Row = (String, String, String, String, String);
 
 fn probe(cases: &[&str]) -> Vec<Row> {
@@ -28,7 +30,11 @@ fn probe(cases: &[&str]) -> Vec<Row> {
         .map(|r| {
             let field = |k: &str| r[k].as_str().expect("string field").to_owned();
             let detail = r["detail"].as_str().unwrap_or_default().to_owned();
-            (field("window"), field("call"), field("failure"), field("outcome"), detail)
+            let call = match r["options"].as_str() {
+                Some(options) => format!("{}:{options}", field("call")),
+                None => field("call"),
+            };
+            (field("window"), call, field("failure"), field("outcome"), detail)
         })
         .collect()
 }
@@ -60,13 +66,23 @@ fn probe_reports_the_behaviour_the_design_rests_on() {
         ("two_sided", "large_send", "known", "proc_failed"),
         ("two_sided", "ssend", "unknown", "proc_failed"),
         ("two_sided", "recv", "unknown", "proc_failed"),
-        ("runtime", "daemon_death", "known", "job_terminated"),
+        ("runtime", "daemon_death:shipped", "known", "job_terminated"),
+        ("runtime", "daemon_death:recoverable_mca", "known", "job_terminated"),
+        ("runtime", "daemon_death:continuous", "known", "job_terminated"),
+        ("runtime", "daemon_death:autorestart", "known", "rejected_option"),
+        ("runtime", "daemon_death:autorestart_mca", "known", "job_terminated"),
+        ("runtime", "daemon_death:enable_recovery", "known", "job_terminated"),
+        ("runtime", "daemon_death:errmgr_prted", "known", "rejected_option"),
     ];
     assert_eq!(rows.len(), want.len(), "one row per selected case: {rows:?}");
     for (window, call, failure, outcome) in want {
         let row = rows.iter().find(|(w, c, f, _, _)| w == window && c == call && f == failure);
         let got = row.map(|(_, _, _, o, _)| o.as_str());
         assert_eq!(got, Some(outcome), "{window}:{call}:{failure} in {rows:?}");
+    }
+    let lost = rows.iter().filter(|r| r.3 == "job_terminated");
+    for (_, call, _, _, detail) in lost {
+        assert!(detail.contains("lost communication with a remote daemon"), "{call}: {detail}");
     }
 }
 

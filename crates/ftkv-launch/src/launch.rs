@@ -28,6 +28,7 @@ pub struct Launch {
     ranks: usize,
     env: Vec<(String, String)>,
     mca: Vec<(String, String)>,
+    flags: Vec<String>,
     timeout: Duration,
     attached: bool,
     hosts: Option<Hosts>,
@@ -43,6 +44,7 @@ impl Launch {
             ranks,
             env: Vec::new(),
             mca: Vec::new(),
+            flags: Vec::new(),
             timeout: Duration::from_secs(60),
             attached: false,
             hosts: None,
@@ -103,6 +105,15 @@ impl Launch {
         self
     }
 
+    /// Extra `mpirun` flags, passed as given after ftkv's own flags and MCA parameters and
+    /// before the program (e.g. `--prtemca KEY VALUE`, `--runtime-options LIST`). `mpirun`
+    /// judges them: one it rejects ends the job before any rank starts, with its message on
+    /// the job's stderr ([`Launch::run`] does not start such a job again).
+    pub fn mpirun_args<I: IntoIterator<Item = S>, S: Into<String>>(mut self, flags: I) -> Launch {
+        self.flags.extend(flags.into_iter().map(Into::into));
+        self
+    }
+
     /// `FTKV_TEST_BTL=tcp` moves the job to `--mca btl self,tcp` (the transport between nodes),
     /// pinned to the loopback interface: Open MPI's default excludes `127.0.0.1/8` and would
     /// talk over the machine's external address. The real-MPI tests run once without and once
@@ -148,6 +159,7 @@ impl Launch {
         for (key, value) in &self.mca {
             cmd.args(["--mca", key, value]);
         }
+        cmd.args(&self.flags);
         for (key, value) in &self.env {
             cmd.env(key, value).args(["-x", key]);
         }

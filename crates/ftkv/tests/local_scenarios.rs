@@ -313,13 +313,16 @@ fn a_live_owner_restores_its_lost_key_by_writing_it() {
             }
             sync_until_done(&mut store);
             let after = store.get(Key::new(0, 0)).expect("the restored key reads");
-            (report.keys_lost, before.map_err(|e| e.to_string()), after)
+            let lost = (report.keys_lost, report.keys_to_rewrite);
+            (lost, before.map_err(|e| e.to_string()), after)
         })
     });
     assert!(results[1].is_none(), "holder 1 was killed");
     for (rank, result) in results.into_iter().enumerate().filter(|(r, _)| *r != 1) {
-        let (lost, before, after) = result.expect("a survivor");
-        assert!(lost.contains(&Key::new(0, 0)), "rank {rank}: reported lost {lost:?}");
+        let ((lost, to_rewrite), before, after) = result.expect("a survivor");
+        assert!(lost.is_empty(), "rank {rank}: a live owner's key reported lost: {lost:?}");
+        let reported = to_rewrite.contains(&Key::new(0, 0));
+        assert!(reported, "rank {rank}: reported for its owner to write again: {to_rewrite:?}");
         assert!(before.is_err_and(|e| e.contains("lost")), "rank {rank}: lost before rewrite");
         assert_eq!(after, Some(value(0, 2, 200)), "rank {rank} reads the restored value");
     }

@@ -988,14 +988,16 @@ impl Admission {
     }
 
     /// The connection of `arrival` if `verdict` admits it and it can be made blocking again
-    /// (its origin then counts as connected); otherwise `None`, and it counts as rejected.
+    /// (its origin then counts as connected); otherwise `None`, and it counts as rejected
+    /// before its connection is closed (a peer that sees it closed sees it counted).
     fn decide(&mut self, arrival: Arrival, verdict: Verdict) -> Option<TcpStream> {
-        let admitted = verdict.and_then(|origin| match arrival.into_stream() {
-            Ok(stream) => Ok((origin, stream)),
-            Err(_) => Err(Rejected::Io),
-        });
-        match admitted {
-            Ok((origin, stream)) => {
+        let Ok(origin) = verdict else {
+            self.reject();
+            drop(arrival);
+            return None;
+        };
+        match arrival.into_stream() {
+            Ok(stream) => {
                 self.connected[origin as usize] = true;
                 Some(stream)
             }

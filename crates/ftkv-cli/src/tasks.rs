@@ -201,13 +201,11 @@ impl Demo {
     fn suspicion(&self) -> Duration {
         self.suspicion.unwrap_or(DEFAULT_SUSPICION)
     }
-
-    /// The store's data-path watchdog: 2 s; across hosts the store raises it past the
-    /// suspicion bound (a put to a silent holder there waits until the detector declares it).
-    fn watchdog(&self) -> Duration {
-        Duration::from_secs(2)
-    }
 }
+
+/// The demo's data-path watchdog; across hosts the store raises it past the suspicion bound
+/// (a put to a silent holder there waits until the detector declares it).
+const DEMO_WATCHDOG: Duration = Duration::from_secs(2);
 
 /// What one run of the pool reported.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -290,7 +288,7 @@ fn run_pool_job(exe: &Path, demo: &Demo, show: bool) -> Result<RunReport> {
         demo.copies.to_string(),
         demo.seed.to_string(),
         demo.suspicion().as_millis().to_string(),
-        demo.watchdog().as_millis().to_string(),
+        DEMO_WATCHDOG.as_millis().to_string(),
     ];
     if demo.localized {
         args.push("--localized".to_string());

@@ -31,10 +31,9 @@ pub fn killable_hosts(host_of_rank: &[Option<usize>], alive: &[usize]) -> Vec<us
 /// One simulated host whose ranks are all SIGKILLed at a planned moment.
 #[derive(Debug)]
 pub struct HostKill {
-    /// Counted from the moment every rank's pid is known (start-up over simulated hosts takes
-    /// about as long as a short run).
+    /// Counted from the moment every rank is ready (start-up over simulated hosts takes about
+    /// as long as a short run).
     at: Duration,
-    ready: Option<Duration>,
     /// The host killed, once it was.
     pub host: Option<usize>,
     /// Its ranks that were SIGKILLed.
@@ -46,25 +45,22 @@ impl HostKill {
     pub fn planned(rng: &mut SmallRng, duration: Duration) -> HostKill {
         let d = duration.as_secs_f64();
         let at = Duration::from_secs_f64(rng.gen_range(0.2 * d..0.8 * d));
-        HostKill { at, ready: None, host: None, ranks: Vec::new() }
+        HostKill { at, host: None, ranks: Vec::new() }
     }
 
-    /// When due (its moment after every rank's pid became known): SIGKILLs every live rank of a random host among
+    /// When due (`since_ready` after every rank was ready): SIGKILLs every live rank of a random host among
     /// [`killable_hosts`] and returns those ranks (empty otherwise). Fails when the job runs on
     /// no simulated hosts or no host can be lost while the rest keep the store.
     pub fn step(
         &mut self,
         job: &RunningJob,
+        since_ready: Duration,
         pids: &HashMap<usize, u32>,
         dead: &[usize],
         ranks: usize,
         rng: &mut SmallRng,
     ) -> Result<Vec<usize>> {
-        if self.host.is_some() || pids.len() < ranks {
-            return Ok(Vec::new());
-        }
-        let ready = *self.ready.get_or_insert(job.elapsed());
-        if job.elapsed() < ready + self.at {
+        if self.host.is_some() || since_ready < self.at {
             return Ok(Vec::new());
         }
         let cluster = job.cluster().context("--kill-host needs simulated hosts (--nodes)")?;
@@ -117,17 +113,18 @@ impl StallOutcome {
 }
 
 impl Stall {
-    /// A stall `at` into the run, `length` long.
+    /// A stall `at` after every rank is ready, `length` long.
     pub fn planned(at: Duration, length: Duration) -> Stall {
         Stall { at, length, stopped: None, resumed: false }
     }
 
-    /// SIGSTOPs a random rank not in `dead` once due and every pid is known, and SIGCONTs it
-    /// after the stall's length. Fails when the signal cannot be sent to a process that still
-    /// runs.
+    /// SIGSTOPs a random rank not in `dead` once due (`since_ready` after every rank was
+    /// ready), and SIGCONTs it after the stall's length. Fails when the signal cannot be sent to
+    /// a process that still runs.
     pub fn step(
         &mut self,
         job: &RunningJob,
+        since_ready: Duration,
         pids: &HashMap<usize, u32>,
         dead: &[usize],
         ranks: usize,
@@ -135,7 +132,7 @@ impl Stall {
     ) -> Result<()> {
         let now = job.elapsed();
         match (self.stopped, self.resumed) {
-            (None, _) if now >= self.at && pids.len() == ranks => {
+            (None, _) if since_ready >= self.at => {
                 let alive: Vec<usize> = (0..ranks).filter(|r| !dead.contains(r)).collect();
                 ensure!(!alive.is_empty(), "no rank left to stop");
                 let rank = alive[rng.gen_range(0..alive.len())];

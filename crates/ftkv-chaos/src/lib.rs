@@ -427,20 +427,21 @@ impl Faults {
         ranks: usize,
         rng: &mut SmallRng,
     ) -> Result<()> {
-        self.killer.observe(line);
+        self.killer.observe(line, job.elapsed());
+        let Some(since_ready) = self.killer.since_ready(job.elapsed()) else { return Ok(()) };
         let stalled = self.stall.as_ref().and_then(Stall::rank);
-        self.killer.maybe_kill(job, rng, stalled)?;
+        self.killer.maybe_kill(since_ready, rng, stalled)?;
         if let Some(host) = &mut self.host {
             let gone = self.killer.killed.iter().copied().chain(stalled).collect::<Vec<_>>();
-            let killed = host.step(job, &self.killer.pids, &gone, ranks, rng)?;
+            let killed = host.step(job, since_ready, &self.killer.pids, &gone, ranks, rng)?;
             self.killer.killed.extend(killed);
         }
         if let Some(stall) = &mut self.stall {
-            stall.step(job, &self.killer.pids, &self.killer.killed, ranks, rng)?;
+            stall.step(job, since_ready, &self.killer.pids, &self.killer.killed, ranks, rng)?;
         }
         if let Some(cut) = &mut self.cut {
             cut.observe(line);
-            cut.step(job, &self.killer, ranks, rng)?;
+            cut.step(job, since_ready, &self.killer, ranks, rng)?;
         }
         Ok(())
     }
@@ -523,12 +524,13 @@ impl LinkCut {
     fn step(
         &mut self,
         job: &RunningJob,
+        since_ready: Duration,
         killer: &Killer,
         ranks: usize,
         rng: &mut SmallRng,
     ) -> Result<()> {
         let Some(cluster) = job.cluster() else { bail!("--cut-link needs simulated hosts") };
-        if self.host.is_none() && job.elapsed() >= self.at && killer.pids.len() == ranks {
+        if self.host.is_none() && since_ready >= self.at {
             let host_of = |r: &usize| killer.pids.get(r).and_then(|pid| cluster.host_of(*pid));
             let spared = host_of(&0);
             let holds_ranks = |h: &usize| (0..ranks).any(|r| host_of(&r) == Some(*h));
@@ -723,10 +725,15 @@ fn idle(job: &mut RunningJob) -> Option<(Option<usize>, String)> {
 
 /// When and whom to kill.
 struct Killer {
+    /// The ranks' pids, which each prints once its store exists.
     pids: HashMap<usize, u32>,
+    ranks: usize,
+    /// When (job time) the last rank printed its pid: every fault counts from there, since a
+    /// death inside `MPI_Init` or the store's creation ends any job.
+    ready: Option<Duration>,
     killed: Vec<usize>,
-    /// Per planned kill: a time after start, or `None` for "as soon as a survivor recovers"
-    /// (or, with localized recovery, noticed the failure).
+    /// Per planned kill: a time after every rank is ready, or `None` for "as soon as a
+    /// survivor recovers" (or, with localized recovery, noticed the failure).
     plan: Vec<Option<Duration>>,
     recovering_seen: bool,
 }
@@ -737,13 +744,19 @@ impl Killer {
         let plan = (0..campaign.kills)
             .map(|i| (i % 2 == 0).then(|| Duration::from_secs_f64(rng.gen_range(0.2 * d..0.8 * d))))
             .collect();
-        Killer { pids: HashMap::new(), killed: Vec::new(), plan, recovering_seen: false }
+        let pids = HashMap::new();
+        let (ranks, ready, killed) = (campaign.ranks, None, Vec::new());
+        Killer { pids, ranks, ready, killed, plan, recovering_seen: false }
     }
 
-    fn observe(&mut self, (rank, text): &(Option<usize>, String)) {
+    /// Takes in one output line seen at job time `now`.
+    fn observe(&mut self, (rank, text): &(Option<usize>, String), now: Duration) {
         let Some(rank) = rank else { return };
         if let Some(pid) = text.strip_prefix("pid=").and_then(|p| p.trim().parse().ok()) {
             self.pids.insert(*rank, pid);
+            if self.pids.len() == self.ranks {
+                self.ready.get_or_insert(now);
+            }
         }
         let repairing = text.starts_with("recovering") || text.starts_with("noticed ");
         if repairing && !self.killed.is_empty() {
@@ -751,20 +764,25 @@ impl Killer {
         }
     }
 
+    /// The time since every rank was ready, at job time `now`; `None` before.
+    fn since_ready(&self, now: Duration) -> Option<Duration> {
+        self.ready.map(|ready| now.saturating_sub(ready))
+    }
+
     /// SIGKILLs a random rank other than `spared` and those already killed when the next
-    /// planned kill is due.
+    /// planned kill is due (`since_ready` after every rank was ready).
     fn maybe_kill(
         &mut self,
-        job: &RunningJob,
+        since_ready: Duration,
         rng: &mut SmallRng,
         spared: Option<usize>,
     ) -> Result<()> {
         let Some(next) = self.plan.get(self.killed.len()).copied() else { return Ok(()) };
         let due = match next {
-            Some(at) => job.elapsed() >= at,
+            Some(at) => since_ready >= at,
             None => self.recovering_seen,
         };
-        if !due || self.pids.len() < self.plan.len() + 2 {
+        if !due {
             return Ok(());
         }
         let excluded: Vec<usize> = self.killed.iter().copied().chain(spared).collect();

@@ -39,8 +39,8 @@ pub fn rank_main(args: &RankArgs) -> Result<()> {
     let world = mpi.world()?;
     let localized = args.recovery == Recovery::Localized;
     let coordination = localized.then(|| world.dup()).transpose()?;
-    println!("pid={}", std::process::id());
     let store = Store::create(&world, store_config(args))?;
+    println!("pid={}", std::process::id());
     let mut writer = Writer::new(store, args.seed, localized);
     writer.write_for(args.duration)?;
     if let Some(coordination) = &coordination {

@@ -174,7 +174,9 @@ enum Command {
         #[arg(allow_negative_numbers = true)]
         copies: usize,
         /// Ranks SIGKILLed per job: the 1st, 3rd, ... at a random moment of the run, the 2nd,
-        /// 4th, ... as soon as a survivor reports that it is recovering.
+        /// 4th, ... as soon as a survivor reports that it is recovering. Every fault counts
+        /// from the moment all ranks created their store (a death inside `MPI_Init` or the
+        /// store's creation ends any job).
         #[arg(long, default_value_t = CHAOS_KILLS, value_parser = args::at_least(0usize))]
         #[arg(allow_negative_numbers = true)]
         kills: usize,

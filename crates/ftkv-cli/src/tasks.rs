@@ -684,6 +684,13 @@ fn result_of(out: &JobOutput, demo: &Demo, watch: &Watch) -> Result<RunReport> {
         failed.iter().copied().filter(|r| !watch.killed.contains(r)).collect();
     if !outside.is_empty() {
         eprintln!("[demo] ranks {outside:?} failed without a kill of this driver's; the survivors recovered");
+        eprint!("[demo] the ranks' errors:\n{}", rank_errors(out));
+        for &rank in &outside {
+            eprint!("[demo] rank {rank}'s last lines:\n{}", own_lines(out, rank));
+        }
+        for line in &out.untagged {
+            eprintln!("[demo] [mpirun] {line}");
+        }
     }
     for rank in out.self_ended(demo.ranks) {
         for line in out.own_stderr(rank).map(str::trim).filter(|l| says_why_it_ended(l)).take(4) {

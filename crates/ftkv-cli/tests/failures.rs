@@ -3,7 +3,7 @@
 //! owner whose key lost every copy, a recovery stuck inside Open MPI, and the shared-memory files
 //! a job leaves behind however it ends. Every run has a hard bound.
 
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use ftkv_cli::launch::{job_slot, output_within, processes_under, shm_segments};
@@ -11,55 +11,9 @@ use ftkv_cli::reports::{FencedReport, Passed};
 
 mod common;
 
+use common::Driver;
+
 const FTKV: &str = env!("CARGO_BIN_EXE_ftkv");
-
-/// Starts `ftkv args` with piped output.
-fn start(args: &[&str]) -> Child {
-    let mut cmd = Command::new(FTKV);
-    cmd.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
-    cmd.spawn().expect("ftkv starts")
-}
-
-/// Waits until `driver` runs at least `count` processes whose command line holds `word`, and
-/// returns their pids.
-fn wait_for_ranks(driver: &Child, word: &str, count: usize) -> Vec<u32> {
-    let started = Instant::now();
-    loop {
-        let ranks = processes_under(driver.id(), word);
-        if ranks.len() >= count {
-            return ranks;
-        }
-        assert!(started.elapsed() < Duration::from_secs(30), "the ranks of {word} never started");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// Waits for `driver` to end within `bound` (SIGKILLed and failed otherwise) and returns its
-/// status, stdout and stderr.
-fn wait_bounded(mut driver: Child, bound: Duration) -> (std::process::ExitStatus, String, String) {
-    let mut stdout = driver.stdout.take().expect("stdout");
-    let mut stderr = driver.stderr.take().expect("stderr");
-    let out = std::thread::spawn(move || read(&mut stdout));
-    let err = std::thread::spawn(move || read(&mut stderr));
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = driver.try_wait().expect("wait") {
-            break status;
-        }
-        if started.elapsed() > bound {
-            driver.kill().expect("kill the driver");
-            panic!("ftkv did not end within {bound:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    (status, out.join().unwrap(), err.join().unwrap())
-}
-
-fn read(pipe: &mut impl std::io::Read) -> String {
-    let mut text = String::new();
-    pipe.read_to_string(&mut text).expect("readable output");
-    text.replace('\0', "")
-}
 
 fn kill(pid: u32, signal: &str) {
     let status = Command::new("kill").args([signal, &pid.to_string()]).status().expect("kill");
@@ -69,11 +23,13 @@ fn kill(pid: u32, signal: &str) {
 #[test]
 fn a_rank_killed_from_outside_is_judged_by_the_survivors_agreed_failed_set() {
     let _slot = job_slot();
-    let driver = start(&["demo", "-n", "6", "--kills", "0", "--tree", "T3L", "--timeout", "90"]);
-    let ranks = wait_for_ranks(&driver, "tasks-rank", 6);
-    std::thread::sleep(Duration::from_secs(2));
-    kill(ranks[2], "-KILL");
-    let (status, stdout, stderr) = wait_bounded(driver, Duration::from_secs(120));
+    let args = ["demo", "-n", "6", "--kills", "0", "--tree", "T3L", "--timeout", "90"];
+    let driver = Driver::start(&args);
+    let ranks = common::wait_for_world_ranks(driver.id(), "tasks-rank", 6);
+    driver.wait_for_work(Duration::from_secs(60));
+    std::thread::sleep(Duration::from_millis(500));
+    common::kill_and_confirm(&[ranks[&2]]);
+    let (status, stdout, stderr) = driver.finish(Duration::from_secs(120));
     assert!(status.success(), "the demo failed:\n{stdout}\n{stderr}");
     assert!(stdout.contains("-> MATCH"), "{stdout}");
     assert!(stderr.contains("failed without a kill of this driver's"), "{stderr}");
@@ -83,11 +39,11 @@ fn a_rank_killed_from_outside_is_judged_by_the_survivors_agreed_failed_set() {
 fn chaos_counts_a_rank_killed_from_outside_as_a_failure_not_a_lost_survivor() {
     let _slot = job_slot();
     let args = ["chaos", "--runs", "1", "--ranks", "6", "--copies", "2", "--kills", "0"];
-    let driver = start(&[&args[..], &["--duration", "4"]].concat());
-    let ranks = wait_for_ranks(&driver, "chaos-rank", 6);
+    let driver = Driver::start(&[&args[..], &["--duration", "4"]].concat());
+    let ranks = common::wait_for_world_ranks(driver.id(), "chaos-rank", 6);
     std::thread::sleep(Duration::from_secs(1));
-    kill(ranks[4], "-KILL");
-    let (status, stdout, stderr) = wait_bounded(driver, Duration::from_secs(90));
+    common::kill_and_confirm(&[ranks[&4]]);
+    let (status, stdout, stderr) = driver.finish(Duration::from_secs(90));
     assert!(status.success(), "the campaign failed:\n{stdout}\n{stderr}");
     let summary: serde_json::Value = serde_json::from_str(stdout.trim()).expect("JSON summary");
     assert_eq!(summary["outside_failures"], 1, "{stdout}");
@@ -186,13 +142,14 @@ fn a_timed_out_job_leaves_no_shared_memory() {
 fn a_job_whose_mpirun_is_killed_leaves_no_processes_or_shared_memory() {
     let _slot = job_slot();
     let before = shm_segments();
-    let driver = start(&["demo", "--tree", "T1L", "--kills", "0", "--timeout", "60"]);
-    let ranks = wait_for_ranks(&driver, "tasks-rank", 8);
+    let driver = Driver::start(&["demo", "--tree", "T1L", "--kills", "0", "--timeout", "60"]);
+    let ranks: Vec<u32> =
+        common::wait_for_world_ranks(driver.id(), "tasks-rank", 8).into_values().collect();
     let mpirun = processes_under(driver.id(), "prterun");
     assert_eq!(mpirun.len(), 1, "one prterun (mpirun) under the driver");
     std::thread::sleep(Duration::from_millis(500));
     kill(mpirun[0], "-KILL");
-    let (status, _, stderr) = wait_bounded(driver, Duration::from_secs(60));
+    let (status, _, stderr) = driver.finish(Duration::from_secs(60));
     assert!(!status.success(), "a killed job fails the demo");
     for pid in ranks {
         assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists(), "rank {pid} lives on");
@@ -205,11 +162,12 @@ fn an_interrupted_driver_ends_its_job_and_leaves_no_shared_memory() {
     let _slot = job_slot();
     for signal in ["-INT", "-TERM"] {
         let before = shm_segments();
-        let driver = start(&["demo", "--tree", "T1L", "--kills", "0", "--timeout", "60"]);
-        let ranks = wait_for_ranks(&driver, "tasks-rank", 8);
+        let driver = Driver::start(&["demo", "--tree", "T1L", "--kills", "0", "--timeout", "60"]);
+        let ranks: Vec<u32> =
+            common::wait_for_world_ranks(driver.id(), "tasks-rank", 8).into_values().collect();
         std::thread::sleep(Duration::from_millis(500));
         kill(driver.id(), signal);
-        let (status, _, stderr) = wait_bounded(driver, Duration::from_secs(30));
+        let (status, _, stderr) = driver.finish(Duration::from_secs(30));
         assert_eq!(status.code(), Some(130), "{signal}: {stderr}");
         for pid in ranks {
             let alive = std::path::Path::new(&format!("/proc/{pid}")).exists();

@@ -4,68 +4,14 @@
 //! shared-memory files). No process may end itself when only killed ranks failed. Every run
 //! has a hard bound.
 
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ftkv_cli::cluster::namespaces_with_prefix;
-use ftkv_cli::launch::{job_slot, processes_under, shm_segments};
+use ftkv_cli::launch::{job_slot, shm_segments};
 
 mod common;
 
-const FTKV: &str = env!("CARGO_BIN_EXE_ftkv");
-
-fn start(args: &[&str]) -> Child {
-    let mut cmd = Command::new(FTKV);
-    cmd.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
-    cmd.spawn().expect("ftkv starts")
-}
-
-fn wait_for_ranks(driver: &Child, word: &str, count: usize) -> Vec<u32> {
-    let started = Instant::now();
-    let mut previous = Vec::new();
-    loop {
-        let ranks = processes_under(driver.id(), word);
-        if ranks.len() >= count && ranks == previous {
-            return ranks;
-        }
-        previous = ranks;
-        assert!(started.elapsed() < Duration::from_secs(60), "the ranks of {word} never started");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// The MPI world rank of process `pid` (`PMIX_RANK` in the environment the runtime started it
-/// with); `None` for a process the runtime did not start as a rank.
-fn world_rank(pid: u32) -> Option<usize> {
-    let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
-    let rank = environ.split(|&b| b == 0).find_map(|var| var.strip_prefix(b"PMIX_RANK="))?;
-    String::from_utf8_lossy(rank).parse().ok()
-}
-
-fn wait_bounded(mut driver: Child, bound: Duration) -> (std::process::ExitStatus, String, String) {
-    let mut stdout = driver.stdout.take().expect("stdout");
-    let mut stderr = driver.stderr.take().expect("stderr");
-    let out = std::thread::spawn(move || read(&mut stdout));
-    let err = std::thread::spawn(move || read(&mut stderr));
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = driver.try_wait().expect("wait") {
-            break status;
-        }
-        if started.elapsed() > bound {
-            driver.kill().expect("kill the driver");
-            panic!("ftkv did not end within {bound:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    (status, out.join().unwrap(), err.join().unwrap())
-}
-
-fn read(pipe: &mut impl std::io::Read) -> String {
-    let mut text = String::new();
-    pipe.read_to_string(&mut text).expect("readable output");
-    text.replace('\0', "")
-}
+use common::Driver;
 
 /// The network namespace of process `pid` (`net:[inode]`).
 fn netns_of(pid: u32) -> String {
@@ -96,10 +42,11 @@ fn a_demo_over_three_hosts_with_two_kills_matches_and_no_process_ends_itself() {
     let _slot = job_slot();
     let shm_before = shm_segments();
     let args = ["demo", "--nodes", "3", "-n", "6", "--kills", "2", "--copies", "2"];
-    let driver = start(&[&args[..], &["--tree", "T1", "--timeout", "120"]].concat());
+    let driver = Driver::start(&[&args[..], &["--tree", "T1", "--timeout", "120"]].concat());
     let pid = driver.id();
-    let ranks = wait_for_ranks(&driver, "tasks-rank", 6);
-    let (status, stdout, stderr) = wait_bounded(driver, Duration::from_secs(180));
+    let ranks: Vec<u32> =
+        common::wait_for_world_ranks(pid, "tasks-rank", 6).into_values().collect();
+    let (status, stdout, stderr) = driver.finish(Duration::from_secs(180));
     assert!(status.success(), "the demo failed:\n{stdout}\n{stderr}");
     assert!(stdout.contains("-> MATCH"), "{stdout}");
     assert_eq!(list_after(&stdout, "killed ranks").len(), 2, "{stdout}\n{stderr}");
@@ -117,10 +64,12 @@ fn a_localized_demo_over_three_hosts_with_two_kills_matches_without_a_global_rec
     let shm_before = shm_segments();
     let args = ["demo", "--nodes", "3", "-n", "6", "--kills", "2", "--copies", "2"];
     let localized = ["--recovery", "localized", "--seed", "3"];
-    let driver = start(&[&args[..], &localized, &["--tree", "T1", "--timeout", "120"]].concat());
+    let driver =
+        Driver::start(&[&args[..], &localized, &["--tree", "T1", "--timeout", "120"]].concat());
     let pid = driver.id();
-    let ranks = wait_for_ranks(&driver, "tasks-rank", 6);
-    let (status, stdout, stderr) = wait_bounded(driver, Duration::from_secs(180));
+    let ranks: Vec<u32> =
+        common::wait_for_world_ranks(pid, "tasks-rank", 6).into_values().collect();
+    let (status, stdout, stderr) = driver.finish(Duration::from_secs(180));
     assert!(status.success(), "the demo failed:\n{stdout}\n{stderr}");
     assert!(stdout.contains("-> MATCH"), "{stdout}");
     assert_eq!(list_after(&stdout, "killed ranks").len(), 2, "{stdout}\n{stderr}");
@@ -144,26 +93,29 @@ struct Ended {
 const DAEMON_LOST: &str = "PRTE has lost communication with a remote daemon";
 
 /// 6 ranks over `hosts` simulated hosts (by slot: 0–1, 2–3, 4–5 on 3 hosts; 0–2, 3–5 on 2),
-/// and every rank of the host of rank 5 SIGKILLed at the same moment, 2 s into the deep tree (T3L),
+/// and every rank of the host of rank 5 SIGKILLed at the same moment, 0.5 s after the pool showed
+/// work in the deep tree (T3L) (a death during `MPI_Init` or the store's creation ends any job),
 /// while the pool checkpoints and steals across hosts; `extra` arguments to the demo. Over 2
 /// hosts the survivors hold exactly half of the workers, worker 0 among them, which the quorum
 /// rule lets go on.
 fn kill_one_hosts_ranks_during_a_demo(hosts: usize, extra: &[&str]) -> Ended {
     let hosts_arg = hosts.to_string();
     let args = ["demo", "--nodes", &hosts_arg, "-n", "6", "--kills", "0", "--copies", "2"];
-    let driver = start(&[&args[..], &["--tree", "T3L", "--timeout", "150"], extra].concat());
+    let driver =
+        Driver::start(&[&args[..], &["--tree", "T3L", "--timeout", "150"], extra].concat());
     let pid = driver.id();
-    let ranks = wait_for_ranks(&driver, "tasks-rank", 6);
-    std::thread::sleep(Duration::from_millis(2000));
-    let last = ranks.iter().copied().max_by_key(|&p| world_rank(p)).expect("ranks");
-    let host = netns_of(last);
-    let victims: Vec<String> =
-        ranks.iter().filter(|&&p| netns_of(p) == host).map(|p| p.to_string()).collect();
-    let spread: Vec<(u32, String)> = ranks.iter().map(|&p| (p, netns_of(p))).collect();
+    let by_rank = common::wait_for_world_ranks(pid, "tasks-rank", 6);
+    driver.wait_for_work(Duration::from_secs(90));
+    std::thread::sleep(Duration::from_millis(500));
+    let host = netns_of(by_rank[&5]);
+    let victims: Vec<u32> = by_rank.values().copied().filter(|&p| netns_of(p) == host).collect();
+    let mut spread: Vec<(usize, String)> =
+        by_rank.iter().map(|(&r, &p)| (r, netns_of(p))).collect();
+    spread.sort();
     assert_eq!(victims.len(), 6 / hosts, "6 ranks over {hosts} hosts: {spread:?}");
-    let killed = Command::new("kill").arg("-KILL").args(&victims).status().expect("kill");
-    assert!(killed.success());
-    let (status, stdout, stderr) = wait_bounded(driver, Duration::from_secs(200));
+    common::kill_and_confirm(&victims);
+    let ranks: Vec<u32> = by_rank.into_values().collect();
+    let (status, stdout, stderr) = driver.finish(Duration::from_secs(200));
     Ended { status, stdout, stderr, pid, ranks }
 }
 

@@ -214,6 +214,15 @@ pub(crate) enum Lane {
 
 impl Lane {
     const ALL: [Lane; 3] = [Lane::Owner, Lane::Repairer, Lane::Replicator];
+
+    /// The thread that makes this lane's calls, for messages.
+    fn thread_name(self) -> &'static str {
+        match self {
+            Lane::Owner => "store's owning",
+            Lane::Repairer => "repairer",
+            Lane::Replicator => "replicator",
+        }
+    }
 }
 
 /// The running detector and clock threads; stopped and joined on drop.
@@ -472,8 +481,9 @@ impl StuckCall {
         }
         if self.since.is_some_and(|t| t.elapsed() > bound) {
             watch.comm.fail_stop(&format!(
-                "a one-sided MPI call has not returned for {bound:?} (its target is presumably \
-                 dead and Open MPI does not report it)"
+                "a one-sided MPI call of the {} thread has not returned for {bound:?} (its \
+                 target is presumably dead and Open MPI does not report it)",
+                self.lane.thread_name()
             ));
             self.since = None;
         }

@@ -112,3 +112,142 @@ fn ready_pids(running: &mut RunningJob, ranks: usize) -> Option<HashMap<usize, u
     }
     Some(pids)
 }
+
+/// The MPI world rank of process `pid` (`PMIX_RANK` in the environment the runtime started it
+/// with); `None` for a process the runtime did not start as a rank, such as `mpirun`, whose
+/// command line holds the ranks' arguments too.
+pub fn world_rank(pid: u32) -> Option<usize> {
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    let rank = environ.split(|&b| b == 0).find_map(|var| var.strip_prefix(b"PMIX_RANK="))?;
+    String::from_utf8_lossy(rank).parse().ok()
+}
+
+/// Waits (at most 60 s) until the processes under `driver` whose command line holds `word`
+/// include `count` MPI ranks; their pids by world rank.
+pub fn wait_for_world_ranks(driver: u32, word: &str, count: usize) -> HashMap<usize, u32> {
+    let started = std::time::Instant::now();
+    loop {
+        let ranks: HashMap<usize, u32> = ftkv_cli::launch::processes_under(driver, word)
+            .into_iter()
+            .filter_map(|pid| Some((world_rank(pid)?, pid)))
+            .collect();
+        if ranks.len() >= count {
+            return ranks;
+        }
+        assert!(started.elapsed() < Duration::from_secs(60), "the ranks of {word} never started");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// SIGKILLs `pids` and waits (at most 10 s) until each is gone or a zombie, so a test knows
+/// its kill landed before it judges the job.
+pub fn kill_and_confirm(pids: &[u32]) {
+    let status = std::process::Command::new("kill")
+        .arg("-KILL")
+        .args(pids.iter().map(u32::to_string))
+        .status()
+        .expect("kill runs");
+    assert!(status.success(), "kill -KILL {pids:?}");
+    let started = std::time::Instant::now();
+    while pids.iter().any(|&pid| is_running(pid)) {
+        assert!(started.elapsed() < Duration::from_secs(10), "{pids:?} outlived SIGKILL by 10 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Whether `pid` exists and is not a zombie.
+fn is_running(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    let state = stat.rsplit_once(") ").and_then(|(_, rest)| rest.chars().next());
+    state != Some('Z')
+}
+
+/// An `ftkv` driver (`demo`, `chaos`) started with piped output that is read as it comes, so a
+/// test can act on the driver's progress and still judge its whole output.
+pub struct Driver {
+    child: std::process::Child,
+    stdout: std::thread::JoinHandle<String>,
+    stderr: std::thread::JoinHandle<String>,
+    stderr_lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl Driver {
+    /// Starts `ftkv` with `args`.
+    pub fn start(args: &[&str]) -> Driver {
+        use std::process::Stdio;
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_ftkv"));
+        cmd.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("ftkv starts");
+        let mut stdout = child.stdout.take().expect("stdout");
+        let stderr = child.stderr.take().expect("stderr");
+        let stdout = std::thread::spawn(move || {
+            let mut text = String::new();
+            std::io::Read::read_to_string(&mut stdout, &mut text).expect("readable output");
+            text.replace('\0', "")
+        });
+        let (send, stderr_lines) = std::sync::mpsc::channel();
+        let stderr = std::thread::spawn(move || {
+            let mut text = String::new();
+            for line in std::io::BufRead::lines(std::io::BufReader::new(stderr)) {
+                let line = line.unwrap_or_default().replace('\0', "");
+                let _ = send.send(line.clone());
+                text.push_str(&line);
+                text.push('\n');
+            }
+            text
+        });
+        Driver { child, stdout, stderr, stderr_lines }
+    }
+
+    /// The driver's pid.
+    pub fn id(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits (at most `bound`) until a demo's progress line counts tasks run: the pool runs,
+    /// so every rank is past `MPI_Init` and the store's creation, which no failure-tolerant
+    /// job survives a death in.
+    pub fn wait_for_work(&self, bound: Duration) {
+        let started = std::time::Instant::now();
+        while started.elapsed() < bound {
+            let Ok(line) = self.stderr_lines.recv_timeout(Duration::from_millis(100)) else {
+                continue;
+            };
+            if tasks_in_progress_line(&line).is_some_and(|m| m > 0.0) {
+                return;
+            }
+        }
+        panic!("the demo's pool showed no work within {bound:?}");
+    }
+
+    /// Waits for the driver to end within `bound` (SIGKILLed and failed otherwise); its
+    /// status, stdout and stderr.
+    pub fn finish(mut self, bound: Duration) -> (std::process::ExitStatus, String, String) {
+        let started = std::time::Instant::now();
+        let status = loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                break status;
+            }
+            if started.elapsed() > bound {
+                self.child.kill().expect("kill the driver");
+                panic!("ftkv did not end within {bound:?}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        (status, self.stdout.join().unwrap(), self.stderr.join().unwrap())
+    }
+}
+
+/// The millions of tasks a demo progress line (`[demo]   2.28 s: 13.00 M tasks on live
+/// workers ...`) counts.
+fn tasks_in_progress_line(line: &str) -> Option<f64> {
+    let before = line.split(" M tasks on live workers").next().filter(|b| b.len() < line.len())?;
+    before.rsplit(' ').next()?.parse().ok()
+}
+
+#[test]
+fn progress_lines_are_read_for_their_task_count() {
+    let line = "[demo]   2.28 s: 13.00 M tasks on live workers (5.71 M/s), kills 0/0";
+    assert_eq!(tasks_in_progress_line(line), Some(13.0));
+    assert_eq!(tasks_in_progress_line("[demo] UTS T3L on 6 ranks"), None);
+}

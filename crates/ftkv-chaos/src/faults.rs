@@ -28,6 +28,20 @@ pub fn killable_hosts(host_of_rank: &[Option<usize>], alive: &[usize]) -> Vec<us
     candidates
 }
 
+/// Where a run stands when a fault may be due.
+#[derive(Clone, Copy)]
+pub struct Moment<'a> {
+    pub job: &'a RunningJob,
+    /// The time since every rank was ready (had created its store).
+    pub since_ready: Duration,
+    /// The ranks' pids.
+    pub pids: &'a HashMap<usize, u32>,
+    /// Ranks already killed or stopped.
+    pub dead: &'a [usize],
+    /// The job's ranks.
+    pub ranks: usize,
+}
+
 /// One simulated host whose ranks are all SIGKILLed at a planned moment.
 #[derive(Debug)]
 pub struct HostKill {
@@ -51,15 +65,8 @@ impl HostKill {
     /// When due (`since_ready` after every rank was ready): SIGKILLs every live rank of a random host among
     /// [`killable_hosts`] and returns those ranks (empty otherwise). Fails when the job runs on
     /// no simulated hosts or no host can be lost while the rest keep the store.
-    pub fn step(
-        &mut self,
-        job: &RunningJob,
-        since_ready: Duration,
-        pids: &HashMap<usize, u32>,
-        dead: &[usize],
-        ranks: usize,
-        rng: &mut SmallRng,
-    ) -> Result<Vec<usize>> {
+    pub fn step(&mut self, now: &Moment, rng: &mut SmallRng) -> Result<Vec<usize>> {
+        let Moment { job, since_ready, pids, dead, ranks } = *now;
         if self.host.is_some() || since_ready < self.at {
             return Ok(Vec::new());
         }
@@ -121,15 +128,8 @@ impl Stall {
     /// SIGSTOPs a random rank not in `dead` once due (`since_ready` after every rank was
     /// ready), and SIGCONTs it after the stall's length. Fails when the signal cannot be sent to
     /// a process that still runs.
-    pub fn step(
-        &mut self,
-        job: &RunningJob,
-        since_ready: Duration,
-        pids: &HashMap<usize, u32>,
-        dead: &[usize],
-        ranks: usize,
-        rng: &mut SmallRng,
-    ) -> Result<()> {
+    pub fn step(&mut self, moment: &Moment, rng: &mut SmallRng) -> Result<()> {
+        let Moment { job, since_ready, pids, dead, ranks } = *moment;
         let now = job.elapsed();
         match (self.stopped, self.resumed) {
             (None, _) if since_ready >= self.at => {

@@ -34,7 +34,7 @@ pub mod faults;
 pub mod oracle;
 mod rank;
 
-use faults::{HostKill, Stall, StallOutcome};
+use faults::{HostKill, Moment, Stall, StallOutcome};
 use oracle::{judge_key, may_lose_keys, KeyVerdict, Owner};
 pub use rank::{failed_workers, finish, rank_main, recover, RankArgs};
 
@@ -433,11 +433,14 @@ impl Faults {
         self.killer.maybe_kill(since_ready, rng, stalled)?;
         if let Some(host) = &mut self.host {
             let gone = self.killer.killed.iter().copied().chain(stalled).collect::<Vec<_>>();
-            let killed = host.step(job, since_ready, &self.killer.pids, &gone, ranks, rng)?;
+            let pids = &self.killer.pids;
+            let moment = Moment { job, since_ready, pids, dead: &gone, ranks };
+            let killed = host.step(&moment, rng)?;
             self.killer.killed.extend(killed);
         }
         if let Some(stall) = &mut self.stall {
-            stall.step(job, since_ready, &self.killer.pids, &self.killer.killed, ranks, rng)?;
+            let (pids, dead) = (&self.killer.pids, &self.killer.killed);
+            stall.step(&Moment { job, since_ready, pids, dead, ranks }, rng)?;
         }
         if let Some(cut) = &mut self.cut {
             cut.observe(line);

@@ -40,7 +40,7 @@ pub fn rank_main(args: &RankArgs) -> Result<()> {
     let localized = args.recovery == Recovery::Localized;
     let coordination = localized.then(|| world.dup()).transpose()?;
     let store = Store::create(&world, store_config(args))?;
-    println!("pid={}", std::process::id());
+    ftkv_launch::rank_println!("pid={}", std::process::id());
     let mut writer = Writer::new(store, args.seed, localized);
     writer.write_for(args.duration)?;
     if let Some(coordination) = &coordination {
@@ -48,7 +48,10 @@ pub fn rank_main(args: &RankArgs) -> Result<()> {
     }
     writer.finish()?;
     report_finals(&mut writer.store, world.size(), "final")?;
-    println!("{}", report_line("done", &DoneReport { failed: failed_workers(&writer.store) }));
+    ftkv_launch::rank_println!(
+        "{}",
+        report_line("done", &DoneReport { failed: failed_workers(&writer.store) })
+    );
     drop(writer);
     drop(coordination);
     drop(world);
@@ -120,7 +123,7 @@ impl Writer {
     /// Fails on any other store error.
     fn write(&mut self, kind: u16, seq: u32, bytes: Option<Vec<u8>>) -> Result<()> {
         let report = WriteReport { kind, seq, delete: bytes.is_none(), acked: false };
-        println!("{}", report_line("write", &report));
+        ftkv_launch::rank_println!("{}", report_line("write", &report));
         let key = Key::new(self.store.worker(), kind);
         let result = match &bytes {
             Some(v) => self.store.put(key, v),
@@ -128,7 +131,10 @@ impl Writer {
         };
         match result {
             Ok(()) => {
-                println!("{}", report_line("write", &WriteReport { acked: true, ..report }));
+                ftkv_launch::rank_println!(
+                    "{}",
+                    report_line("write", &WriteReport { acked: true, ..report })
+                );
                 self.last_acked[kind as usize] = Acked { seq, value: bytes };
                 Ok(())
             }
@@ -159,7 +165,7 @@ impl Writer {
         let failed = self.store.failed();
         let count = failed.len();
         if count > noticed {
-            println!("{}", report_line("noticed", &NoticedReport { failed }));
+            ftkv_launch::rank_println!("{}", report_line("noticed", &NoticedReport { failed }));
             self.noticed = Some(count);
         }
     }
@@ -213,7 +219,7 @@ fn meet(coordination: &Comm) -> Result<()> {
 /// recovery) and a [`RecoveryReport`] after it, which it returns. Fails when the recovery
 /// fails (the store is then unusable).
 pub fn recover(store: &mut Store) -> Result<RecoveryReport> {
-    println!("recovering");
+    ftkv_launch::rank_println!("recovering");
     let report = store.recover()?;
     let report = RecoveryReport {
         failed: report.failed,
@@ -227,7 +233,7 @@ pub fn recover(store: &mut Store) -> Result<RecoveryReport> {
             .collect(),
         ms: report.duration.as_secs_f64() * 1e3,
     };
-    println!("{}", report_line("recovery", &report));
+    ftkv_launch::rank_println!("{}", report_line("recovery", &report));
     Ok(report)
 }
 
@@ -266,7 +272,7 @@ fn report_finals(store: &mut Store, workers: i32, tag: &str) -> ftkv::Result<()>
                 Err(ftkv::Error::KeyLost(_)) => Read::Lost,
                 Err(e) => return Err(e),
             };
-            println!("{}", report_line(tag, &FinalRead { owner, kind, read }));
+            ftkv_launch::rank_println!("{}", report_line(tag, &FinalRead { owner, kind, read }));
         }
     }
     Ok(())

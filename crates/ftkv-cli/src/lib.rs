@@ -4,7 +4,8 @@
 
 pub use ftkv_bench::{bench, bench_recovery, bench_scale, bench_store, peers, stats};
 pub use ftkv_chaos as chaos;
-pub use ftkv_launch::{args, cluster, env, interrupt, launch, progress, rank_errors};
+pub use ftkv_launch::rank_println;
+pub use ftkv_launch::{args, cluster, env, interrupt, launch, progress, rank_errors, records};
 
 pub mod ping;
 pub mod probe;

@@ -13,7 +13,7 @@ const ERROR_EXIT: i32 = 1;
 const PANIC_EXIT: i32 = 101;
 
 /// Prints `e` as this rank's error (also to the launcher's record,
-/// [`crate::launch::record_rank_error`]) and ends the job.
+/// [`crate::records::record_rank_error`]) and ends the job.
 pub fn end_job_on_error(e: &anyhow::Error) -> ! {
     report(Ending::Error, &format!("{e:#}"));
     ftkv_mpi::end_job(ERROR_EXIT)
@@ -30,5 +30,5 @@ pub fn end_job_on_panic() {
 fn report(ending: Ending, message: &str) {
     let line = rank_error_line(env::world_rank(), ending, message);
     eprintln!("{line}");
-    crate::launch::record_rank_error(env::world_rank(), &line);
+    crate::records::record_rank_error(env::world_rank(), &line);
 }

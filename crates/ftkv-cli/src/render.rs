@@ -1,5 +1,6 @@
 //! How a rank of ftkv's programs shows the library's events: the store's on stderr, the pool's
-//! progress and recoveries on stdout (the drivers read them there, tagged by rank) and its
+//! progress and recoveries on stdout (the drivers read them there, tagged by rank, and from
+//! the rank's record, [`crate::records`]) and its
 //! warnings on stderr.
 
 use ftkv::events::Event;
@@ -17,7 +18,7 @@ fn print_store_event(event: &Event) {
 
 fn print_pool_event(event: &PoolEvent) {
     if event.is_report() {
-        println!("{event}");
+        crate::rank_println!("{event}");
     } else {
         eprintln!("{event}");
     }

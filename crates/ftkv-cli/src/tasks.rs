@@ -89,7 +89,7 @@ pub fn rank_main(
     let workload = Workload::from_arg(workload)?;
     let mpi = Mpi::init()?;
     let world = mpi.world()?;
-    println!("pid={}", std::process::id());
+    crate::rank_println!("pid={}", std::process::id());
     let config = PoolConfig {
         copies,
         interval: parse_interval(interval)?,
@@ -119,7 +119,7 @@ pub fn rank_main(
         failed: outcome.failed.iter().map(|&w| w as usize).collect(),
         ms: outcome.elapsed.as_secs_f64() * 1e3,
     };
-    println!("{}", crate::launch::report_line("result", &result));
+    crate::rank_println!("{}", crate::launch::report_line("result", &result));
     drop(world);
     mpi.finalize_bounded(Duration::from_secs(3))?;
     Ok(())

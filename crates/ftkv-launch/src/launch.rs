@@ -16,6 +16,7 @@ use anyhow::{bail, ensure, Context, Result};
 use crate::cluster::{Hosts, SimulatedCluster};
 use crate::env;
 use crate::rank_errors::{find_rank_error, rank_errors_in, said_once};
+use crate::records::{RankRecords, RECORDS_VAR};
 
 /// Variables of ftkv's that every job's ranks see when they are set here.
 const FORWARDED: [&str; 2] = ["FTKV_FAILPOINT", "FTKV_TRACE"];
@@ -145,7 +146,7 @@ impl Launch {
         &self,
         hosts: &Hosts,
         cluster: Option<&SimulatedCluster>,
-        rank_errors: &Path,
+        records: &Path,
     ) -> Result<Command> {
         let mut cmd = match cluster {
             Some(cluster) => cluster.launcher(&env::mpirun()),
@@ -163,7 +164,7 @@ impl Launch {
         for (key, value) in &self.env {
             cmd.env(key, value).args(["-x", key]);
         }
-        cmd.env(RANK_ERRORS_VAR, rank_errors).args(["-x", RANK_ERRORS_VAR]);
+        cmd.env(RECORDS_VAR, records).args(["-x", RECORDS_VAR]);
         for key in FORWARDED {
             if std::env::var_os(key).is_some() && !self.env.iter().any(|(k, _)| k == key) {
                 cmd.args(["-x", key]);
@@ -210,8 +211,8 @@ impl Launch {
             None => Hosts::from_env()?,
         };
         let cluster = self.cluster_for(&hosts)?;
-        let rank_errors = RankErrors::create()?;
-        let command = self.command(&hosts, cluster.as_ref(), &rank_errors.dir)?;
+        let records = RankRecords::create()?;
+        let command = self.command(&hosts, cluster.as_ref(), &records.dir)?;
         let shm_before = shm_segments();
         let start = Instant::now();
         let mut child = spawn(command, self.attached)?;
@@ -231,7 +232,7 @@ impl Launch {
             _slot: slot,
             child,
             attached,
-            rank_errors,
+            records,
             cluster,
             processes,
             lines,
@@ -244,71 +245,13 @@ impl Launch {
     }
 }
 
-/// The variable naming the directory where a rank that ends the job writes its error line
-/// too ([`record_rank_error`]): the launcher forwards output asynchronously, and a job ended at
-/// once can lose the very line that says why.
-pub const RANK_ERRORS_VAR: &str = "FTKV_RANK_ERRORS";
-
-/// Appends `line` to this rank's file in the job's [`RANK_ERRORS_VAR`] directory, when the
-/// rank runs under a [`Launch`]; a failure to write is ignored (the line went to stderr too).
-pub fn record_rank_error(rank: Option<i32>, line: &str) {
-    use std::io::Write;
-    let Some(dir) = std::env::var_os(RANK_ERRORS_VAR) else { return };
-    let name = rank.map_or_else(|| format!("pid-{}", std::process::id()), |r| format!("rank-{r}"));
-    let file =
-        std::fs::OpenOptions::new().create(true).append(true).open(Path::new(&dir).join(name));
-    if let Ok(mut file) = file {
-        let _ = writeln!(file, "{line}");
-    }
-}
-
-/// A job's directory of rank error lines ([`RANK_ERRORS_VAR`]), removed with the job.
-struct RankErrors {
-    dir: PathBuf,
-}
-
-impl RankErrors {
-    fn create() -> Result<RankErrors> {
-        static JOBS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let n = JOBS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let name = format!("ftkv-rank-errors-{}-{n}", std::process::id());
-        let dir = std::env::temp_dir().join(name);
-        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        Ok(RankErrors { dir })
-    }
-
-    /// Appends to `stderr` the recorded lines it does not contain, each once and tagged with
-    /// the file it was recorded in (`rank-<r>`).
-    fn append_missing(&self, stderr: &mut String) {
-        let Ok(entries) = std::fs::read_dir(&self.dir) else { return };
-        let mut paths: Vec<PathBuf> = entries.filter_map(|e| Some(e.ok()?.path())).collect();
-        paths.sort();
-        let mut missing = Vec::new();
-        for path in &paths {
-            let Ok(text) = std::fs::read_to_string(path) else { continue };
-            let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
-            let lines = text.lines().filter(|l| !l.is_empty() && !stderr.contains(*l));
-            missing.extend(lines.map(|l| (name.clone().unwrap_or_default(), l.to_owned())));
-        }
-        for (name, line) in missing {
-            stderr.push_str(&format!("[recorded by {name}] {line}\n"));
-        }
-    }
-}
-
-impl Drop for RankErrors {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
 /// A job that is running: its stdout lines as they come, and its end.
 pub struct RunningJob {
     _slot: std::sync::MutexGuard<'static, ()>,
     child: Child,
     /// The job's output goes to this process's own (see [`Launch::attached`]).
     attached: bool,
-    rank_errors: RankErrors,
+    records: RankRecords,
     /// Dropped (removed) after the job's processes have ended.
     cluster: Option<SimulatedCluster>,
     processes: JobProcesses,
@@ -358,9 +301,10 @@ impl RunningJob {
         self.seen.extend(self.lines.try_iter());
         let mut stderr =
             self.err_reader.take().map(|r| r.join().unwrap_or_default()).unwrap_or_default();
-        self.rank_errors.append_missing(&mut stderr);
+        self.records.append_missing_errors(&mut stderr);
         let stdout = self.seen.join("\n");
-        let out = JobOutput::parse(&stdout, stderr, status, timed_out, self.start.elapsed());
+        let mut out = JobOutput::parse(&stdout, stderr, status, timed_out, self.start.elapsed());
+        self.records.complete_stdout(&mut out.by_rank);
         if self.attached {
             out.errors_said_once().iter().for_each(|line| eprintln!("{line}"));
         }
@@ -1095,23 +1039,6 @@ mod tests {
         assert!(transcript.starts_with("[errors] ftkv: ranks 0-1: store: X\n[rank 1] hi\n"));
         assert!(transcript.ends_with("[stderr]\n[1,1]<stderr>: note\n"), "{transcript}");
         assert_eq!(transcript.matches("store: X").count(), 1, "{transcript}");
-    }
-
-    #[test]
-    fn recorded_rank_errors_missing_from_stderr_are_appended_once() {
-        let errors = RankErrors::create().expect("a directory");
-        let dir = errors.dir.clone();
-        std::fs::write(dir.join("rank-1"), "ftkv: rank 1: error: lost\n").unwrap();
-        std::fs::write(dir.join("rank-2"), "ftkv: rank 2: error: forwarded\n").unwrap();
-        let mut stderr = "[1,2]<stderr>: ftkv: rank 2: error: forwarded\n".to_owned();
-        errors.append_missing(&mut stderr);
-        assert_eq!(
-            stderr,
-            "[1,2]<stderr>: ftkv: rank 2: error: forwarded\n\
-             [recorded by rank-1] ftkv: rank 1: error: lost\n"
-        );
-        drop(errors);
-        assert!(!dir.exists(), "the directory goes with the job");
     }
 
     #[test]

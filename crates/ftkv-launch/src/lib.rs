@@ -11,3 +11,4 @@ pub mod interrupt;
 pub mod launch;
 pub mod progress;
 pub mod rank_errors;
+pub mod records;

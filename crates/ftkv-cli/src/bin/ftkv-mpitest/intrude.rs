@@ -29,7 +29,7 @@ pub fn main() -> ! {
             .collect();
         tries.into_iter().map(|t| t.join().unwrap_or(false) as usize).sum()
     });
-    println!("intruded {connected}");
+    ftkv_cli::rank_println!("intruded {connected}");
     std::process::exit(0)
 }
 

@@ -35,10 +35,10 @@ fn main() {
 
 /// Reports the error and leaves without MPI_Finalize, which waits for peers that may never come.
 fn fail(case: &str, e: &anyhow::Error) -> ! {
-    println!("{}", report_line("error", &ErrorReport { message: format!("{e:#}") }));
+    ftkv_cli::rank_println!("{}", report_line("error", &ErrorReport { message: format!("{e:#}") }));
     let line = format!("ftkv-mpitest {case}: {e:#}");
     eprintln!("{line}");
-    ftkv_cli::launch::record_rank_error(ftkv_cli::env::world_rank(), &line);
+    ftkv_cli::records::record_rank_error(ftkv_cli::env::world_rank(), &line);
     failpoint::exit_now(1)
 }
 
@@ -70,7 +70,7 @@ fn run(case: &str) -> Result<()> {
 
 /// Prints `kind {}`: the step `kind` passed on this rank.
 fn report_passed(kind: &str) {
-    println!("{}", report_line(kind, &Passed {}));
+    ftkv_cli::rank_println!("{}", report_line(kind, &Passed {}));
 }
 
 /// Rank 1 meets an error (or panics) while the others wait in collectives: the ftkv binary's
@@ -81,7 +81,7 @@ fn error_on_one_rank(world: &Comm, panic: bool) -> Result<()> {
     if world.rank() == 1 {
         if panic {
             let empty: Vec<u32> = Vec::new();
-            println!("never {}", empty[world.rank() as usize]);
+            ftkv_cli::rank_println!("never {}", empty[world.rank() as usize]);
         }
         ftkv_cli::rank_failure::end_job_on_error(&anyhow::anyhow!("injected error"));
     }
@@ -96,7 +96,10 @@ fn error_on_one_rank(world: &Comm, panic: bool) -> Result<()> {
 
 fn hello(world: &Comm) -> Result<()> {
     world.barrier()?;
-    println!("{}", report_line("hello", &HelloReport { rank: world.rank(), size: world.size() }));
+    ftkv_cli::rank_println!(
+        "{}",
+        report_line("hello", &HelloReport { rank: world.rank(), size: world.size() })
+    );
     Ok(())
 }
 
@@ -142,7 +145,7 @@ fn sendrecv(world: &Arc<Comm>) -> Result<()> {
     world.barrier()?;
     let rtt = world.ping(next, PING, PONG, Duration::from_secs(5))?;
     let report = RingReport { from: prev, ping_us: rtt.as_micros() as u64 };
-    println!("{}", report_line("ring", &report));
+    ftkv_cli::rank_println!("{}", report_line("ring", &report));
     world.barrier()?;
     responder.stop()
 }
@@ -213,7 +216,7 @@ fn host_cas(world: &Comm) -> Result<()> {
     ensure!(unchanged == count, "a compare-and-swap with a wrong compare value saw {unchanged}");
     let rejected = window.rejected_connections();
     let report = CasReport { retries, spans_hosts: window.spans_hosts(), rejected };
-    println!("{}", report_line("cas", &report));
+    ftkv_cli::rank_println!("{}", report_line("cas", &report));
     world.barrier()?;
     window.close()?;
     Ok(())
@@ -231,7 +234,7 @@ fn cas_victim(world: &Comm) -> Result<()> {
     let window = HostWindow::allocate(world, 64)?;
     ensure!(!window.spans_hosts(), "cas-victim runs on one host");
     world.barrier()?;
-    println!("ready pid={}", std::process::id());
+    ftkv_cli::rank_println!("ready pid={}", std::process::id());
     std::io::Write::flush(&mut std::io::stdout())?;
     let ready = Instant::now();
     while rank == VICTIM || ready.elapsed() < Duration::from_secs(2) {
@@ -248,7 +251,7 @@ fn cas_victim(world: &Comm) -> Result<()> {
         report.on_the_dead += 1;
         report.on_a_survivor += 1;
     }
-    println!("{}", report_line("swaps", &report));
+    ftkv_cli::rank_println!("{}", report_line("swaps", &report));
     window.abandon();
     report_passed("done");
     // Without MPI_Finalize, which refuses the abandoned window; the runtime forwards output
@@ -264,7 +267,7 @@ fn print_listeners() {
     let pid = std::process::id();
     let inodes: Vec<String> =
         ftkv_cli::sockets::listening(pid).iter().map(|(inode, _)| inode.to_string()).collect();
-    println!("listeners pid={pid} inodes={}", inodes.join(","));
+    ftkv_cli::rank_println!("listeners pid={pid} inodes={}", inodes.join(","));
     let _ = std::io::stdout().flush();
 }
 
@@ -322,13 +325,13 @@ fn detect(world: &Arc<Comm>) -> Result<()> {
         let victim: i32 = std::env::var("FTKV_VICTIM").context("FTKV_VICTIM")?.parse()?;
         let detected = ping_until_failed(world, victim, killed_at)?;
         let report = DetectedReport { ms: detected.as_millis() as u64 };
-        println!("{}", report_line("detected", &report));
+        ftkv_cli::rank_println!("{}", report_line("detected", &report));
     }
     responder.stop()?;
     let shrunk = revoke_and_shrink(world)?;
     let report =
         ShrunkReport { size: shrunk.size(), failed: world.failed_ranks()?, barrier_failed: None };
-    println!("{}", report_line("shrunk", &report));
+    ftkv_cli::rank_println!("{}", report_line("shrunk", &report));
     Ok(())
 }
 
@@ -368,7 +371,7 @@ fn shrink(world: &Arc<Comm>) -> Result<()> {
         failed: world.failed_ranks()?,
         barrier_failed: Some(barrier_failed),
     };
-    println!("{}", report_line("shrunk", &report));
+    ftkv_cli::rank_println!("{}", report_line("shrunk", &report));
     drop(win);
     rma(&shrunk)
 }

@@ -87,7 +87,7 @@ fn one_round(store: &mut Store, round: u32) -> std::result::Result<(), RoundErro
     let checkpoint = Key::new(me, 0);
     let loot = Key::new(me, 1);
     store.put(checkpoint, &value(me, round, round_len(me, round))).map_err(RoundError::Unacked)?;
-    println!("{}", report_line("acked", &AckedRound { round }));
+    ftkv_cli::rank_println!("{}", report_line("acked", &AckedRound { round }));
     failpoint::hit("store_round");
     store.put(loot, &value(me, round, 64)).map_err(RoundError::Acked)?;
     store.delete(loot).map_err(RoundError::Acked)?;
@@ -140,7 +140,10 @@ fn report_all(store: &mut Store, workers: i32) -> Result<()> {
             },
         };
         let loot_present = store.get(Key::new(owner, 1))?.is_some();
-        println!("{}", report_line("read", &CheckpointRead { owner, round, loot_present }));
+        ftkv_cli::rank_println!(
+            "{}",
+            report_line("read", &CheckpointRead { owner, round, loot_present })
+        );
     }
     Ok(())
 }
@@ -194,7 +197,7 @@ fn mismatch(world: &Comm) -> Result<()> {
         Ok(_) => bail!("a store was created from mismatched configs"),
         Err(e @ (Error::ConfigMismatch { .. } | Error::InvalidConfig(_))) => {
             let report = RejectedReport { invalid: matches!(e, Error::InvalidConfig(_)) };
-            println!("{}", report_line("rejected", &report));
+            ftkv_cli::rank_println!("{}", report_line("rejected", &report));
             Ok(())
         }
         Err(e) => bail!("unexpected error {e}"),
@@ -220,7 +223,7 @@ fn localized(world: &Comm) -> Result<()> {
     let checkpoint = Key::new(me, 0);
     store.put(checkpoint, &value(me, 1, 1024))?;
     store.sync()?;
-    println!("ready pid={}", std::process::id());
+    ftkv_cli::rank_println!("ready pid={}", std::process::id());
     let (last, global) = match std::env::var("STORE_IDLE_SECONDS").ok() {
         Some(secs) => stay_idle(&mut store, secs.parse()?, copies)?,
         None => write_for(&mut store, env_usize("STORE_SECONDS", 3))?,
@@ -242,7 +245,7 @@ fn localized(world: &Comm) -> Result<()> {
         moved_bytes: repairs.iter().map(|r| r.bytes_moved).sum(),
         repair_ms: repairs.iter().map(|r| r.duration.as_secs_f64() * 1e3).sum(),
     };
-    println!("{}", report_line("localized", &report));
+    ftkv_cli::rank_println!("{}", report_line("localized", &report));
     meet(&coordination)?;
     chaos::recover(&mut store)?;
     chaos::finish(&mut store)?;
@@ -264,20 +267,20 @@ fn fenced(world: &Comm) -> Result<()> {
     let victim = env_usize("STORE_VICTIM", 2) as i32;
     store.put(Key::new(me, 0), &value(me, 1, 1024))?;
     store.sync()?;
-    println!("ready pid={}", std::process::id());
+    ftkv_cli::rank_println!("ready pid={}", std::process::id());
     let declared = |store: &mut Store| Ok(store.failed().contains(&victim));
     let mut seq = write_until(&mut store, 1, declared)?;
     if me == victim {
         bail!("the victim went on writing after it was declared failed");
     }
     let before = checkpoint_seq(&mut store, victim)?;
-    println!("{}", report_line("declared", &DeclaredReport { victim, seq: before }));
+    ftkv_cli::rank_println!("{}", report_line("declared", &DeclaredReport { victim, seq: before }));
     let resumed_file = std::env::var("STORE_RESUMED_FILE")?;
     let resumed = |_: &mut Store| Ok(std::path::Path::new(&resumed_file).exists());
     seq = write_until(&mut store, seq, resumed)?;
     let after = checkpoint_seq(&mut store, victim)?;
     let report = FencedReport { before, after, own_seq: seq };
-    println!("{}", report_line("fenced", &report));
+    ftkv_cli::rank_println!("{}", report_line("fenced", &report));
     meet(&coordination)?;
     chaos::recover(&mut store)?;
     chaos::finish(&mut store)
@@ -289,7 +292,10 @@ fn fenced(world: &Comm) -> Result<()> {
 fn stay_idle(store: &mut Store, secs: u64, copies: usize) -> Result<(u32, Option<String>)> {
     if store.worker() != 0 {
         std::thread::sleep(std::time::Duration::from_secs(secs));
-        println!("{}", report_line("idle_owner", &IdleOwnerReport { woke_at_us: unix_us() }));
+        ftkv_cli::rank_println!(
+            "{}",
+            report_line("idle_owner", &IdleOwnerReport { woke_at_us: unix_us() })
+        );
         return Ok((1, None));
     }
     let bound = std::time::Instant::now() + std::time::Duration::from_secs(30);
@@ -311,7 +317,7 @@ fn stay_idle(store: &mut Store, secs: u64, copies: usize) -> Result<(u32, Option
         full_at_us: unix_us(),
         waited_ms: noticed.elapsed().as_secs_f64() * 1e3,
     };
-    println!("{}", report_line("idle_observer", &report));
+    ftkv_cli::rank_println!("{}", report_line("idle_observer", &report));
     Ok((1, None))
 }
 
@@ -431,7 +437,7 @@ fn transactions(world: &Comm) -> Result<()> {
         resolved: store.resolved_coordinators().to_vec(),
         tx_us: mean_us,
     };
-    println!("{}", report_line("txn", &report));
+    ftkv_cli::rank_println!("{}", report_line("txn", &report));
     meet(&coordination)?;
     store.abandon();
     report_passed("done");

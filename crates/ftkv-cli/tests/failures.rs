@@ -41,7 +41,8 @@ fn chaos_counts_a_rank_killed_from_outside_as_a_failure_not_a_lost_survivor() {
     let args = ["chaos", "--runs", "1", "--ranks", "6", "--copies", "2", "--kills", "0"];
     let driver = Driver::start(&[&args[..], &["--duration", "4"]].concat());
     let ranks = common::wait_for_world_ranks(driver.id(), "chaos-rank", 6);
-    std::thread::sleep(Duration::from_secs(1));
+    common::wait_for_recorded(driver.id(), 6, "pid=", Duration::from_secs(60));
+    std::thread::sleep(Duration::from_millis(500));
     common::kill_and_confirm(&[ranks[&4]]);
     let (status, stdout, stderr) = driver.finish(Duration::from_secs(90));
     assert!(status.success(), "the campaign failed:\n{stdout}\n{stderr}");

@@ -251,3 +251,23 @@ fn progress_lines_are_read_for_their_task_count() {
     assert_eq!(tasks_in_progress_line(line), Some(13.0));
     assert_eq!(tasks_in_progress_line("[demo] UTS T3L on 6 ranks"), None);
 }
+
+/// Waits (at most `bound`) until each of `ranks` ranks of the job `driver` started has recorded
+/// a stdout line starting with `prefix` (`ftkv_cli::records`): e.g. a chaos rank's `pid=`, which
+/// it prints once its store exists.
+pub fn wait_for_recorded(driver: u32, ranks: usize, prefix: &str, bound: Duration) {
+    let started = std::time::Instant::now();
+    let job_dirs = format!("ftkv-rank-records-{driver}-");
+    let recorded = |rank: usize| {
+        let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else { return false };
+        entries.filter_map(Result::ok).any(|entry| {
+            let is_job = entry.file_name().to_string_lossy().starts_with(&job_dirs);
+            let record = std::fs::read_to_string(entry.path().join(format!("rank-{rank}.out")));
+            is_job && record.is_ok_and(|text| text.lines().any(|l| l.starts_with(prefix)))
+        })
+    };
+    while !(0..ranks).all(recorded) {
+        assert!(started.elapsed() < bound, "not every rank recorded {prefix:?} within {bound:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

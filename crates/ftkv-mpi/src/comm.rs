@@ -1,7 +1,7 @@
 //! Communicators: point-to-point messages, collectives, and the ULFM failure calls.
 
 use std::ffi::c_int;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
 use crate::error::{check, MpiError, Result};
@@ -31,6 +31,15 @@ pub struct Status {
 pub struct Agreed {
     pub value: u32,
     pub unacknowledged_failures: bool,
+}
+
+/// Held shared by every thread of this process inside a fault-tolerant agreement, and tried
+/// exclusively by [`Comm::progress_beside_agreements`].
+static AGREEMENTS: RwLock<()> = RwLock::new(());
+
+/// Marks the calling thread inside an agreement until the guard drops.
+fn inside_agreement() -> RwLockReadGuard<'static, ()> {
+    AGREEMENTS.read().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// An MPI communicator with `MPI_ERRORS_RETURN`. Freed on drop unless predefined.
@@ -226,6 +235,16 @@ impl Comm {
         status_from(&status).map(Some)
     }
 
+    /// Makes MPI progress (an `MPI_Iprobe` with `tag`) unless a thread of this process is inside
+    /// a fault-tolerant agreement ([`Comm::shrink`], [`Comm::agree`]), which makes progress
+    /// itself: Open MPI 5.0.11's agreement crashes (SIGSEGV in
+    /// `ompi_errhandler_proc_failed_internal`) when another thread runs its callbacks from
+    /// `opal_progress` meanwhile. `true` when it made progress.
+    pub fn progress_beside_agreements(&self, tag: i32) -> Result<bool> {
+        let Ok(_alone) = AGREEMENTS.try_write() else { return Ok(false) };
+        self.iprobe(ANY_SOURCE, tag).map(|_| true)
+    }
+
     /// A round trip to `dest`: sends an 8-byte ping with `ping_tag` and waits for the answer
     /// with `pong_tag`, which `dest` gives from [`Comm::answer_pings`]. Returns the round-trip
     /// time, `ProcFailed` once MPI knows `dest` is dead, or `Timeout` after `timeout`.
@@ -285,8 +304,11 @@ impl Comm {
     /// is left to the next call on the communicator.
     pub fn shrink(&self) -> Result<Comm> {
         let mut raw = null_comm();
+        let inside = inside_agreement();
         // SAFETY: `self.raw` is a valid communicator; `raw` a valid out-pointer.
-        check(unsafe { ffi::MPIX_Comm_shrink(self.raw, &mut raw) }, "MPIX_Comm_shrink")?;
+        let rc = unsafe { ffi::MPIX_Comm_shrink(self.raw, &mut raw) };
+        drop(inside);
+        check(rc, "MPIX_Comm_shrink")?;
         let shrunk = Comm::owned(raw, self.runtime.clone())?;
         shrunk.agree(1)?;
         Ok(shrunk)
@@ -296,8 +318,10 @@ impl Comm {
     /// surviving members. Works on a revoked communicator.
     pub fn agree(&self, flag: u32) -> Result<Agreed> {
         let mut value = flag as c_int;
+        let inside = inside_agreement();
         // SAFETY: `self.raw` is a valid communicator; `value` a valid in/out pointer.
         let rc = unsafe { ffi::MPIX_Comm_agree(self.raw, &mut value) };
+        drop(inside);
         match check(rc, "MPIX_Comm_agree") {
             Ok(()) => Ok(Agreed { value: value as u32, unacknowledged_failures: false }),
             Err(MpiError::ProcFailed { .. }) => {

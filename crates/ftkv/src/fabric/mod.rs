@@ -88,7 +88,9 @@ pub trait Fabric: Send + Sync + Sized + 'static {
     fn failed_ranks(&self) -> FabricResult<Vec<i32>>;
     /// Each member's rank in `origin` (of which this communicator is a subset), in rank order.
     fn ranks_in(&self, origin: &Self) -> FabricResult<Vec<i32>>;
-    /// Lets failure notifications arrive (MPI learns of failures only while it progresses).
+    /// Lets failure notifications arrive (MPI learns of failures only while it progresses);
+    /// skipped while another thread of this process is inside an agreement, which progresses
+    /// itself.
     fn progress(&self) -> FabricResult<()>;
     /// A round trip to `target`'s [`Fabric::answer_pings`]; `ProcFailed` or `Timeout` when
     /// `target` is dead.

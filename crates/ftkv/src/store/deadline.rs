@@ -16,17 +16,11 @@
 //!   another host fails the read (its connection ends) instead of hanging it. The recovery
 //!   reads from those windows anyway, and every member holds them until the recovery commits.
 //! - Each member's deadline thread reads the marks of the members it has not seen in its own
-//!   step yet, takes the failed set known before the recovery and the members whose marks
-//!   cannot be read because they died, and applies [`judge`]: expired iff every member entered
-//!   the step (or a later one) or is known failed, and the last of those events lies more than
-//!   the bound back. A known failure does not hold anyone, but it restarts the bound: the
-//!   step's call returns an error once it learns of it.
-//! - The thread makes no MPI call: while a recovery's collective runs on the store's thread,
-//!   a second thread progressing MPI (to learn ULFM's failures) crashed every survivor inside
-//!   Open MPI 5.0.11's agreement (`ompi_errhandler_proc_failed_internal`, segfault, seen in 3
-//!   of 455 chaos runs and reproduced with core dumps). A member that died within the step
-//!   without entering it holds the others' deadline, never ends them; the step's collective
-//!   learns of the death itself.
+//!   step yet, learns failures from ULFM (the detector's communicator) and the failed set known
+//!   before the recovery, and applies [`judge`]: expired iff every member entered the step (or a
+//!   later one) or is known failed, and the last of those events lies more than the bound back.
+//!   A known failure does not hold anyone, but it restarts the bound: the step's call returns an
+//!   error once it learns of it.
 //! - While a member is not there, the thread names the members it waits for
 //!   ([`Event::RecoveryWaiting`](crate::events::Event::RecoveryWaiting)), after a second and
 //!   then every five seconds.
@@ -184,6 +178,9 @@ type Board<W> = Arc<Mutex<Option<Arc<Windows<W>>>>>;
 pub(crate) struct DeadlineParts<F: Fabric> {
     /// The store's communicator, through which the process ends itself.
     pub comm: Arc<F>,
+    /// The detector's communicator (same members, in the same order, as the replaced windows),
+    /// on which the thread learns ULFM's failures; `None` when the store has none.
+    pub failures: Option<Arc<F>>,
     /// The failed set known before the recovery.
     pub health: Arc<Health>,
     /// The windows the recovery replaces, where the members mark their steps.
@@ -306,13 +303,20 @@ impl<F: Fabric> Watcher<F> {
         arrivals.enter(mark, now);
     }
 
-    /// Marks the members known failed before the recovery (without an MPI call: see the
-    /// module's documentation).
+    /// Marks the members known failed: before the recovery, or by ULFM since.
     fn learn_failures(&self, arrivals: &mut Arrivals, now: Instant) {
         for (m, &worker) in self.live.iter().enumerate() {
             if self.parts.health.is_failed(worker) {
                 arrivals.fail(m, now);
             }
+        }
+        let Some(comm) = &self.parts.failures else { return };
+        // Lets failure notifications arrive unless the store's thread is inside an agreement,
+        // which lets them arrive itself; an error here is a failure to learn of later.
+        let _ = comm.progress();
+        if let Ok(ranks) = comm.failed_ranks() {
+            let members = ranks.into_iter().filter_map(|r| usize::try_from(r).ok());
+            members.filter(|&m| m < self.live.len()).for_each(|m| arrivals.fail(m, now));
         }
     }
 

@@ -369,6 +369,7 @@ impl<F: Fabric> Store<F> {
         self.recovery_attempts += 1;
         Deadline::start(DeadlineParts {
             comm: self.comm.clone(),
+            failures: self.watch_comm.clone(),
             health: self.health.clone(),
             windows: retained.clone(),
             worker: self.me,

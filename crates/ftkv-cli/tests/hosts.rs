@@ -190,3 +190,10 @@ fn a_worker_stopped_past_the_suspicion_bound_across_hosts_is_left_behind() {
         common::demo_report(&[&args[..], &stop[..]].concat(), Duration::from_secs(150));
     common::assert_left_behind_while_stopped(&report, &stdout, &stderr, false);
 }
+
+#[test]
+fn progress_lines_are_read_for_their_task_count() {
+    let line = "[demo]   2.28 s: 13.00 M tasks on live workers (5.71 M/s), kills 0/0";
+    assert_eq!(common::tasks_in_progress_line(line), Some(13.0));
+    assert_eq!(common::tasks_in_progress_line("[demo] UTS T3L on 6 ranks"), None);
+}

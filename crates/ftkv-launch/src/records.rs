@@ -3,7 +3,7 @@
 //! lost the very error line that said why; survivors' final report lines went missing after an
 //! outside kill). A job started by a [`crate::launch::Launch`] gets a directory of its own
 //! ([`RECORDS_VAR`]); each rank appends its error lines ([`record_rank_error`]) and its report
-//! lines ([`rank_println!`]) to files there, and the job's output is completed from them when
+//! lines ([`crate::rank_println!`]) to files there, and the job's output is completed from them when
 //! it ends. Outside such a job the calls only print.
 
 use std::collections::{BTreeMap, HashMap};

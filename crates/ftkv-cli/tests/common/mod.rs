@@ -240,16 +240,9 @@ impl Driver {
 
 /// The millions of tasks a demo progress line (`[demo]   2.28 s: 13.00 M tasks on live
 /// workers ...`) counts.
-fn tasks_in_progress_line(line: &str) -> Option<f64> {
+pub fn tasks_in_progress_line(line: &str) -> Option<f64> {
     let before = line.split(" M tasks on live workers").next().filter(|b| b.len() < line.len())?;
     before.rsplit(' ').next()?.parse().ok()
-}
-
-#[test]
-fn progress_lines_are_read_for_their_task_count() {
-    let line = "[demo]   2.28 s: 13.00 M tasks on live workers (5.71 M/s), kills 0/0";
-    assert_eq!(tasks_in_progress_line(line), Some(13.0));
-    assert_eq!(tasks_in_progress_line("[demo] UTS T3L on 6 ranks"), None);
 }
 
 /// Waits (at most `bound`) until each of `ranks` ranks of the job `driver` started has recorded

@@ -188,7 +188,7 @@ enum Command {
         #[arg(long, default_value = "2", value_parser = args::seconds, value_name = "SECS")]
         #[arg(allow_negative_numbers = true)]
         duration: Duration,
-        /// Cut one simulated host's network link this many seconds into each run (needs
+        /// Cut one simulated host's network link this many seconds into each run's writing (needs
         /// `--nodes 3` or more); its ranks must end, the others finish exact. The link comes
         /// back once they are done.
         #[arg(long, value_parser = args::seconds, value_name = "SECS")]
@@ -203,7 +203,7 @@ enum Command {
         /// that final recovery too, judged by the same oracle.
         #[arg(long, value_enum, default_value_t = RecoveryArg::Global)]
         recovery: RecoveryArg,
-        /// SIGSTOP one random rank this many seconds into each run, for 6 s (twice the 3 s
+        /// SIGSTOP one random rank this many seconds into each run's writing, for 6 s (twice the 3 s
         /// suspicion bound, with Open MPI's heartbeat detector on), then SIGCONT it: the others
         /// must declare it failed and finish exact, the resumed rank must end itself.
         #[arg(long, value_parser = args::seconds, value_name = "SECS")]

@@ -427,7 +427,7 @@ impl Faults {
         ranks: usize,
         rng: &mut SmallRng,
     ) -> Result<()> {
-        self.killer.observe(line, job.elapsed());
+        self.killer.observe(line, job.elapsed(), ranks);
         let Some(since_ready) = self.killer.since_ready(job.elapsed()) else { return Ok(()) };
         let stalled = self.stall.as_ref().and_then(Stall::rank);
         self.killer.maybe_kill(since_ready, rng, stalled)?;
@@ -730,7 +730,6 @@ fn idle(job: &mut RunningJob) -> Option<(Option<usize>, String)> {
 struct Killer {
     /// The ranks' pids, which each prints once its store exists.
     pids: HashMap<usize, u32>,
-    ranks: usize,
     /// When (job time) the last rank printed its pid: every fault counts from there, since a
     /// death inside `MPI_Init` or the store's creation ends any job.
     ready: Option<Duration>,
@@ -747,17 +746,16 @@ impl Killer {
         let plan = (0..campaign.kills)
             .map(|i| (i % 2 == 0).then(|| Duration::from_secs_f64(rng.gen_range(0.2 * d..0.8 * d))))
             .collect();
-        let pids = HashMap::new();
-        let (ranks, ready, killed) = (campaign.ranks, None, Vec::new());
-        Killer { pids, ranks, ready, killed, plan, recovering_seen: false }
+        let (pids, ready, killed) = (HashMap::new(), None, Vec::new());
+        Killer { pids, ready, killed, plan, recovering_seen: false }
     }
 
-    /// Takes in one output line seen at job time `now`.
-    fn observe(&mut self, (rank, text): &(Option<usize>, String), now: Duration) {
+    /// Takes in one output line of a job of `ranks` seen at job time `now`.
+    fn observe(&mut self, (rank, text): &(Option<usize>, String), now: Duration, ranks: usize) {
         let Some(rank) = rank else { return };
         if let Some(pid) = text.strip_prefix("pid=").and_then(|p| p.trim().parse().ok()) {
             self.pids.insert(*rank, pid);
-            if self.pids.len() == self.ranks {
+            if self.pids.len() == ranks {
                 self.ready.get_or_insert(now);
             }
         }

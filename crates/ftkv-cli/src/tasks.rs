@@ -630,6 +630,21 @@ fn tail(out: &JobOutput) -> String {
     )
 }
 
+/// What tells why `ranks` (failed without a kill of the driver's) ended: the ranks' errors,
+/// each one's last lines and `mpirun`'s own lines.
+fn show_why_they_failed(out: &JobOutput, ranks: &[usize]) {
+    let errors = rank_errors(out);
+    if !errors.is_empty() {
+        eprint!("[demo] the ranks' errors:\n{errors}");
+    }
+    for &rank in ranks {
+        eprint!("[demo] rank {rank}'s last lines:\n{}", own_lines(out, rank));
+    }
+    for line in &out.untagged {
+        eprintln!("[demo] [mpirun] {line}");
+    }
+}
+
 /// The result `rank` reported, if it reported one.
 fn result_of_rank(out: &JobOutput, rank: usize) -> Result<Option<RankResult>> {
     out.rank_report(rank, "result")
@@ -684,13 +699,7 @@ fn result_of(out: &JobOutput, demo: &Demo, watch: &Watch) -> Result<RunReport> {
         failed.iter().copied().filter(|r| !watch.killed.contains(r)).collect();
     if !outside.is_empty() {
         eprintln!("[demo] ranks {outside:?} failed without a kill of this driver's; the survivors recovered");
-        eprint!("[demo] the ranks' errors:\n{}", rank_errors(out));
-        for &rank in &outside {
-            eprint!("[demo] rank {rank}'s last lines:\n{}", own_lines(out, rank));
-        }
-        for line in &out.untagged {
-            eprintln!("[demo] [mpirun] {line}");
-        }
+        show_why_they_failed(out, &outside);
     }
     for rank in out.self_ended(demo.ranks) {
         for line in out.own_stderr(rank).map(str::trim).filter(|l| says_why_it_ended(l)).take(4) {

@@ -261,7 +261,7 @@ fn a_stuck_put_is_ended_by_the_watchdog_and_the_others_recover() {
     assert_survivors_read(&out, 4, &[2], |owner| if owner == 2 { vec![2] } else { vec![5] });
 }
 
-/// Issue 24, item 5: a survivor that calls recover 30 s late (worker 3; worker 1 killed at a
+/// A survivor that calls recover 30 s late (worker 3; worker 1 killed at a
 /// failpoint, global recovery, 6 ranks, 2 copies) holds the others inside their recovery,
 /// past the 10 s recovery deadline, and they name it while they wait. Nobody ends itself and
 /// every survivor reads every key.

@@ -471,7 +471,7 @@ fn recovery_places_copies_on_other_hosts_again() {
     }
 }
 
-/// Issue 24, item 5: a survivor that calls recover long after the recovery deadline (7 times
+/// A survivor that calls recover long after the recovery deadline (7 times
 /// the 200 ms bound here) holds the others inside their recovery; none of them ends itself,
 /// and every survivor reads every key, the dead worker's too.
 #[test]

@@ -73,7 +73,7 @@ enum Command {
         stop: Option<Duration>,
         /// The suspicion bound: a worker silent this long is declared failed (Open MPI's
         /// heartbeat detector, always on), and a worker that did not run for half of it ends
-        /// itself [default: 10].
+        /// itself [default: Open MPI's `mpi_ft_detector_timeout` from the environment, else 10].
         #[arg(long, value_parser = args::seconds, value_name = "SECS")]
         #[arg(allow_negative_numbers = true)]
         suspicion: Option<Duration>,

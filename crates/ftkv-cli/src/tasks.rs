@@ -194,12 +194,10 @@ pub struct Demo {
     pub localized: bool,
 }
 
-/// The suspicion bound when none is given (the store's default).
-const DEFAULT_SUSPICION: Duration = Duration::from_secs(10);
-
 impl Demo {
+    /// The bound given, else the environment's (the store's default).
     fn suspicion(&self) -> Duration {
-        self.suspicion.unwrap_or(DEFAULT_SUSPICION)
+        self.suspicion.unwrap_or_else(ftkv::suspicion_from_environment)
     }
 }
 

@@ -88,7 +88,7 @@ impl Default for PoolConfig {
             batch: 64,
             progress: None,
             seed: 1,
-            suspicion: Duration::from_secs(10),
+            suspicion: ftkv::suspicion_from_environment(),
             watchdog: Duration::from_secs(2),
             recovery: Recovery::Global,
         }

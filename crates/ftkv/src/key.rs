@@ -88,10 +88,10 @@ pub struct Config {
     /// The suspicion bound: how long a rank may be unresponsive (stopped, starved, cut off)
     /// before the others may declare it failed and go on without it. The declaring is done by
     /// Open MPI's heartbeat detector, which `ftkv_mpi::Mpi::init` switches on with a 10 s
-    /// timeout (the default here) unless the environment configures it
-    /// (`mpi_ft_detector_timeout`; ftkv's launcher sets it to the bound it is given); a
-    /// program that initialises MPI itself passes the same MCA parameters to `mpirun`. It must
-    /// equal the detector's timeout. The store's part is the other side: a process whose
+    /// timeout unless the environment configures it (`mpi_ft_detector_timeout`; ftkv's
+    /// launcher sets it to the bound it is given); a program that initialises MPI itself
+    /// passes the same MCA parameters to `mpirun`. It must equal the detector's timeout, which
+    /// is what [`Config::new`] takes ([`suspicion_from_environment`]). The store's part is the other side: a process whose
     /// detector thread finds that it itself did not run for more than half the bound (it was
     /// SIGSTOPped, or its host froze) ends itself as a fail-stop failure with a message saying
     /// so, instead of rejoining a computation that has gone on without it.
@@ -108,6 +108,32 @@ pub struct Config {
 /// its TCP connection, not by a stall, and on a loaded machine a healthy cross-host put of a
 /// large value took longer than 2 s (a failure-free CI run lost two writers to the 2 s default).
 pub const CROSS_HOST_WATCHDOG: std::time::Duration = std::time::Duration::from_secs(8);
+
+/// The suspicion bound when the environment does not configure Open MPI's heartbeat detector:
+/// the timeout `ftkv_mpi::Mpi::init` then gives the detector.
+pub const DEFAULT_SUSPICION: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The environment variable through which Open MPI reads its heartbeat detector's timeout in
+/// seconds (`mpirun --mca mpi_ft_detector_timeout S` sets it in every rank).
+pub const DETECTOR_TIMEOUT_VAR: &str = "OMPI_MCA_mpi_ft_detector_timeout";
+
+/// The suspicion bound this process's ranks run with: Open MPI's heartbeat detector timeout as
+/// the environment sets it ([`DETECTOR_TIMEOUT_VAR`], a positive number of seconds), else
+/// [`DEFAULT_SUSPICION`]. A store whose bound differed from the detector's would end a rank
+/// for a gap the detector forgives, or let one the detector declared failed go on.
+pub fn suspicion_from_environment() -> std::time::Duration {
+    suspicion_from(std::env::var(DETECTOR_TIMEOUT_VAR).ok().as_deref())
+}
+
+/// The suspicion bound for a detector timeout given as `seconds`: [`DEFAULT_SUSPICION`] when
+/// absent, unreadable, zero or negative.
+fn suspicion_from(seconds: Option<&str>) -> std::time::Duration {
+    seconds
+        .and_then(|seconds| seconds.trim().parse::<f64>().ok())
+        .and_then(|seconds| std::time::Duration::try_from_secs_f64(seconds).ok())
+        .filter(|bound| !bound.is_zero())
+        .unwrap_or(DEFAULT_SUSPICION)
+}
 
 /// How much longer than the suspicion bound the watchdog waits across hosts: a put to a silent
 /// holder on another host waits until the heartbeat detector declares it, and the declaration
@@ -130,8 +156,9 @@ impl Config {
     }
 
     /// A configuration with the given kinds and copies, 64 KiB initial and 64 MiB maximum
-    /// value size, bitmap detection, 2 s watchdog, 1 ms polling, a 10 s recovery watchdog, a
-    /// 10 s suspicion bound and global recovery (no reserve holders).
+    /// value size, bitmap detection, 2 s watchdog, 1 ms polling, a 10 s recovery watchdog, the
+    /// environment's suspicion bound ([`suspicion_from_environment`], 10 s when unset) and
+    /// global recovery (no reserve holders).
     pub fn new<S: Into<String>>(kinds: impl IntoIterator<Item = S>, copies: usize) -> Config {
         Config {
             kinds: kinds.into_iter().map(Into::into).collect(),
@@ -142,7 +169,7 @@ impl Config {
             watchdog: std::time::Duration::from_secs(2),
             poll_interval: std::time::Duration::from_millis(1),
             recovery_watchdog: std::time::Duration::from_secs(10),
-            suspicion: std::time::Duration::from_secs(10),
+            suspicion: suspicion_from_environment(),
             recovery: Recovery::Global,
             spares: 0,
         }
@@ -261,6 +288,15 @@ mod tests {
         }
         assert_ne!(base().fingerprint(), with(|c| c.suspicion *= 2).fingerprint());
         assert_ne!(base().fingerprint(), base().localized().fingerprint());
+    }
+
+    #[test]
+    fn the_suspicion_bound_is_open_mpis_detector_timeout() {
+        assert_eq!(suspicion_from(Some("30")), Duration::from_secs(30));
+        assert_eq!(suspicion_from(Some(" 2.5 ")), Duration::from_millis(2500));
+        for unusable in [None, Some(""), Some("ten"), Some("0"), Some("-3")] {
+            assert_eq!(suspicion_from(unusable), DEFAULT_SUSPICION, "{unusable:?}");
+        }
     }
 
     #[test]

@@ -62,7 +62,8 @@ pub mod txn_log;
 
 pub use error::{Error, Result};
 pub use key::{
-    Config, Detection, Key, Recovery, CROSS_HOST_WATCHDOG, SUSPICION_MARGIN, TX_RECORD_KIND,
+    suspicion_from_environment, Config, Detection, Key, Recovery, CROSS_HOST_WATCHDOG,
+    DEFAULT_SUSPICION, DETECTOR_TIMEOUT_VAR, SUSPICION_MARGIN, TX_RECORD_KIND,
 };
 pub use recovery::keeps_quorum;
 pub use store::{DefaultFabric, PendingPut, RecoveryReport, RepairReport, Store};

@@ -44,10 +44,10 @@ step "real-MPI tests over btl self,tcp"
 # The reruns select their tests across the workspace: a package selection (-p) would unify
 # features differently and build the crates again.
 # The large-value tests write their values into extents (files on this host), not through Open
-# MPI's btl; the transactions' and the watchdog's tests exercise the store, not the transport;
-# the intruder test makes its own hosts.
+# MPI's btl; the watchdog's test exercises the store, not the transport; the intruder test makes
+# its own hosts.
 FTKV_TEST_BTL=tcp cargo test --workspace --release --test mpi_layer --test store --test tasks -- \
-  --skip values_grow_to_256_mib --skip a_1_gib_value --skip transactions_stay_atomic \
+  --skip values_grow_to_256_mib --skip a_1_gib_value \
   --skip a_stuck_put --skip mismatched_or_invalid --skip bad_input --skip connections_from_outside
 step "real-MPI store and task tests over 3 simulated hosts, and the C example"
 # A 1 GiB value crosses the hosts' links in the 256 MiB growth test's extents already (a 1 GiB

@@ -97,21 +97,47 @@ impl Comm {
     }
 
     /// `MPI_Comm_dup`: a new communicator with the same group and its own message space.
-    /// Collective; fails with `ProcFailed` if a member is dead.
+    /// Collective; fails with `ProcFailed` if a member is dead. Returns once every live member
+    /// has left the call ([`Comm::creation_agreed`]).
     pub fn dup(&self) -> Result<Comm> {
         let mut raw = null_comm();
         // SAFETY: `self.raw` is a valid communicator; `raw` is a valid out-pointer.
-        check(unsafe { ffi::MPI_Comm_dup(self.raw, &mut raw) }, "MPI_Comm_dup")?;
-        Comm::owned(raw, self.runtime.clone())
+        let rc = unsafe { ffi::MPI_Comm_dup(self.raw, &mut raw) };
+        self.creation_agreed(rc, raw, "MPI_Comm_dup")
     }
 
     /// `MPI_Comm_split`: the members that pass the same `color`, ordered by `key` (ties by rank).
-    /// Collective; fails with `ProcFailed` if a member is dead.
+    /// Collective; fails with `ProcFailed` if a member is dead. Returns once every live member
+    /// has left the call ([`Comm::creation_agreed`]).
     pub fn split(&self, color: i32, key: i32) -> Result<Comm> {
         let mut raw = null_comm();
         // SAFETY: `self.raw` is a valid communicator; `raw` is a valid out-pointer.
-        check(unsafe { ffi::MPI_Comm_split(self.raw, color, key, &mut raw) }, "MPI_Comm_split")?;
-        Comm::owned(raw, self.runtime.clone())
+        let rc = unsafe { ffi::MPI_Comm_split(self.raw, color, key, &mut raw) };
+        self.creation_agreed(rc, raw, "MPI_Comm_split")
+    }
+
+    /// Ends a communicator creation on this communicator (`rc` and `raw` from the creating
+    /// call `op`): every member agrees on whether all of them got the new communicator, and
+    /// keeps it only then; otherwise each frees its own and fails with `ProcFailed`.
+    ///
+    /// Open MPI 5.0.11 crashes a process that learns of a failure while it is still inside a
+    /// communicator's creation (SIGSEGV in `ompi_comm_revoke_local`, called for the half-built
+    /// communicator, which has no collective module yet). A member that returned early and
+    /// went on could fail, or revoke, while another was still inside (seen: a rank slow to
+    /// finish `MPI_Comm_dup` for its store's detector on a loaded machine crashed when another
+    /// rank, already writing, was killed). After the agreement nobody is inside. It runs on
+    /// this communicator, which every member has, not on the new one: a creation can fail on
+    /// some members and succeed on others, and the new communicator's members would wait for
+    /// those that never got it. A failure the agreement meets once all got the new
+    /// communicator is left to the next call on it.
+    fn creation_agreed(&self, rc: c_int, raw: ffi::MPI_Comm, op: &'static str) -> Result<Comm> {
+        let created = check(rc, op).and_then(|()| Comm::owned(raw, self.runtime.clone()));
+        let agreed = self.agree(u32::from(created.is_ok()))?;
+        match created {
+            Ok(comm) if agreed.value == 1 => Ok(comm),
+            Ok(_) => Err(MpiError::ProcFailed { op, peer: None }),
+            Err(e) => Err(e),
+        }
     }
 
     /// Opens the transport connection of every pair of members from one side, the lower rank,
@@ -296,12 +322,8 @@ impl Comm {
     /// ranks renumbered in the old order. Works on a revoked communicator.
     ///
     /// Returns once every live member has the new communicator: an agreement on it follows the
-    /// shrink (every process that returns from a shrink is a member, so all of them join).
-    /// Open MPI 5.0.11 crashes a process that receives a revoke of a communicator it is still
-    /// creating (SIGSEGV in `ompi_comm_revoke_local` on the half-built communicator's missing
-    /// collective module); after the agreement, a member that meets the next failure and
-    /// revokes the new communicator reaches nobody in that state. A failure the agreement meets
-    /// is left to the next call on the communicator.
+    /// shrink (every process that returns from a shrink is a member, so all of them join; see
+    /// [`Comm::creation_agreed`] for why).
     pub fn shrink(&self) -> Result<Comm> {
         let mut raw = null_comm();
         let inside = inside_agreement();

@@ -4,8 +4,10 @@
 //! the target process makes MPI progress (20 ms when the target calls MPI every 20 ms) and a
 //! flush to a dead target never returns; two-sided messages between hosts, too, wait for the
 //! target's progress engine to read its sockets. A [`HostWindow`] therefore keeps one
-//! `MPI_Win_allocate_shared` window per host (over the members that share the host: osc sm, loads and
-//! stores) and reaches members on other hosts over connections of its own
+//! `MPI_Win_allocate_shared` window per host (over the members that share the host), whose
+//! members' memory it reaches with the processor's own loads and stores, not through Open MPI's
+//! calls (a put of 1 KiB to 3 holders then costs the copies and a fence), and reaches members on
+//! other hosts over connections of its own
 //! ([`crate::remote`]), served by one thread per member that sleeps in `poll` on all of its
 //! incoming connections until a request comes: a put completes in bounded time whatever the
 //! target's application thread does, and a dead target's connection ends, which fails the
@@ -20,17 +22,15 @@ use crate::error::{MpiError, Result};
 use crate::extent::Extents;
 use crate::remote::{Links, Memory, Remote};
 use crate::runtime::other;
-use crate::window::{LockedWindow, RmaScope, SharedSegments, Window};
+use crate::window::{LockedWindow, SharedSegments, Window};
 
 /// A window over every member of a communicator whose operations use shared memory to members
 /// on this host and TCP connections of its own to members on other hosts. Inside a passive-target epoch from
 /// creation to [`HostWindow::close`].
 pub struct HostWindow {
     local: Option<LockedWindow>,
-    /// The memory of this host's members, for compare-and-swap by the processor's atomics.
-    segments: SharedSegments,
-    /// Each member's rank in the host's communicator, `None` for members on other hosts.
-    host_rank: Arc<[Option<i32>]>,
+    /// Where the members on this host are and their memory.
+    host: Arc<HostMembers>,
     /// The connections to other hosts; dropped (serving thread joined) before the window is
     /// freed.
     links: Option<Arc<Links>>,
@@ -57,7 +57,7 @@ impl HostWindow {
         let host = comm.split(color, comm.rank())?;
         let local = Window::allocate_shared(&host, len)?.lock_all()?;
         let segments = local.window().shared_segments(host.size())?;
-        let host_rank: Arc<[Option<i32>]> = host_ranks(&hosts, hosts[me]).into();
+        let host_rank: Box<[Option<i32>]> = host_ranks(&hosts, hosts[me]).into();
         let remote: Vec<bool> = host_rank.iter().map(Option::is_none).collect();
         let links = if remote.iter().any(|&r| r) {
             // The window's own traffic between hosts is TCP of its own, but its users' (the
@@ -72,8 +72,7 @@ impl HostWindow {
         };
         Ok(HostWindow {
             local: Some(local),
-            segments,
-            host_rank,
+            host: Arc::new(HostMembers { host_rank, segments }),
             links,
             extents,
             member: me as i32,
@@ -111,9 +110,10 @@ impl HostWindow {
         self.links.as_ref().map_or(0, |links| links.rejected())
     }
 
-    /// Runs `issue`, then completes every operation it issued: flushes the shared-memory ones
-    /// and sends each other host's requests, then reads their answers (also when `issue`
-    /// failed). `Ok` means every put is in its target's memory and every get filled its buffer.
+    /// Runs `issue`, then completes every operation it issued: the ones to members on this
+    /// host are copies this thread made with the processor's loads and stores (in issue order,
+    /// ordered before what follows by a fence), and each other host's requests are sent, then
+    /// their answers read (also when `issue` failed). `Ok` means every put is in its target's memory and every get filled its buffer.
     /// A target on another host whose connection ended makes it fail with `ProcFailed` once
     /// every other operation has completed; buffers are never released while still in use.
     pub fn scope<'buf, R>(
@@ -121,9 +121,9 @@ impl HostWindow {
         issue: impl FnOnce(&mut HostScope<'buf>) -> Result<R>,
     ) -> Result<R> {
         let mut scope = HostScope {
-            host_rank: self.host_rank.clone(),
+            host: self.host.clone(),
             links: self.links.clone(),
-            rma: RmaScope::new(self.local().window().ops()),
+            copied: false,
             batches: Vec::new(),
             extents: self.extents,
         };
@@ -141,11 +141,11 @@ impl HostWindow {
     /// Complete at the target when it returns; a target on another host whose connection ended
     /// fails it with `ProcFailed`.
     pub fn compare_and_swap(&self, target: i32, disp: i64, compare: u64, swap: u64) -> Result<u64> {
-        let rank = usize::try_from(target).ok().and_then(|t| self.host_rank.get(t)).copied();
+        let rank = usize::try_from(target).ok().and_then(|t| self.host.host_rank.get(t)).copied();
         match rank {
             None => Err(other("HostWindow", "target rank outside the communicator")),
             Some(Some(rank)) => {
-                self.segments.compare_and_swap(rank, disp, compare, swap).map_err(unattributed)
+                self.host.segments.compare_and_swap(rank, disp, compare, swap).map_err(unattributed)
             }
             Some(None) => {
                 let links = self.links.as_ref().ok_or_else(|| other("HostWindow", "no links"))?;
@@ -254,12 +254,20 @@ fn host_ranks(hosts: &[u32], host: u32) -> Vec<Option<i32>> {
         .collect()
 }
 
+/// The members of a [`HostWindow`] on this member's host: each member's rank among them
+/// (`None` for members on other hosts) and their memory, mapped into this process.
+struct HostMembers {
+    host_rank: Box<[Option<i32>]>,
+    segments: SharedSegments,
+}
+
 /// Operations issued inside [`HostWindow::scope`]; buffers stay borrowed until it completed
 /// them.
 pub struct HostScope<'buf> {
-    host_rank: Arc<[Option<i32>]>,
+    host: Arc<HostMembers>,
     links: Option<Arc<Links>>,
-    rma: RmaScope<'buf>,
+    /// Whether an operation copied into or out of this host's shared memory.
+    copied: bool,
     batches: Vec<(i32, Vec<Remote<'buf>>)>,
     extents: Extents,
 }
@@ -268,7 +276,10 @@ impl<'buf> HostScope<'buf> {
     /// A put of `data` to `target` at `disp`; complete when the scope returns.
     pub fn put(&mut self, target: i32, disp: i64, data: &'buf [u8]) -> Result<()> {
         match self.host_rank(target)? {
-            Some(rank) => self.rma.put(rank, disp, data).map_err(unattributed),
+            Some(rank) => {
+                self.copied = true;
+                self.host.segments.write(rank, disp, data)
+            }
             None => {
                 self.batch(target).push(Remote::Put { disp, data });
                 Ok(())
@@ -279,7 +290,10 @@ impl<'buf> HostScope<'buf> {
     /// A get of `out.len()` bytes from `target` at `disp`; filled when the scope returns.
     pub fn get(&mut self, target: i32, disp: i64, out: &'buf mut [u8]) -> Result<()> {
         match self.host_rank(target)? {
-            Some(rank) => self.rma.get(rank, disp, out).map_err(unattributed),
+            Some(rank) => {
+                self.copied = true;
+                self.host.segments.read(rank, disp, out)
+            }
             None => {
                 self.batch(target).push(Remote::Get { disp, out });
                 Ok(())
@@ -322,7 +336,7 @@ impl<'buf> HostScope<'buf> {
     }
 
     fn host_rank(&self, target: i32) -> Result<Option<i32>> {
-        let rank = usize::try_from(target).ok().and_then(|t| self.host_rank.get(t));
+        let rank = usize::try_from(target).ok().and_then(|t| self.host.host_rank.get(t));
         rank.copied().ok_or_else(|| other("HostScope", "target rank outside the communicator"))
     }
 
@@ -342,12 +356,13 @@ impl<'buf> HostScope<'buf> {
     fn complete(&mut self) -> Result<()> {
         let batches = std::mem::take(&mut self.batches);
         let sent = (!batches.is_empty()).then(|| self.links.as_ref().map(|l| l.send(batches)));
-        let flushed = self.rma.flush().map_err(unattributed);
-        let answered = match sent {
+        if self.copied {
+            SharedSegments::complete();
+        }
+        match sent {
             None => Ok(()),
             Some(Some(sent)) => sent.answers(),
             Some(None) => Err(other("HostScope", "no connections to other hosts")),
-        };
-        answered.and(flushed)
+        }
     }
 }

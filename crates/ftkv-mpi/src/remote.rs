@@ -73,7 +73,7 @@ use crate::comm::Comm;
 use crate::error::{MpiError, Result};
 use crate::extent::Extents;
 use crate::runtime::other;
-use crate::window::compare_and_swap_word;
+use crate::window::{compare_and_swap_word, copy_from_shared, copy_into_shared};
 
 const OP_PUT: u8 = 1;
 const OP_GET: u8 = 2;
@@ -1099,7 +1099,7 @@ fn serve_entry(
             if let Some(ptr) = target {
                 // SAFETY: `ptr` is `len` bytes inside the window memory (range-checked),
                 // which outlives the serving thread; `put_data` is a separate allocation.
-                unsafe { std::ptr::copy_nonoverlapping(put_data.as_ptr(), ptr, put_data.len()) };
+                unsafe { copy_into_shared(put_data.as_ptr(), ptr, put_data.len()) };
             }
             Ok(in_range)
         }
@@ -1167,10 +1167,9 @@ fn build_answer(memory: Memory, buffers: &ServeBuffers, mut status: u8, answer: 
         let start = answer.len();
         answer.resize(start + len, 0);
         if let Some(ptr) = target {
-            // SAFETY: `ptr` is `len` readable bytes inside the window memory (range-checked).
-            unsafe {
-                std::ptr::copy_nonoverlapping(ptr.cast_const(), answer[start..].as_mut_ptr(), len)
-            };
+            // SAFETY: `ptr` is `len` readable bytes inside the window memory (range-checked);
+            // `answer` is a separate allocation.
+            unsafe { copy_from_shared(ptr.cast_const(), answer[start..].as_mut_ptr(), len) };
         }
     }
     answer.push(status);

@@ -31,18 +31,60 @@ pub enum WindowKind {
     Dynamic,
 }
 
-/// The memory of a window's members on this host, as mapped into this process: for the atomic
+/// The memory of a window's members on this host, as mapped into this process: for copies
+/// into and out of it with the processor's own loads and stores, and for the atomic
 /// operations ftkv runs with the processor's own instructions ([`compare_and_swap_word`]).
 #[derive(Debug)]
 pub(crate) struct SharedSegments(Vec<(*mut u8, usize)>);
 
 // SAFETY: the segments are addresses of window memory that stays mapped until the window is
-// freed; they are only used through atomic instructions on words inside them.
+// freed; they are only used through raw-pointer copies and atomic instructions on words
+// inside them, never through Rust references to plain bytes.
 unsafe impl Send for SharedSegments {}
 // SAFETY: as above.
 unsafe impl Sync for SharedSegments {}
 
 impl SharedSegments {
+    /// Member `rank`'s memory from `disp` for `len` bytes, when it lies inside.
+    fn range(&self, rank: i32, disp: i64, len: usize, op: &'static str) -> Result<*mut u8> {
+        let (base, size) = usize::try_from(rank)
+            .ok()
+            .and_then(|r| self.0.get(r))
+            .copied()
+            .ok_or_else(|| other(op, "target rank outside the window"))?;
+        let start = usize::try_from(disp)
+            .ok()
+            .filter(|&d| d.checked_add(len).is_some_and(|end| end <= size))
+            .ok_or_else(|| other(op, "the range lies outside the target's memory"))?;
+        // SAFETY: `start + len <= size`, so the offset stays inside the mapped segment.
+        Ok(unsafe { base.add(start) })
+    }
+
+    /// Copies `data` into member `rank`'s memory at `disp`; in the target's memory when it
+    /// returns (cache-coherent shared memory; [`SharedSegments::complete`] orders it before
+    /// what this thread does next).
+    pub(crate) fn write(&self, rank: i32, disp: i64, data: &[u8]) -> Result<()> {
+        let to = self.range(rank, disp, data.len(), "shared-memory put")?;
+        // SAFETY: the range is inside mapped window memory (checked by `range`) and cannot
+        // overlap `data`, a buffer of this process's own.
+        unsafe { copy_into_shared(data.as_ptr(), to, data.len()) };
+        Ok(())
+    }
+
+    /// Copies `out.len()` bytes of member `rank`'s memory at `disp` into `out`.
+    pub(crate) fn read(&self, rank: i32, disp: i64, out: &mut [u8]) -> Result<()> {
+        let from = self.range(rank, disp, out.len(), "shared-memory get")?;
+        // SAFETY: as in `write`, with the roles of the two buffers exchanged.
+        unsafe { copy_from_shared(from, out.as_mut_ptr(), out.len()) };
+        Ok(())
+    }
+
+    /// Orders every copy this thread made into or out of the segments before its later
+    /// loads and stores (what a flush does for the shared-memory window's own calls).
+    pub(crate) fn complete() {
+        std::sync::atomic::fence(AtomicOrdering::SeqCst);
+    }
+
     /// [`compare_and_swap_word`] on the word at `disp` of member `rank`'s memory.
     pub(crate) fn compare_and_swap(
         &self,
@@ -58,6 +100,33 @@ impl SharedSegments {
             .ok_or_else(|| other("compare-and-swap", "target rank outside the window"))?;
         compare_and_swap_word(base, len, disp, compare, swap)
     }
+}
+
+/// Copies `len` bytes from `from` into memory that peers read (window memory), after every
+/// earlier load and store of this thread: a peer that sees these bytes sees what this thread
+/// wrote before them (a slot's value before its header).
+///
+/// # Safety
+///
+/// `from` must be valid for reading and `to` for writing `len` bytes, and the two ranges must
+/// not overlap. The copy goes through raw pointers, so no Rust reference aliases memory that
+/// peers write.
+pub(crate) unsafe fn copy_into_shared(from: *const u8, to: *mut u8, len: usize) {
+    std::sync::atomic::fence(AtomicOrdering::Release);
+    // SAFETY: the caller's contract.
+    unsafe { ptr::copy_nonoverlapping(from, to, len) };
+}
+
+/// Copies `len` bytes out of memory that peers write (window memory) before every later load
+/// and store of this thread: a header read after a value is read after it.
+///
+/// # Safety
+///
+/// As [`copy_into_shared`].
+pub(crate) unsafe fn copy_from_shared(from: *const u8, to: *mut u8, len: usize) {
+    // SAFETY: the caller's contract.
+    unsafe { ptr::copy_nonoverlapping(from, to, len) };
+    std::sync::atomic::fence(AtomicOrdering::Acquire);
 }
 
 /// Atomically replaces the u64 at `disp` of the `len` bytes at `base` by `swap` if it equals
@@ -242,17 +311,18 @@ impl Window {
     /// Bytes that a peer writes concurrently may be seen partially.
     pub fn read_local(&self, offset: usize, out: &mut [u8]) -> Result<()> {
         self.check_local_range(offset, out.len())?;
-        // SAFETY: the range lies inside the window's memory (checked above); the copy goes
-        // through raw pointers, so no Rust reference aliases memory that peers write.
-        unsafe { ptr::copy_nonoverlapping(self.base.add(offset), out.as_mut_ptr(), out.len()) };
+        // SAFETY: the range lies inside the window's memory (checked above) and `out` is a
+        // buffer of this process's own.
+        unsafe { copy_from_shared(self.base.add(offset), out.as_mut_ptr(), out.len()) };
         Ok(())
     }
 
     /// Copies `data` into this rank's window memory at `offset` (an `Allocate` window).
     pub fn write_local(&self, offset: usize, data: &[u8]) -> Result<()> {
         self.check_local_range(offset, data.len())?;
-        // SAFETY: the range lies inside the window's memory (checked above).
-        unsafe { ptr::copy_nonoverlapping(data.as_ptr(), self.base.add(offset), data.len()) };
+        // SAFETY: the range lies inside the window's memory (checked above) and `data` is a
+        // buffer of this process's own.
+        unsafe { copy_into_shared(data.as_ptr(), self.base.add(offset), data.len()) };
         Ok(())
     }
 

@@ -1,17 +1,19 @@
 //! One version's bytes into and out of a copy's slot: into the window when the value fits the
 //! slot's inline capacity, into the half's extent when it does not (see [`SlotGeometry`]).
 //!
-//! Header and data go out in one scope, in no particular order; a reader trusts data only when
-//! it matches the header's hash, so a value in an extent is as safe from torn writes as one in
-//! the window.
+//! A hashed header and its data go out in one scope, in no particular order; a reader trusts the
+//! data only when it matches the header's hash. An ordered header ([`crate::slot::Integrity::Ordered`], the
+//! owner's own puts) is preceded by [`INVALIDATED_HEADER`] over the half's header before any of
+//! the value goes out, and a reader trusts the data only when the header reads the same after
+//! it. Either way a value in an extent is as safe from torn writes as one in the window.
 
 use crate::fabric::{FabricResult, FabricWindow, RmaOps};
 use crate::layout::Copy;
-use crate::slot::{Header, SlotGeometry, HEADER_LEN};
+use crate::slot::{Header, SlotGeometry, HEADER_LEN, INVALIDATED_HEADER};
 
-/// Writes `data`, version `version`'s value, into the half's extent of every copy of
-/// `targets` when it is too large for the slot (nothing otherwise), in a scope of its own,
-/// complete when it returns. Extents are files on this host or reached through the holder's
+/// Writes `data`, `header`'s value, into the half's extent of every copy of `targets` when it
+/// is too large for the slot (nothing otherwise), in a scope of its own, complete when it
+/// returns; for an ordered header, the half's header is invalidated before each extent. Extents are files on this host or reached through the holder's
 /// serving thread on another, so this never waits on a dead holder (a file write completes; a
 /// connection to a dead process ends): it runs outside the watchdog's bound on one-sided MPI
 /// calls, which would otherwise have to grow with the bytes and with the writers sharing the
@@ -20,14 +22,18 @@ pub(crate) fn write_extents<W: FabricWindow>(
     window: &W,
     targets: &[Copy],
     geometry: SlotGeometry,
-    version: u64,
+    header: &Header,
     data: &[u8],
 ) -> FabricResult<()> {
     if !geometry.in_extent(data.len() as u64) {
         return Ok(());
     }
+    let version = header.version;
     window.scope(|s| {
         for copy in targets {
+            if header.is_ordered() {
+                issue_invalidation(s, copy, geometry, version)?;
+            }
             s.put_extent(copy.rank, SlotGeometry::extent_id(copy.disp, version), data)?;
         }
         Ok(())
@@ -64,6 +70,17 @@ pub(crate) fn inline_bytes(geometry: SlotGeometry, data: &[u8]) -> usize {
     inline + HEADER_LEN
 }
 
+/// Issues [`INVALIDATED_HEADER`] over the header of `version`'s half in `copy`'s slot: what an
+/// ordered write issues before any byte of its value (see [`crate::slot::Integrity::Ordered`]).
+pub(crate) fn issue_invalidation<'b, S: RmaOps<'b>>(
+    s: &mut S,
+    copy: &Copy,
+    geometry: SlotGeometry,
+    version: u64,
+) -> FabricResult<()> {
+    s.put(copy.rank, copy.disp + geometry.half_offset(version) as i64, &INVALIDATED_HEADER)
+}
+
 /// Issues the encoded header of `version` to `copy`'s slot.
 pub(crate) fn issue_header<'b, S: RmaOps<'b>>(
     s: &mut S,
@@ -75,32 +92,53 @@ pub(crate) fn issue_header<'b, S: RmaOps<'b>>(
     s.put(copy.rank, copy.disp + geometry.half_offset(version) as i64, encoded)
 }
 
-/// One version on its way to a slot: its number, encoded header and value, and whether its
+/// One version on its way to a slot: its header, encoded header and value, and whether its
 /// half's extent is stale ([`issue_data`]).
 pub(crate) struct Outgoing<'b> {
-    pub version: u64,
+    pub header: Header,
     pub encoded: &'b [u8],
     pub data: &'b [u8],
     pub free_stale: bool,
 }
 
-/// Issues a whole version, data then header, to each of `targets` (a value in extents was
-/// written by [`write_extents`] before).
+/// Issues a whole version to each of `targets`: for an ordered header the half's header
+/// invalidated first, then the data, then the header (a value in extents was written by
+/// [`write_extents`] before).
 pub(crate) fn issue_version<'b, S: RmaOps<'b>>(
     s: &mut S,
     targets: &[Copy],
     geometry: SlotGeometry,
     out: &Outgoing<'b>,
 ) -> FabricResult<()> {
+    let version = out.header.version;
     for copy in targets {
-        issue_data(s, copy, geometry, out.version, out.data, out.free_stale)?;
-        issue_header(s, copy, geometry, out.version, out.encoded)?;
+        issue_value(s, copy, geometry, &out.header, out.data, out.free_stale)?;
+        issue_header(s, copy, geometry, version, out.encoded)?;
     }
     Ok(())
 }
 
+/// Issues what goes before a version's header to `copy`: the invalidation of an ordered
+/// header's half (when its value is inline: an extent's write invalidated it), then the inline
+/// value ([`issue_data`]).
+pub(crate) fn issue_value<'b, S: RmaOps<'b>>(
+    s: &mut S,
+    copy: &Copy,
+    geometry: SlotGeometry,
+    header: &Header,
+    data: &'b [u8],
+    free_stale: bool,
+) -> FabricResult<()> {
+    if header.is_ordered() && !geometry.in_extent(data.len() as u64) {
+        issue_invalidation(s, copy, geometry, header.version)?;
+    }
+    issue_data(s, copy, geometry, header.version, data, free_stale)
+}
+
 /// The bytes `header` (decoded from half `index` of `copy`) names, read from the window or the
-/// half's extent; `None` for a length above the store's largest value (a half to ignore).
+/// half's extent; `None` for a length above the store's largest value (a half to ignore), and
+/// for an ordered header that no longer reads the same once the value is read (a write
+/// replaced the half meanwhile).
 pub(crate) fn read_data<W: FabricWindow>(
     window: &W,
     copy: &Copy,
@@ -115,6 +153,12 @@ pub(crate) fn read_data<W: FabricWindow>(
     } else {
         let at = copy.disp + (geometry.half_start(index) + HEADER_LEN) as i64;
         window.scope(|s| s.get(copy.rank, at, &mut data))?;
+    }
+    if header.is_ordered() {
+        let mut again = [0u8; HEADER_LEN];
+        let at = copy.disp + geometry.half_start(index) as i64;
+        window.scope(|s| s.get(copy.rank, at, &mut again))?;
+        return Ok(unchanged(header, &again).then_some(data));
     }
     Ok(Some(data))
 }
@@ -133,7 +177,17 @@ pub(crate) fn read_local_data<W: FabricWindow>(
     } else {
         window.read_local(disp + geometry.half_start(index) + HEADER_LEN, &mut data)?;
     }
+    if header.is_ordered() {
+        let mut again = [0u8; HEADER_LEN];
+        window.read_local(disp + geometry.half_start(index), &mut again)?;
+        return Ok(unchanged(header, &again).then_some(data));
+    }
     Ok(Some(data))
+}
+
+/// Whether the header bytes read again after a value still decode to `header`.
+fn unchanged(header: &Header, again: &[u8]) -> bool {
+    Header::decode(again).as_ref() == Some(header)
 }
 
 fn buffer_for(geometry: SlotGeometry, header: &Header) -> Option<Vec<u8>> {

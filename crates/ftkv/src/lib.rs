@@ -15,11 +15,15 @@
 //!   was created on. Copies are placed by [`placement::holders`], never on the owner: one on
 //!   each other host, then one on the owner's host, before a second on any, so losing one host
 //!   costs each key as few copies as the hosts allow.
-//! - **put / delete** are blocking: `Ok` means every holder has the new version, flushed. The
-//!   data path is passive-target RMA into `MPI_Win_allocate` windows in one `lock_all` epoch:
-//!   data and header to every holder, then one flush per holder. No holder's CPU is involved.
-//! - **Torn writes** cannot be read: each copy is a double buffer of checksummed halves
-//!   ([`slot`]); a reader takes the newest half whose header and data hashes match.
+//! - **put / delete** are blocking: `Ok` means every holder has the new version. The data path
+//!   is one-sided: copies with the processor's own loads and stores into the shared memory of
+//!   the holders on this host (one `MPI_Win_allocate_shared` window per host), and requests on
+//!   connections of the store's own to holders on other hosts. No holder's application thread
+//!   is involved.
+//! - **Torn writes** cannot be read: each copy is a double buffer of self-checked halves
+//!   ([`slot`]); a reader takes the newest half whose value is whole: by the value's hash, or,
+//!   for the owner's own puts, which hash nothing, by the half's header reading the same before
+//!   and after the value (the owner invalidates it before writing the value).
 //! - **Value growth**: every slot reserves the configured maximum as address space; memory
 //!   becomes resident only as values grow into it, so no window enlargement (and no dynamic
 //!   window, whose flush hangs against a dead target) is needed.
@@ -66,4 +70,6 @@ pub use key::{
     DEFAULT_SUSPICION, DETECTOR_TIMEOUT_VAR, SUSPICION_MARGIN, TX_RECORD_KIND,
 };
 pub use recovery::keeps_quorum;
-pub use store::{DefaultFabric, PendingPut, RecoveryReport, RepairReport, Store};
+pub use store::{
+    DefaultFabric, PendingPut, RecoveryReport, RepairReport, Store, WRITE_THROUGH_BYTES,
+};

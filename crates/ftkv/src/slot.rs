@@ -7,17 +7,24 @@
 //! | bytes | field |
 //! |---|---|
 //! | 0..4 | magic `FTKV` |
-//! | 4..8 | state: 1 value, 2 deleted |
+//! | 4..8 | state: 1 value, 2 deleted; bit 8 set: written in order, no hash |
 //! | 8..16 | version (≥ 1) |
 //! | 16..24 | value length |
 //! | 24..32 | recovery epoch of the writer |
-//! | 32..40 | xxh3 of the value bytes |
+//! | 32..40 | xxh3 of the value bytes (0 when written in order) |
 //! | 40..44 | the writer's worker id |
 //! | 48..56 | xxh3 of bytes 0..48 |
 //!
-//! Header and data go out in one epoch and one flush, in no particular order. A reader accepts a
-//! half only if both hashes match, so a writer that dies mid-put leaves a half that fails the
-//! check, and the reader falls back to the other half, the previous complete version.
+//! A half's value is known whole in one of two ways ([`Integrity`]). A hashed header commits the
+//! xxh3 of the value: header and data may land in any order, and a reader accepts the half only
+//! if both hashes match. The owner's own puts, the hot path, hash nothing: each copy gets, in
+//! this order, [`INVALIDATED_HEADER`] over the half's header, then the value, then the header
+//! (the fabric applies one target's operations in issue order); a reader accepts the half only
+//! if its header reads the same before and after the value. Either way a writer that dies
+//! mid-put leaves a half that fails the check, and the reader falls back to the other half, the
+//! previous complete version. Copies that other writers make (repairs, recoveries, handed and
+//! transactional writes) are hashed: two of them may meet in one half (a repair and a thief),
+//! which the order alone would not detect.
 //!
 //! The fence block (64 bytes) is written only by the slot's holder, never by writers: once the
 //! holder learns that a worker failed, it records `(writer, version)`, the newest version the
@@ -50,6 +57,11 @@ pub const FENCE_LEN: usize = HEADER_LEN;
 /// fence block, which fence writes leave alone.
 pub const LOCK_AT: usize = FENCE_LEN - 8;
 const MAGIC: [u8; 4] = *b"FTKV";
+/// The state word's bit of an [`Integrity::Ordered`] header.
+const ORDERED: u32 = 1 << 8;
+/// What a writer in order puts over a half's header before it writes the value: not a header
+/// (it decodes as an empty half), so no reader takes the half while its value changes.
+pub static INVALIDATED_HEADER: [u8; HEADER_LEN] = [0; HEADER_LEN];
 const FENCE_MAGIC: [u8; 4] = *b"FNCE";
 /// Fenced writers a slot can record; a slot has one writer at a time, so more than its owner
 /// and two handed writers failing between two global recoveries is not expected.
@@ -62,6 +74,17 @@ pub enum State {
     Deleted,
 }
 
+/// How a reader tells that a half's value bytes are the whole value its header commits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Integrity {
+    /// The xxh3 of the value bytes: whatever order its bytes landed in.
+    Hash(u64),
+    /// Written in order by the key's only writer, its owner: the header invalidated, then the
+    /// value, then the header. The value is whole when the half's header reads the same
+    /// before and after it.
+    Ordered,
+}
+
 /// A decoded, self-consistent header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Header {
@@ -69,7 +92,7 @@ pub struct Header {
     pub version: u64,
     pub len: u64,
     pub epoch: u64,
-    pub data_hash: u64,
+    pub integrity: Integrity,
     /// The worker that wrote this version (a copy made in recovery keeps the original writer).
     pub writer: i32,
 }
@@ -82,15 +105,34 @@ impl Header {
             version,
             len: value.len() as u64,
             epoch,
-            data_hash: xxh3_64(value),
+            integrity: Integrity::Hash(xxh3_64(value)),
             writer,
         }
     }
 
+    /// The header of a `len`-byte value at `version` that its owner writes in order
+    /// ([`Integrity::Ordered`]): nothing is computed over the value.
+    pub fn for_ordered_value(len: usize, version: u64, epoch: u64, writer: i32) -> Header {
+        let integrity = Integrity::Ordered;
+        Header { state: State::Value, version, len: len as u64, epoch, integrity, writer }
+    }
+
     /// The header of a deletion at `version`.
     pub fn for_delete(version: u64, epoch: u64, writer: i32) -> Header {
-        let data_hash = xxh3_64(&[]);
-        Header { state: State::Deleted, version, len: 0, epoch, data_hash, writer }
+        let integrity = Integrity::Hash(xxh3_64(&[]));
+        Header { state: State::Deleted, version, len: 0, epoch, integrity, writer }
+    }
+
+    /// This header with the hash of `data`, its whole value: for a copy of a committed version
+    /// written by anyone but the owner's own put, which may meet another writer in the half.
+    pub fn hashed(self, data: &[u8]) -> Header {
+        Header { integrity: Integrity::Hash(xxh3_64(data)), ..self }
+    }
+
+    /// Whether a reader must read this half's header again after its value
+    /// ([`Integrity::Ordered`]).
+    pub fn is_ordered(&self) -> bool {
+        self.integrity == Integrity::Ordered
     }
 
     pub fn encode(&self) -> [u8; HEADER_LEN] {
@@ -100,11 +142,15 @@ impl Header {
             State::Value => 1,
             State::Deleted => 2,
         };
-        out[4..8].copy_from_slice(&state.to_le_bytes());
+        let (ordered, hash) = match self.integrity {
+            Integrity::Hash(hash) => (0, hash),
+            Integrity::Ordered => (ORDERED, 0),
+        };
+        out[4..8].copy_from_slice(&(state | ordered).to_le_bytes());
         out[8..16].copy_from_slice(&self.version.to_le_bytes());
         out[16..24].copy_from_slice(&self.len.to_le_bytes());
         out[24..32].copy_from_slice(&self.epoch.to_le_bytes());
-        out[32..40].copy_from_slice(&self.data_hash.to_le_bytes());
+        out[32..40].copy_from_slice(&hash.to_le_bytes());
         out[40..44].copy_from_slice(&self.writer.to_le_bytes());
         let check = xxh3_64(&out[0..48]);
         out[48..56].copy_from_slice(&check.to_le_bytes());
@@ -120,25 +166,34 @@ impl Header {
         if word(48) != xxh3_64(&bytes[0..48]) {
             return None;
         }
-        let state = match u32::from_le_bytes(bytes[4..8].try_into().expect("4 bytes")) {
+        let word4 = u32::from_le_bytes(bytes[4..8].try_into().expect("4 bytes"));
+        let state = match word4 & !ORDERED {
             1 => State::Value,
             2 => State::Deleted,
             _ => return None,
         };
+        let integrity =
+            if word4 & ORDERED != 0 { Integrity::Ordered } else { Integrity::Hash(word(32)) };
         let version = word(8);
         (version > 0).then_some(Header {
             state,
             version,
             len: word(16),
             epoch: word(24),
-            data_hash: word(32),
+            integrity,
             writer: i32::from_le_bytes(bytes[40..44].try_into().expect("4 bytes")),
         })
     }
 
-    /// Whether `data` is the complete value this header commits.
+    /// Whether `data` is the complete value this header commits: by its hash, or, for an
+    /// ordered header, by its length (the reader checked that the header did not change while
+    /// it read the value).
     pub fn matches(&self, data: &[u8]) -> bool {
-        data.len() as u64 == self.len && xxh3_64(data) == self.data_hash
+        let whole = match self.integrity {
+            Integrity::Hash(hash) => xxh3_64(data) == hash,
+            Integrity::Ordered => true,
+        };
+        data.len() as u64 == self.len && whole
     }
 }
 
@@ -332,6 +387,24 @@ mod tests {
         let mut half_written = Header::for_value(b"x", 9, 0, 5).encode();
         half_written[24..].copy_from_slice(&h.encode()[24..]);
         assert_eq!(Header::decode(&half_written), None, "mix of two headers");
+    }
+
+    #[test]
+    fn ordered_headers_round_trip_hash_nothing_and_turn_hashed_for_copies() {
+        let h = Header::for_ordered_value(5, 7, 2, 5);
+        assert_eq!(h.integrity, Integrity::Ordered);
+        assert_eq!(Header::decode(&h.encode()), Some(h));
+        assert!(h.matches(b"hello") && !h.matches(b"hell"), "only the length is checked here");
+        let copy = h.hashed(b"hello");
+        assert_eq!(copy.integrity, Integrity::Hash(xxh3_64(b"hello")));
+        assert_eq!((copy.version, copy.len, copy.epoch, copy.writer), (7, 5, 2, 5));
+        assert_eq!(Header::decode(&copy.encode()), Some(copy));
+        assert!(copy.matches(b"hello") && !copy.matches(b"jello"));
+        assert_ne!(h.encode(), copy.encode(), "the two kinds of header differ");
+        assert_eq!(Header::decode(&INVALIDATED_HEADER), None, "an invalidated half is empty");
+        let mut flag_flipped = h.encode();
+        flag_flipped[5] ^= 1;
+        assert_eq!(Header::decode(&flag_flipped), None, "the flag is under the header's check");
     }
 
     /// Candidate halves (header bytes, data bytes) and the version `newest` must pick.

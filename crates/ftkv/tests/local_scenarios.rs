@@ -100,6 +100,50 @@ fn bad_input_is_rejected_without_harm() {
 /// Kills worker 1 at the `nth` pass through `failpoint` (each put passes it once per copy, two
 /// copies) while it overwrites its checkpoint; every survivor must then read its previous or
 /// its new value, never anything else.
+/// Rank 0 writes its key again and again (its own puts, written in order without a hash)
+/// while ranks 1 and 2 read it: every read is one whole value written, never a mix, and the
+/// versions read never go back. Sizes alternate between inline values and values in extents,
+/// so a half changes from one kind to the other under the readers.
+#[test]
+fn gets_during_the_owners_puts_read_whole_values() {
+    let reads = within(60, "concurrent gets", || {
+        LocalCluster::new(3).run(|fabric| {
+            let mut config = config(2);
+            config.initial_capacity = 256;
+            let mut store = Store::create(&fabric, config).expect("create");
+            let key = Key::new(0, 0);
+            let writes = 400u32;
+            let mut seen = Vec::new();
+            if store.worker() == 0 {
+                for seq in 1..=writes {
+                    let len = [20, 200, 3000, 9000][seq as usize % 4];
+                    store.put(key, &value(0, seq, len)).expect("put");
+                }
+            } else {
+                for _ in 0..writes * 2 {
+                    seen.push(observe(0, store.get(key).expect("get").as_deref()));
+                }
+            }
+            store.sync().expect("sync");
+            seen
+        })
+    });
+    for (reader, seen) in reads.into_iter().enumerate().skip(1) {
+        let seen = seen.expect("nobody killed");
+        let mut last = 0;
+        for observed in seen {
+            match observed {
+                Observed::Seq(seq) => {
+                    assert!(seq >= last, "reader {reader} read {seq} after {last}");
+                    last = seq;
+                }
+                Observed::Absent => assert_eq!(last, 0, "reader {reader}: absent after {last}"),
+                other => panic!("reader {reader} read {other:?}"),
+            }
+        }
+    }
+}
+
 fn writer_killed_at(failpoint: &'static str, nth: usize) {
     let cluster = LocalCluster::new(4);
     cluster.arm(1, failpoint, nth);

@@ -15,6 +15,11 @@ use crate::key::{Key, Recovery};
 use crate::layout::Copy;
 use crate::slot::{Header, HEADER_LEN};
 
+/// The largest value [`Store::put_async`] writes to every holder itself when they all share
+/// this host: below it, handing the value to the replicator thread (a copy of the value, a
+/// channel message and a thread's wake-up) costs more than the copies it would save.
+pub const WRITE_THROUGH_BYTES: usize = 64 << 10;
+
 /// One version's other copies, for the replicator thread.
 struct Job<W> {
     /// The windows the copies go to.
@@ -66,11 +71,11 @@ impl<W> Drop for Replicator<W> {
 fn write_copies<W: FabricWindow>(job: &Job<W>) -> FabricResult<()> {
     let (window, geometry) = (job.windows.window(), job.windows.geometry());
     let version = job.header.version;
-    halves::write_extents(window, &job.targets, geometry, version, &job.data)?;
+    halves::write_extents(window, &job.targets, geometry, &job.header, &job.data)?;
     let bytes = halves::inline_bytes(geometry, &job.data) * job.targets.len();
     job.health.enter_call_on(Lane::Replicator, bytes);
     let out = halves::Outgoing {
-        version: job.header.version,
+        header: job.header,
         encoded: &job.encoded,
         data: &job.data,
         free_stale: job.free_stale,
@@ -90,10 +95,17 @@ fn write_copies<W: FabricWindow>(job: &Job<W>) -> FabricResult<()> {
 pub struct PendingPut<'s, F: Fabric> {
     store: &'s mut Store<F>,
     key: Key,
+    /// What is left to wait for; `None` once waited for, or when every copy was written
+    /// before [`Store::put_async`] returned.
+    pending: Option<Pending>,
+}
+
+/// A version whose first copy is written: its value, kept for a rewrite after a failure, and
+/// the replicator's report on the other copies (`None`: there are none).
+struct Pending {
     header: Header,
     data: Arc<[u8]>,
     rest: Option<mpsc::Receiver<FabricResult<()>>>,
-    waited: bool,
 }
 
 impl<F: Fabric> PendingPut<'_, F> {
@@ -107,10 +119,8 @@ impl<F: Fabric> PendingPut<'_, F> {
     }
 
     fn finish(&mut self) -> Result<()> {
-        if std::mem::replace(&mut self.waited, true) {
-            return Ok(());
-        }
-        let rest = self.rest.take().map(|done| {
+        let Some(Pending { header, data, rest }) = self.pending.take() else { return Ok(()) };
+        let rest = rest.map(|done| {
             done.recv().unwrap_or_else(|_| {
                 Err(FabricError::Other { op: "put_async", msg: "the replicator ended".into() })
             })
@@ -122,13 +132,13 @@ impl<F: Fabric> PendingPut<'_, F> {
         };
         match written {
             Err(e) if e.needs_recovery() && store.config.recovery == Recovery::Localized => {
-                store.write(self.key, self.header, &self.data)?;
+                store.write(self.key, header, &data)?;
             }
             written => written?,
         }
-        store.acked.set(self.key.kind as usize, self.header.version);
+        store.acked.set(self.key.kind as usize, header.version);
         let geometry = store.routes.geometry();
-        store.spills.written(self.key, self.header.version, self.data.len(), geometry);
+        store.spills.written(self.key, header.version, data.len(), geometry);
         if !store.lost.is_empty() {
             store.lost.retain(|&k| k != self.key);
         }
@@ -149,7 +159,10 @@ impl<F: Fabric> Drop for PendingPut<'_, F> {
 impl<F: Fabric> Store<F> {
     /// Writes `value` under this worker's own `key` like [`Store::put`], but returns once the
     /// first copy (on this host when a holder is here) is complete at its holder; the other
-    /// copies are issued to a replicator thread. The returned handle waits for them ([`PendingPut::wait`], or when dropped).
+    /// copies are issued to a replicator thread. The returned handle waits for them
+    /// ([`PendingPut::wait`], or when dropped). A value of at most [`WRITE_THROUGH_BYTES`]
+    /// whose holders all share this host is written to every copy before this returns, as
+    /// [`Store::put`] does: handing it off would cost more than the copies.
     ///
     /// Completion: `Ok(handle)` means the first holder has the new version. Failure: as
     /// [`Store::put`]; with localized recovery a failure met before the first copy is written
@@ -177,8 +190,12 @@ impl<F: Fabric> Store<F> {
     pub fn put_async(&mut self, key: Key, value: &[u8]) -> Result<PendingPut<'_, F>> {
         self.check_own(key)?;
         self.check_value(value)?;
+        if self.writes_through(key, value.len()) {
+            self.put(key, value)?;
+            return Ok(PendingPut { store: self, key, pending: None });
+        }
         let version = self.next_own_version(key);
-        let header = Header::for_value(value, version, self.epoch()?, self.me);
+        let header = Header::for_ordered_value(value.len(), version, self.epoch()?, self.me);
         let data: Arc<[u8]> = Arc::from(value);
         let rest = match self.start_async(key, header, &data) {
             Err(e) if e.needs_recovery() && self.config.recovery == Recovery::Localized => {
@@ -188,7 +205,18 @@ impl<F: Fabric> Store<F> {
             }
             started => started?,
         };
-        Ok(PendingPut { store: self, key, header, data, rest, waited: false })
+        Ok(PendingPut { store: self, key, pending: Some(Pending { header, data, rest }) })
+    }
+
+    /// Whether [`Store::put_async`] writes every copy of `key` itself: when all its holders
+    /// share this host and the value is at most [`WRITE_THROUGH_BYTES`], copying it to them
+    /// costs less than handing it to the replicator thread.
+    fn writes_through(&self, key: Key, len: usize) -> bool {
+        let my_host = self.hosts[self.me as usize];
+        let on_this_host = |route: &[Copy]| {
+            route.iter().all(|c| self.hosts[c.worker as usize] == my_host)
+        };
+        len <= WRITE_THROUGH_BYTES && self.routes.route(key).is_some_and(on_this_host)
     }
 
     /// Writes the first copy of `header`'s version (on this host when a holder is here) and

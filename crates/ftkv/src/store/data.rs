@@ -41,7 +41,8 @@ impl<F: Fabric> Store<F> {
         self.check_own(key)?;
         self.check_value(value)?;
         let version = self.next_own_version(key);
-        self.write(key, Header::for_value(value, version, self.epoch()?, self.me), value)?;
+        let header = Header::for_ordered_value(value.len(), version, self.epoch()?, self.me);
+        self.write(key, header, value)?;
         self.acked.set(key.kind as usize, version);
         Ok(())
     }
@@ -284,13 +285,13 @@ impl<F: Fabric> Store<F> {
         let windows = self.windows()?;
         let (window, geometry, version) = (windows.window(), windows.geometry(), header.version);
         let comm = &self.comm;
-        let extents = halves::write_extents(window, route, geometry, version, data);
+        let extents = halves::write_extents(window, route, geometry, &header, data);
         extents.map_err(|e| self.failure(e))?;
         self.health.enter_call(halves::inline_bytes(geometry, data) * route.len());
         comm.stall_point("put_stall");
         let issued = window.scope(|s| {
             for copy in route {
-                halves::issue_data(s, copy, geometry, version, data, free_stale)?;
+                halves::issue_value(s, copy, geometry, &header, data, free_stale)?;
                 comm.failpoint("put_before_header");
                 halves::issue_header(s, copy, geometry, version, &encoded)?;
                 comm.failpoint("put_between_copies");

@@ -346,16 +346,17 @@ impl<F: Fabric> Follower<F> {
         Ok(behind)
     }
 
-    /// Writes a committed version (data, then header, into its half) to `targets`.
+    /// Writes a committed version (data, then header, into its half) to `targets`, hashed
+    /// whatever the original's integrity: an orphan's copy may meet a thief's write.
     fn copy_to(&self, current: &Layout, targets: &[Copy], committed: &Committed) -> Result<()> {
         let windows = &self.parts.windows;
         let (window, geometry) = (windows.window(), windows.geometry());
-        let version = committed.header.version;
-        let extents = halves::write_extents(window, targets, geometry, version, &committed.data);
+        let (header, data) = (committed.header.hashed(&committed.data), &committed.data);
+        let extents = halves::write_extents(window, targets, geometry, &header, data);
         extents.map_err(|e| self.failure(current, e))?;
-        let bytes = halves::inline_bytes(geometry, &committed.data) * targets.len();
+        let bytes = halves::inline_bytes(geometry, data) * targets.len();
         self.parts.health.enter_call_on(Lane::Repairer, bytes);
-        let written = windows.put_committed_inline(targets, committed);
+        let written = windows.put_inline(targets, header, data);
         self.parts.health.leave_call_on(Lane::Repairer);
         written.map_err(|e| self.failure(current, e))?;
         if targets.iter().any(|c| self.parts.health.is_failed(c.worker)) {

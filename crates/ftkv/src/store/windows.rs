@@ -14,7 +14,7 @@ use crate::fence::{read_local_slot, Fencer};
 use crate::halves;
 use crate::key::Key;
 use crate::layout::{Copy, Layout, MARKS_LEN, RECOVERY_MARK_AT};
-use crate::slot::{Committed, SlotGeometry, FENCE_LEN, HEADER_LEN};
+use crate::slot::{Committed, Header, SlotGeometry, FENCE_LEN, HEADER_LEN};
 
 /// This rank's part of a store's windows of one epoch: its window, with the layout of every
 /// rank's slots.
@@ -99,29 +99,20 @@ impl<W: FabricWindow> Windows<W> {
     }
 
     /// Writes a committed version (data and header into the version's half) to every copy of
-    /// `targets`, completed by one scope.
+    /// `targets`, completed by one scope. The copy's header is hashed whatever the original's
+    /// integrity ([`Header::hashed`]): a copy may meet another writer in its half.
     fn put_committed(&self, targets: &[Copy], committed: &Committed) -> FabricResult<()> {
-        let version = committed.header.version;
-        halves::write_extents(&self.window, targets, self.geometry(), version, &committed.data)?;
-        self.put_committed_inline(targets, committed)
+        let header = committed.header.hashed(&committed.data);
+        halves::write_extents(&self.window, targets, self.geometry(), &header, &committed.data)?;
+        self.put_inline(targets, header, &committed.data)
     }
 
-    /// [`Windows::put_committed`] after its value's extents were written: the inline value (if
-    /// it fits) and the header, the one-sided calls the watchdog bounds. Complete at every
+    /// The rest of a version's write once its value's extents were written: the inline value
+    /// (if it fits) and `header`, the one-sided calls the watchdog bounds. Complete at every
     /// target when it returns `Ok`.
-    pub fn put_committed_inline(
-        &self,
-        targets: &[Copy],
-        committed: &Committed,
-    ) -> FabricResult<()> {
-        let encoded = committed.header.encode();
-        let version = committed.header.version;
-        let out = halves::Outgoing {
-            version,
-            encoded: &encoded,
-            data: &committed.data,
-            free_stale: true,
-        };
+    pub fn put_inline(&self, targets: &[Copy], header: Header, data: &[u8]) -> FabricResult<()> {
+        let encoded = header.encode();
+        let out = halves::Outgoing { header, encoded: &encoded, data, free_stale: true };
         self.window.scope(|s| halves::issue_version(s, targets, self.geometry(), &out))
     }
 

@@ -39,6 +39,7 @@ struct Armed {
     hits: Mutex<HashMap<String, u64>>,
 }
 
+#[inline]
 fn armed() -> &'static Option<Armed> {
     static ARMED: OnceLock<Option<Armed>> = OnceLock::new();
     ARMED.get_or_init(|| {
@@ -50,7 +51,14 @@ fn armed() -> &'static Option<Armed> {
 
 /// Kills this process with SIGKILL if the failure point `name` is armed for this rank (and this
 /// is the armed hit). Prints `failpoint <name> fired` to stderr first.
+#[inline]
 pub fn hit(name: &str) {
+    if armed().is_some() {
+        hit_armed(name);
+    }
+}
+
+fn hit_armed(name: &str) {
     if fires(name) {
         eprintln!("failpoint {name} fired on rank {}", rank());
         kill_self();
@@ -59,7 +67,14 @@ pub fn hit(name: &str) {
 
 /// Blocks this thread forever if the failure point `name` fires: a call that never returns, as
 /// a one-sided MPI call against some dead targets does.
+#[inline]
 pub fn stall(name: &str) {
+    if armed().is_some() {
+        stall_armed(name);
+    }
+}
+
+fn stall_armed(name: &str) {
     if fires(name) {
         eprintln!("failpoint {name} stalls rank {}", rank());
         loop {
@@ -70,10 +85,14 @@ pub fn stall(name: &str) {
 
 /// Stops this process with SIGSTOP (every thread, as a frozen host would) if the failure point
 /// `<point>:stop` fires, and goes on once something sends it SIGCONT.
+#[inline]
 pub fn stop(point: &str) {
-    if armed().is_none() {
-        return;
+    if armed().is_some() {
+        stop_armed(point);
     }
+}
+
+fn stop_armed(point: &str) {
     let name = format!("{point}:stop");
     if fires(&name) {
         eprintln!("failpoint {name} stops rank {}", rank());

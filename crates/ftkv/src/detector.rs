@@ -34,12 +34,13 @@ pub(crate) struct Health {
     alarm: AtomicBool,
     /// Entries and exits of data-path calls, odd while one is inside: the owner's calls
     /// ([`Lane::Owner`]), the repairer thread's ([`Lane::Repairer`]) and the replicator
-    /// thread's ([`Lane::Replicator`]), watched apart.
+    /// thread's ([`Lane::Replicator`]), watched apart; each written by its lane's thread only.
     in_call: [AtomicU64; Lane::ALL.len()],
     /// Bytes the current call of each lane moves: its bound grows with them
     /// ([`SLOWEST_HEALTHY_RATE`]).
     call_bytes: [AtomicU64; Lane::ALL.len()],
-    /// When the clock thread last ticked, in nanoseconds since `born` (0: no clock runs).
+    /// When the clock thread last ticked, in ticks of the coarse clock ([`coarse_now`]; 0: no
+    /// clock runs).
     tick_at: AtomicU64,
     /// When the detector thread last began a round, in nanoseconds since `born` (0: none yet),
     /// and the part of the round it is in ([`DetectorStep`]).
@@ -67,18 +68,20 @@ impl Health {
 
     /// How long ago the clock thread last ticked (zero while none runs). The clock does nothing
     /// but sleep briefly and tick, so a long gap means this process was stopped (or its host
-    /// froze) that long, never that an MPI call was slow.
+    /// froze) that long, never that an MPI call was slow. Read on the coarse clock
+    /// ([`coarse_now`]): every put asks.
     #[inline]
     pub fn since_last_tick(&self) -> Duration {
         let at = self.tick_at.load(Ordering::Acquire);
         if at == 0 {
             return Duration::ZERO;
         }
-        self.born.elapsed().saturating_sub(Duration::from_nanos(at))
+        let since = coarse_now().duration_since(coarsetime::Instant::from_ticks(at));
+        since.into()
     }
 
     fn stamp_tick(&self) {
-        self.tick_at.store(self.now(), Ordering::Release);
+        self.tick_at.store(coarse_now().as_ticks().max(1), Ordering::Release);
     }
 
     fn now(&self) -> u64 {
@@ -173,7 +176,7 @@ impl Health {
     #[inline]
     pub fn enter_call_on(&self, lane: Lane, bytes: usize) {
         self.call_bytes[lane as usize].store(bytes as u64, Ordering::Relaxed);
-        self.in_call[lane as usize].fetch_add(1, Ordering::AcqRel);
+        count_crossing(&self.in_call[lane as usize]);
     }
 
     /// The watchdog's bound for the current call of `lane`: `watchdog`, plus the time its
@@ -186,8 +189,24 @@ impl Health {
     /// Marks its end.
     #[inline]
     pub fn leave_call_on(&self, lane: Lane) {
-        self.in_call[lane as usize].fetch_add(1, Ordering::AcqRel);
+        count_crossing(&self.in_call[lane as usize]);
     }
+}
+
+/// The time on the coarse monotonic clock (Linux's `CLOCK_MONOTONIC_COARSE`: a few ns to read
+/// against about 50 ns for the precise clock measured here, and as precise as the kernel's
+/// tick, milliseconds): for the clock thread's gaps, which matter when they last seconds.
+#[inline]
+fn coarse_now() -> coarsetime::Instant {
+    coarsetime::Instant::now_without_cache_update()
+}
+
+/// Counts an entry into or an exit from a data-path call on a lane's counter. Each lane has
+/// one thread that makes its calls, the counter's only writer, so a plain store publishes the
+/// count (no locked instruction on the put path); the watchdog only reads it.
+#[inline]
+fn count_crossing(counter: &AtomicU64) {
+    counter.store(counter.load(Ordering::Relaxed) + 1, Ordering::Release);
 }
 
 /// The slowest rate, in bytes per second, at which a healthy data-path call moves a large value

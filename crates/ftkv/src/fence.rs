@@ -26,6 +26,33 @@ use crate::slot::{
 /// Reads of a remote fence block caught while its holder rewrote it, before giving up.
 const TORN_FENCE_RETRIES: usize = 1000;
 
+/// Reads of a slot whose halves changed under the reader, before its last read stands.
+const CHANGING_SLOT_RETRIES: usize = 100;
+
+/// Runs `read` (one read of a slot: its newest complete version, and whether a header it did
+/// not void named a version) again while it finds no complete version although a header named
+/// one: a write replaced the halves while they were read (a writer can invalidate both halves
+/// of a slot between one reader's header and data reads). After [`CHANGING_SLOT_RETRIES`]
+/// reads the last one stands, so a half a dead writer left torn is read as such.
+fn settled(
+    mut read: impl FnMut() -> FabricResult<(Option<Committed>, bool)>,
+) -> FabricResult<Option<Committed>> {
+    let mut newest = None;
+    for _ in 0..CHANGING_SLOT_RETRIES {
+        let (found, named) = read()?;
+        newest = found;
+        if newest.is_some() || !named {
+            break;
+        }
+    }
+    Ok(newest)
+}
+
+/// Whether a header of `headers` that `fence` does not void names a version.
+fn names_a_version(headers: &[(usize, Header)], fence: &Fence) -> bool {
+    headers.iter().any(|(_, h)| !fence.voids(h))
+}
+
 /// The workers fenced so far in the slots one rank hosts in one window.
 #[derive(Debug, Default)]
 pub(crate) struct Fencer {
@@ -139,24 +166,34 @@ pub(crate) fn read_local_slot<W: FabricWindow>(
     disp: usize,
     geometry: SlotGeometry,
 ) -> FabricResult<Option<Committed>> {
-    let (fence, headers) = read_local_headers(window, disp, geometry)?;
-    newest_local(window, disp, geometry, &fence, &headers)
+    settled(|| {
+        let (fence, headers) = read_local_headers(window, disp, geometry)?;
+        let newest = newest_local(window, disp, geometry, &fence, &headers)?;
+        Ok((newest, names_a_version(&headers, &fence)))
+    })
 }
 
 /// Reads one remote copy (fence block and both headers in one scope, then the data of the
 /// newest decodable half, and of the older only when the newest is incomplete) and returns its
-/// newest complete, unfenced version.
+/// newest complete, unfenced version; again while its halves change under the read
+/// ([`settled`]).
 pub(crate) fn read_copy<W: FabricWindow>(
     window: &W,
     copy: &Copy,
     geometry: SlotGeometry,
 ) -> FabricResult<Option<Committed>> {
-    let mut blocks = [[0u8; HEADER_LEN]; 3];
-    let (fence, raw) = read_fence_and_headers(window, copy, geometry, &mut blocks)?;
-    let headers: Vec<(usize, Header)> =
-        raw.iter().enumerate().filter_map(|(i, bytes)| Some((i, Header::decode(bytes)?))).collect();
-    newest_loaded(&headers, &fence, |index, header| {
-        read_data(window, copy, geometry, index, header)
+    settled(|| {
+        let mut blocks = [[0u8; HEADER_LEN]; 3];
+        let (fence, raw) = read_fence_and_headers(window, copy, geometry, &mut blocks)?;
+        let headers: Vec<(usize, Header)> = raw
+            .iter()
+            .enumerate()
+            .filter_map(|(i, bytes)| Some((i, Header::decode(bytes)?)))
+            .collect();
+        let newest = newest_loaded(&headers, &fence, |index, header| {
+            read_data(window, copy, geometry, index, header)
+        })?;
+        Ok((newest, names_a_version(&headers, &fence)))
     })
 }
 

@@ -213,7 +213,9 @@ impl Spills {
         len: usize,
         geometry: SlotGeometry,
     ) -> bool {
-        !geometry.in_extent(len as u64) && self.halves.contains(&(key, version % 2))
+        !self.halves.is_empty()
+            && !geometry.in_extent(len as u64)
+            && self.halves.contains(&(key, version % 2))
     }
 
     /// Records that `key`'s `version`, `len` bytes, is written on every copy.

@@ -106,13 +106,13 @@ fn bad_input_is_rejected_without_harm() {
 /// so a half changes from one kind to the other under the readers.
 #[test]
 fn gets_during_the_owners_puts_read_whole_values() {
-    let reads = within(60, "concurrent gets", || {
+    let reads = within(60, "concurrent gets".into(), || {
         LocalCluster::new(3).run(|fabric| {
             let mut config = config(2);
             config.initial_capacity = 256;
             let mut store = Store::create(&fabric, config).expect("create");
             let key = Key::new(0, 0);
-            let writes = 400u32;
+            let writes = 20_000u32;
             let mut seen = Vec::new();
             if store.worker() == 0 {
                 for seq in 1..=writes {

@@ -121,11 +121,13 @@ impl Fabric for Comm {
         false
     }
 
+    #[inline]
     fn failpoint(&self, name: &str) {
         failpoint::hit(name);
         failpoint::stop(name);
     }
 
+    #[inline]
     fn stall_point(&self, name: &str) {
         failpoint::stall(name);
         failpoint::stop(name);

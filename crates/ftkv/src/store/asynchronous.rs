@@ -70,7 +70,6 @@ impl<W> Drop for Replicator<W> {
 /// Writes one job's copies, its one-sided calls bounded by the watchdog like the owner's.
 fn write_copies<W: FabricWindow>(job: &Job<W>) -> FabricResult<()> {
     let (window, geometry) = (job.windows.window(), job.windows.geometry());
-    let version = job.header.version;
     halves::write_extents(window, &job.targets, geometry, &job.header, &job.data)?;
     let bytes = halves::inline_bytes(geometry, &job.data) * job.targets.len();
     job.health.enter_call_on(Lane::Replicator, bytes);
@@ -213,9 +212,8 @@ impl<F: Fabric> Store<F> {
     /// costs less than handing it to the replicator thread.
     fn writes_through(&self, key: Key, len: usize) -> bool {
         let my_host = self.hosts[self.me as usize];
-        let on_this_host = |route: &[Copy]| {
-            route.iter().all(|c| self.hosts[c.worker as usize] == my_host)
-        };
+        let on_this_host =
+            |route: &[Copy]| route.iter().all(|c| self.hosts[c.worker as usize] == my_host);
         len <= WRITE_THROUGH_BYTES && self.routes.route(key).is_some_and(on_this_host)
     }
 

@@ -302,10 +302,13 @@ impl<'buf> HostScope<'buf> {
     }
 
     /// Makes `target`'s extent `id` hold `data` (see [`crate::extent`]): at once on this host,
-    /// when the scope completes on another.
+    /// when the scope completes on another; after every operation issued before it, on either.
     pub fn put_extent(&mut self, target: i32, id: u64, data: &'buf [u8]) -> Result<()> {
         match self.host_rank(target)? {
-            Some(_) => self.extents.write(target, id, data),
+            Some(_) => {
+                SharedSegments::complete();
+                self.extents.write(target, id, data)
+            }
             None => {
                 self.batch(target).push(Remote::ExtentPut { id, data });
                 Ok(())
@@ -324,10 +327,14 @@ impl<'buf> HostScope<'buf> {
         }
     }
 
-    /// Removes `target`'s extent `id` (nothing when there is none).
+    /// Removes `target`'s extent `id` (nothing when there is none), after every operation
+    /// issued before it.
     pub fn free_extent(&mut self, target: i32, id: u64) -> Result<()> {
         match self.host_rank(target)? {
-            Some(_) => self.extents.free(target, id),
+            Some(_) => {
+                SharedSegments::complete();
+                self.extents.free(target, id)
+            }
             None => {
                 self.batch(target).push(Remote::ExtentFree { id });
                 Ok(())
@@ -351,8 +358,9 @@ impl<'buf> HostScope<'buf> {
         &mut self.batches[at].1
     }
 
-    /// Sends every other host's requests, flushes the shared-memory operations, then reads
-    /// the answers; the first error is returned after that.
+    /// Sends every other host's requests, orders the shared-memory copies before what this
+    /// thread does next (a fence), then reads the answers; the first error is returned after
+    /// that.
     fn complete(&mut self) -> Result<()> {
         let batches = std::mem::take(&mut self.batches);
         let sent = (!batches.is_empty()).then(|| self.links.as_ref().map(|l| l.send(batches)));

@@ -80,7 +80,8 @@ impl SharedSegments {
     }
 
     /// Orders every copy this thread made into or out of the segments before its later
-    /// loads and stores (what a flush does for the shared-memory window's own calls).
+    /// loads, stores and file writes (what a flush does for the shared-memory window's own
+    /// calls).
     pub(crate) fn complete() {
         std::sync::atomic::fence(AtomicOrdering::SeqCst);
     }

@@ -69,7 +69,8 @@ impl Health {
     /// How long ago the clock thread last ticked (zero while none runs). The clock does nothing
     /// but sleep briefly and tick, so a long gap means this process was stopped (or its host
     /// froze) that long, never that an MPI call was slow. Read on the coarse clock
-    /// ([`coarse_now`]): every put asks.
+    /// ([`coarse_now`]), since every put asks, and less its resolution: a gap at least this
+    /// long, so that a short suspicion bound never ends a process that was not stopped.
     #[inline]
     pub fn since_last_tick(&self) -> Duration {
         let at = self.tick_at.load(Ordering::Acquire);
@@ -77,7 +78,7 @@ impl Health {
             return Duration::ZERO;
         }
         let since = coarse_now().duration_since(coarsetime::Instant::from_ticks(at));
-        since.into()
+        Duration::from(since).saturating_sub(COARSE_RESOLUTION)
     }
 
     fn stamp_tick(&self) {
@@ -195,11 +196,15 @@ impl Health {
 
 /// The time on the coarse monotonic clock (Linux's `CLOCK_MONOTONIC_COARSE`: a few ns to read
 /// against about 50 ns for the precise clock measured here, and as precise as the kernel's
-/// tick, milliseconds): for the clock thread's gaps, which matter when they last seconds.
+/// tick, at most [`COARSE_RESOLUTION`]): for the clock thread's gaps.
 #[inline]
 fn coarse_now() -> coarsetime::Instant {
     coarsetime::Instant::now_without_cache_update()
 }
+
+/// The coarsest the coarse clock ticks: once per kernel tick, 10 ms at the lowest tick rate
+/// Linux offers (100 Hz).
+const COARSE_RESOLUTION: Duration = Duration::from_millis(10);
 
 /// Counts an entry into or an exit from a data-path call on a lane's counter. Each lane has
 /// one thread that makes its calls, the counter's only writer, so a plain store publishes the
@@ -544,7 +549,7 @@ impl Step {
             Step::Shrink => "shrink (MPIX_Comm_shrink)",
             Step::OpenWindow => "open window (MPI_Win_allocate on the shrunk communicator)",
             Step::ExchangeRecords => "exchange records (MPI_Allgather)",
-            Step::CopyOut => "copy to new holders (MPI_Put, MPI_Win_flush)",
+            Step::CopyOut => "copy to new holders (shared-memory copies, requests to other hosts)",
             Step::Barrier => "barrier after the copies (MPI_Barrier)",
             Step::Agree => "agree on the attempt (MPIX_Comm_agree)",
             Step::FreeWindow => "free a window (MPI_Win_free)",

@@ -103,7 +103,7 @@ fn fence_slot<W: FabricWindow>(
         // Nothing to record: the data (possibly a large value) is not read.
         return Ok(false);
     }
-    let current = newest_local(window, disp, geometry, &fence, &headers)?;
+    let current = read_local_slot(window, disp, geometry)?;
     let current = current.map_or(0, |c| c.header.version);
     let mut changed = false;
     for worker in to_fence {

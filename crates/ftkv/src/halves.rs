@@ -1,11 +1,12 @@
 //! One version's bytes into and out of a copy's slot: into the window when the value fits the
 //! slot's inline capacity, into the half's extent when it does not (see [`SlotGeometry`]).
 //!
-//! A hashed header and its data go out in one scope, in no particular order; a reader trusts the
-//! data only when it matches the header's hash. An ordered header ([`crate::slot::Integrity::Ordered`], the
-//! owner's own puts) is preceded by [`INVALIDATED_HEADER`] over the half's header before any of
-//! the value goes out, and a reader trusts the data only when the header reads the same after
-//! it. Either way a value in an extent is as safe from torn writes as one in the window.
+//! Every write puts [`INVALIDATED_HEADER`] over the half's header before any byte of the value,
+//! then the value, then the header; the fabric applies one target's operations in issue order.
+//! A reader trusts a hashed header's data only when it matches the hash, and an ordered one's
+//! ([`crate::slot::Integrity::Ordered`], the owner's own puts) only when the header reads the
+//! same after the data. Either way a value in an extent is as safe from torn writes as one in
+//! the window.
 
 use crate::fabric::{FabricResult, FabricWindow, RmaOps};
 use crate::layout::Copy;
@@ -13,7 +14,7 @@ use crate::slot::{Header, SlotGeometry, HEADER_LEN, INVALIDATED_HEADER};
 
 /// Writes `data`, `header`'s value, into the half's extent of every copy of `targets` when it
 /// is too large for the slot (nothing otherwise), in a scope of its own, complete when it
-/// returns; for an ordered header, the half's header is invalidated before each extent. Extents are files on this host or reached through the holder's
+/// returns; the half's header is invalidated before each extent ([`issue_invalidation`]). Extents are files on this host or reached through the holder's
 /// serving thread on another, so this never waits on a dead holder (a file write completes; a
 /// connection to a dead process ends): it runs outside the watchdog's bound on one-sided MPI
 /// calls, which would otherwise have to grow with the bytes and with the writers sharing the
@@ -31,9 +32,7 @@ pub(crate) fn write_extents<W: FabricWindow>(
     let version = header.version;
     window.scope(|s| {
         for copy in targets {
-            if header.is_ordered() {
-                issue_invalidation(s, copy, geometry, version)?;
-            }
+            issue_invalidation(s, copy, geometry, version)?;
             s.put_extent(copy.rank, SlotGeometry::extent_id(copy.disp, version), data)?;
         }
         Ok(())
@@ -70,8 +69,11 @@ pub(crate) fn inline_bytes(geometry: SlotGeometry, data: &[u8]) -> usize {
     inline + HEADER_LEN
 }
 
-/// Issues [`INVALIDATED_HEADER`] over the header of `version`'s half in `copy`'s slot: what an
-/// ordered write issues before any byte of its value (see [`crate::slot::Integrity::Ordered`]).
+/// Issues [`INVALIDATED_HEADER`] over the header of `version`'s half in `copy`'s slot: what
+/// every write issues before it changes any byte of the half's value or extent. A reader that
+/// holds the half's previous header, ordered or hashed, then finds it changed: an ordered
+/// header has no hash that would tell a value overwritten under it (see
+/// [`crate::slot::Integrity::Ordered`]).
 pub(crate) fn issue_invalidation<'b, S: RmaOps<'b>>(
     s: &mut S,
     copy: &Copy,
@@ -101,9 +103,8 @@ pub(crate) struct Outgoing<'b> {
     pub free_stale: bool,
 }
 
-/// Issues a whole version to each of `targets`: for an ordered header the half's header
-/// invalidated first, then the data, then the header (a value in extents was written by
-/// [`write_extents`] before).
+/// Issues a whole version to each of `targets`: the half's header invalidated first, then the
+/// data, then the header (a value in extents was written by [`write_extents`] before).
 pub(crate) fn issue_version<'b, S: RmaOps<'b>>(
     s: &mut S,
     targets: &[Copy],
@@ -118,9 +119,8 @@ pub(crate) fn issue_version<'b, S: RmaOps<'b>>(
     Ok(())
 }
 
-/// Issues what goes before a version's header to `copy`: the invalidation of an ordered
-/// header's half (when its value is inline: an extent's write invalidated it), then the inline
-/// value ([`issue_data`]).
+/// Issues what goes before a version's header to `copy`: the invalidation of the half (when the
+/// value is inline: an extent's write invalidated it), then the inline value ([`issue_data`]).
 pub(crate) fn issue_value<'b, S: RmaOps<'b>>(
     s: &mut S,
     copy: &Copy,
@@ -129,7 +129,7 @@ pub(crate) fn issue_value<'b, S: RmaOps<'b>>(
     data: &'b [u8],
     free_stale: bool,
 ) -> FabricResult<()> {
-    if header.is_ordered() && !geometry.in_extent(data.len() as u64) {
+    if !geometry.in_extent(data.len() as u64) {
         issue_invalidation(s, copy, geometry, header.version)?;
     }
     issue_data(s, copy, geometry, header.version, data, free_stale)
@@ -232,5 +232,73 @@ impl Spills {
         } else if !self.halves.is_empty() {
             self.halves.remove(&half);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fabric::local::LocalCluster;
+    use crate::fabric::Fabric;
+
+    /// A reader holds the header of an owner's ordered value while a later write of another
+    /// kind, whose header is hashed, is under way in the same half: its value is written (a
+    /// delete giving the half's extent back, or a handed value overwriting the inline bytes)
+    /// and its header not yet. The reader's second look at the header finds the half changed,
+    /// so it never takes the freed extent's zeros, or the overwritten bytes, for the value.
+    #[test]
+    fn a_reader_holding_an_ordered_header_sees_any_later_write_of_its_half() {
+        let outcomes = LocalCluster::new(2).run(|fabric| {
+            let geometry = SlotGeometry::new(64).limited(4096);
+            let window = fabric.open_window(geometry.slot_len(), &[]).expect("window");
+            let copy = Copy { rank: 1, worker: 1, disp: 0 };
+            let mut outcomes = Vec::new();
+            if fabric.rank() == 0 {
+                for (len, in_extent) in [(1000, true), (10, false)] {
+                    let ordered = Header::for_ordered_value(len, 3, 0, 0);
+                    write_all(&window, &copy, geometry, &ordered, &vec![7u8; len]);
+                    let (next, data) = match in_extent {
+                        true => (Header::for_delete(5, 0, 0), vec![]),
+                        false => (Header::for_value(&[9; 10], 5, 0, 1), vec![9u8; 10]),
+                    };
+                    write_before_header(&window, &copy, geometry, &next, &data, in_extent);
+                    // Versions 3 and 5 share half 1.
+                    let read = read_data(&window, &copy, geometry, 1, &ordered).expect("read");
+                    outcomes.push(read.is_none());
+                }
+            }
+            fabric.barrier().expect("barrier");
+            outcomes
+        });
+        assert_eq!(outcomes[0], Some(vec![true, true]), "both stale reads are refused");
+    }
+
+    /// One whole write of `header` and `data` to `copy`, as a put issues it.
+    fn write_all<W: FabricWindow>(
+        window: &W,
+        copy: &Copy,
+        geometry: SlotGeometry,
+        header: &Header,
+        data: &[u8],
+    ) {
+        let targets = std::slice::from_ref(copy);
+        write_extents(window, targets, geometry, header, data).expect("extent");
+        let encoded = header.encode();
+        let out = Outgoing { header: *header, encoded: &encoded, data, free_stale: false };
+        window.scope(|s| issue_version(s, targets, geometry, &out)).expect("write");
+    }
+
+    /// What a write of an inline `data` under `header` issues before its header, giving back
+    /// the half's extent when `free_stale`.
+    fn write_before_header<W: FabricWindow>(
+        window: &W,
+        copy: &Copy,
+        geometry: SlotGeometry,
+        header: &Header,
+        data: &[u8],
+        free_stale: bool,
+    ) {
+        let issued = window.scope(|s| issue_value(s, copy, geometry, header, data, free_stale));
+        issued.expect("write");
     }
 }

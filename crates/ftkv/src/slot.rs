@@ -15,16 +15,16 @@
 //! | 40..44 | the writer's worker id |
 //! | 48..56 | xxh3 of bytes 0..48 |
 //!
-//! A half's value is known whole in one of two ways ([`Integrity`]). A hashed header commits the
-//! xxh3 of the value: header and data may land in any order, and a reader accepts the half only
-//! if both hashes match. The owner's own puts, the hot path, hash nothing: each copy gets, in
-//! this order, [`INVALIDATED_HEADER`] over the half's header, then the value, then the header
-//! (the fabric applies one target's operations in issue order); a reader accepts the half only
-//! if its header reads the same before and after the value. Either way a writer that dies
+//! Every write gives each copy, in this order, [`INVALIDATED_HEADER`] over the half's header,
+//! then the value, then the header (the fabric applies one target's operations in issue
+//! order). A half's value is then known whole in one of two ways ([`Integrity`]). A hashed
+//! header commits the xxh3 of the value, and a reader accepts the half only if both hashes
+//! match. The owner's own puts, the hot path, hash nothing, and a reader accepts such a half
+//! only if its header reads the same before and after the value. Either way a writer that dies
 //! mid-put leaves a half that fails the check, and the reader falls back to the other half, the
 //! previous complete version. Copies that other writers make (repairs, recoveries, handed and
 //! transactional writes) are hashed: two of them may meet in one half (a repair and a thief),
-//! which the order alone would not detect.
+//! and whichever header lands last may sit over the other's bytes, which only a hash tells.
 //!
 //! The fence block (64 bytes) is written only by the slot's holder, never by writers: once the
 //! holder learns that a worker failed, it records `(writer, version)`, the newest version the
@@ -44,7 +44,7 @@
 //! from any member; fence writes stop before it.
 
 /// XXH3 (64 bit); `twox-hash` picks its AVX2 loop at run time where the CPU has it (about twice
-/// as fast as SSE2 on a 1 MiB value, which the torn-write check hashes on every put).
+/// as fast as SSE2 on a 1 MiB value, which a hashed copy's writer and readers hash).
 pub(crate) fn xxh3_64(bytes: &[u8]) -> u64 {
     twox_hash::XxHash3_64::oneshot(bytes)
 }
@@ -328,7 +328,8 @@ impl Fence {
 }
 
 /// The newest complete version among candidate halves `(header bytes, data bytes)` that
-/// `fence` does not void.
+/// `fence` does not void. An ordered half counts when its length fits: the header read again
+/// after the data, which proves it whole, is the caller's part (see [`Integrity::Ordered`]).
 pub fn newest(
     halves: impl IntoIterator<Item = (Vec<u8>, Vec<u8>)>,
     fence: &Fence,
@@ -340,8 +341,9 @@ pub fn newest(
 }
 
 /// The newest complete version among the decoded `headers` of a slot's halves (with their
-/// half's index) that `fence` does not void, loading each half's data (`None`: unreadable)
-/// newest first and only until one is complete: a large value is read and hashed once.
+/// half's index) that `fence` does not void, loading each half's data (`None`: unreadable, or
+/// an ordered half whose header changed while it was read) newest first and only until one is
+/// complete: a large value is read once.
 pub fn newest_loaded<E>(
     headers: &[(usize, Header)],
     fence: &Fence,

@@ -136,6 +136,9 @@ pub trait FabricWindow: Send + Sync + 'static {
 
     /// Runs `issue`, then completes every operation it issued at its target (also when `issue`
     /// failed). `Ok` means every put is visible at its target and every get filled its buffer.
+    /// The operations to one target take effect in the order they were issued, puts, extent
+    /// writes and frees alike (a slot's invalidated header before its value, the value before
+    /// its header: see [`crate::slot`]), and a get sees every put issued before it.
     fn scope<'buf, R>(
         &self,
         issue: impl FnOnce(&mut Self::Scope<'buf>) -> FabricResult<R>,

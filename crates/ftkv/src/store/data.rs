@@ -14,8 +14,8 @@ use crate::slot::{Committed, Header, State};
 impl<F: Fabric> Store<F> {
     /// Writes `value` under this worker's own `key` and returns when every holder has it.
     ///
-    /// Completion: `Ok` means the new version is flushed to every copy's holder (all of them
-    /// live, as far as this rank knows when the flush returned). Failure: input errors change
+    /// Completion: `Ok` means the new version is complete in every copy's holder's memory (all
+    /// of them live, as far as this rank knows when the last copy completed). Failure: input errors change
     /// nothing; [`Error::RecoveryNeeded`] means a process failed: the new version may be on some
     /// holders, all, or none, and the previous version is intact on every live holder; after
     /// [`Store::recover`] a get returns one of the two.
@@ -253,8 +253,8 @@ impl<F: Fabric> Store<F> {
         self.localized(|store| store.write_once(key, header, data))
     }
 
-    /// The fast path: header and data to the version's half on every holder, one flush per
-    /// holder, failure knowledge checked before and after.
+    /// The fast path: the version's half invalidated, its data and its header on every holder,
+    /// completed by one scope, failure knowledge checked before and after.
     fn write_once(&mut self, key: Key, header: Header, data: &[u8]) -> Result<()> {
         self.ensure_healthy()?;
         self.ensure_not_suspended();

@@ -98,7 +98,9 @@ impl Comm {
 
     /// `MPI_Comm_dup`: a new communicator with the same group and its own message space.
     /// Collective; fails with `ProcFailed` if a member is dead. Returns once every live member
-    /// has left the call ([`Comm::creation_agreed`]).
+    /// has left the call: the members then agree on whether all of them got the new
+    /// communicator, and each frees its own and fails with `ProcFailed` if not. (Open MPI
+    /// 5.0.11 crashes a process that learns of a failure while still inside the call.)
     pub fn dup(&self) -> Result<Comm> {
         let mut raw = null_comm();
         // SAFETY: `self.raw` is a valid communicator; `raw` is a valid out-pointer.
@@ -108,7 +110,9 @@ impl Comm {
 
     /// `MPI_Comm_split`: the members that pass the same `color`, ordered by `key` (ties by rank).
     /// Collective; fails with `ProcFailed` if a member is dead. Returns once every live member
-    /// has left the call ([`Comm::creation_agreed`]).
+    /// has left the call: the members then agree on whether all of them got the new
+    /// communicator, and each frees its own and fails with `ProcFailed` if not. (Open MPI
+    /// 5.0.11 crashes a process that learns of a failure while still inside the call.)
     pub fn split(&self, color: i32, key: i32) -> Result<Comm> {
         let mut raw = null_comm();
         // SAFETY: `self.raw` is a valid communicator; `raw` is a valid out-pointer.
@@ -322,8 +326,8 @@ impl Comm {
     /// ranks renumbered in the old order. Works on a revoked communicator.
     ///
     /// Returns once every live member has the new communicator: an agreement on it follows the
-    /// shrink (every process that returns from a shrink is a member, so all of them join; see
-    /// [`Comm::creation_agreed`] for why).
+    /// shrink (every process that returns from a shrink is a member, so all of them join), for
+    /// the reason `dup` ends with one.
     pub fn shrink(&self) -> Result<Comm> {
         let mut raw = null_comm();
         let inside = inside_agreement();

@@ -97,15 +97,44 @@ fn bad_input_is_rejected_without_harm() {
     }
 }
 
-/// Rank 0 writes its key again and again (its own puts, written in order without a hash, and
-/// every fifth time a delete, whose header is hashed) while ranks 1 and 2 read it: every read
-/// is one whole value written or the key's absence, never a mix, and the values read never go
-/// back. Sizes alternate between inline values and values in extents, so a half changes from
-/// one kind to the other, and a delete frees an extent, under the readers.
+/// Rank 0 writes its key again and again (its own puts, written in order without a hash)
+/// while ranks 1 and 2 read it: every read is one whole value written, never a mix, never the
+/// key's absence, and the values read never go back. Sizes alternate between inline values and
+/// values in extents, so a half changes from one kind to the other under the readers.
 #[test]
 fn gets_during_the_owners_puts_read_whole_values() {
-    let reads = within(60, "concurrent gets".into(), || {
-        LocalCluster::new(3).run(|fabric| {
+    for (reader, seen) in gets_during_writes(false) {
+        let mut last = 0;
+        for observed in seen {
+            match observed {
+                Observed::Seq(seq) => {
+                    assert!(seq >= last, "reader {reader} read {seq} after {last}");
+                    last = seq;
+                }
+                Observed::Absent => assert_eq!(last, 0, "reader {reader}: absent after {last}"),
+                other => panic!("reader {reader} read {other:?}"),
+            }
+        }
+    }
+}
+
+/// The same with every fifth write a delete (whose header is hashed and which gives a half's
+/// extent back): every read is one whole value written or the key's absence, never a mix.
+#[test]
+fn gets_during_the_owners_puts_and_deletes_read_whole_values_or_none() {
+    for (reader, seen) in gets_during_writes(true) {
+        for observed in seen {
+            let whole = matches!(observed, Observed::Seq(_) | Observed::Absent);
+            assert!(whole, "reader {reader} read {observed:?}");
+        }
+    }
+}
+
+/// Rank 0 writes its key 20,000 times (every fifth a delete with `deletes`) while ranks 1
+/// and 2 read it twice as often; what each reader saw, in order.
+fn gets_during_writes(deletes: bool) -> Vec<(usize, Vec<Observed>)> {
+    let reads = within(60, "concurrent gets".into(), move || {
+        LocalCluster::new(3).run(move |fabric| {
             let mut config = config(2);
             config.initial_capacity = 256;
             let mut store = Store::create(&fabric, config).expect("create");
@@ -114,7 +143,7 @@ fn gets_during_the_owners_puts_read_whole_values() {
             let mut seen = Vec::new();
             if store.worker() == 0 {
                 for seq in 1..=writes {
-                    if seq % 5 == 0 {
+                    if deletes && seq % 5 == 0 {
                         store.delete(key).expect("delete");
                         continue;
                     }
@@ -130,19 +159,8 @@ fn gets_during_the_owners_puts_read_whole_values() {
             seen
         })
     });
-    for (reader, seen) in reads.into_iter().enumerate().skip(1) {
-        let mut last = 0;
-        for observed in seen.expect("nobody killed") {
-            match observed {
-                Observed::Seq(seq) => {
-                    assert!(seq >= last, "reader {reader} read {seq} after {last}");
-                    last = seq;
-                }
-                Observed::Absent => {}
-                other => panic!("reader {reader} read {other:?}"),
-            }
-        }
-    }
+    let readers = reads.into_iter().enumerate().skip(1);
+    readers.map(|(reader, seen)| (reader, seen.expect("nobody killed"))).collect()
 }
 
 /// Kills worker 1 at the `nth` pass through `failpoint` (each put passes it once per copy, two

@@ -127,6 +127,9 @@ pub struct Store<F: Fabric = DefaultFabric> {
     spills: halves::Spills,
     /// The thread that writes the other copies of [`Store::put_async`]s (started by the first).
     replicator: Option<asynchronous::Replicator<F::Window>>,
+    /// The value buffer of the last asynchronous put, once waited for: the next one copies its
+    /// value into it.
+    async_buffer: Option<Vec<u8>>,
     /// The thread that repairs copies after failures
     /// ([`Recovery::Localized`](crate::Recovery::Localized) only).
     repairer: Option<follow::Repairer<F>>,

@@ -29,7 +29,7 @@ struct Job<W> {
     targets: Vec<Copy>,
     header: Header,
     encoded: [u8; HEADER_LEN],
-    data: Arc<[u8]>,
+    data: Arc<Vec<u8>>,
     /// Whether an inline value replaces a value in the half's extent (see [`halves::Spills`]).
     free_stale: bool,
     done: mpsc::SyncSender<FabricResult<()>>,
@@ -50,7 +50,10 @@ impl<W: FabricWindow> Replicator<W> {
             .spawn(move || {
                 for job in queue {
                     let written = write_copies(&job);
-                    let _ = job.done.send(written);
+                    // The value goes back to its store before the owner learns the outcome.
+                    let Job { done, data, .. } = job;
+                    drop(data);
+                    let _ = done.send(written);
                 }
             })
             .map_err(|e| Error::RecoveryFailed(format!("starting the replicator thread: {e}")))?;
@@ -103,7 +106,7 @@ pub struct PendingPut<'s, F: Fabric> {
 /// the replicator's report on the other copies (`None`: there are none).
 struct Pending {
     header: Header,
-    data: Arc<[u8]>,
+    data: Arc<Vec<u8>>,
     rest: Option<mpsc::Receiver<FabricResult<()>>>,
 }
 
@@ -141,6 +144,7 @@ impl<F: Fabric> PendingPut<'_, F> {
         if !store.lost.is_empty() {
             store.lost.retain(|&k| k != self.key);
         }
+        store.async_buffer = Arc::try_unwrap(data).ok();
         Ok(())
     }
 }
@@ -195,7 +199,7 @@ impl<F: Fabric> Store<F> {
         }
         let version = self.next_own_version(key);
         let header = Header::for_ordered_value(value.len(), version, self.epoch()?, self.me);
-        let data: Arc<[u8]> = Arc::from(value);
+        let data = Arc::new(self.staged(value));
         let rest = match self.start_async(key, header, &data) {
             Err(e) if e.needs_recovery() && self.config.recovery == Recovery::Localized => {
                 // A failure met on the way: the blocking write follows it and writes every copy.
@@ -207,14 +211,28 @@ impl<F: Fabric> Store<F> {
         Ok(PendingPut { store: self, key, pending: Some(Pending { header, data, rest }) })
     }
 
-    /// Whether [`Store::put_async`] writes every copy of `key` itself: when all its holders
-    /// share this host and the value is at most [`WRITE_THROUGH_BYTES`], copying it to them
-    /// costs less than handing it to the replicator thread.
+    /// Whether [`Store::put_async`] writes every copy of `key` itself: when it has one copy
+    /// (the first is all there is), or when all its holders share this host and the value is at
+    /// most [`WRITE_THROUGH_BYTES`], copying it to them costs less than handing it to the
+    /// replicator thread.
     fn writes_through(&self, key: Key, len: usize) -> bool {
         let my_host = self.hosts[self.me as usize];
         let on_this_host =
             |route: &[Copy]| route.iter().all(|c| self.hosts[c.worker as usize] == my_host);
-        len <= WRITE_THROUGH_BYTES && self.routes.route(key).is_some_and(on_this_host)
+        let cheap = |route: &[Copy]| {
+            route.len() <= 1 || (len <= WRITE_THROUGH_BYTES && on_this_host(route))
+        };
+        self.routes.route(key).is_some_and(cheap)
+    }
+
+    /// A copy of `value` for the replicator, in the buffer the last asynchronous put gave back
+    /// when there is one: a fresh allocation of a large value costs its pages' faults on every
+    /// put.
+    fn staged(&mut self, value: &[u8]) -> Vec<u8> {
+        let mut buffer = self.async_buffer.take().unwrap_or_default();
+        buffer.clear();
+        buffer.extend_from_slice(value);
+        buffer
     }
 
     /// Writes the first copy of `header`'s version (on this host when a holder is here) and
@@ -223,7 +241,7 @@ impl<F: Fabric> Store<F> {
         &mut self,
         key: Key,
         header: Header,
-        data: &Arc<[u8]>,
+        data: &Arc<Vec<u8>>,
     ) -> Result<Option<mpsc::Receiver<FabricResult<()>>>> {
         if self.config.recovery == Recovery::Localized {
             self.follow_failures()?;
@@ -254,7 +272,7 @@ impl<F: Fabric> Store<F> {
         &mut self,
         targets: Vec<Copy>,
         header: Header,
-        data: &Arc<[u8]>,
+        data: &Arc<Vec<u8>>,
         free_stale: bool,
     ) -> Result<mpsc::Receiver<FabricResult<()>>> {
         let windows = self.windows.clone().ok_or(Error::Closed)?;

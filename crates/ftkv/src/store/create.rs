@@ -89,6 +89,7 @@ impl<F: Fabric> Store<F> {
             resolved_coordinators: Vec::new(),
             spills: halves::Spills::default(),
             replicator: None,
+            async_buffer: None,
             repairer: None,
         };
         store.start_detector()?;

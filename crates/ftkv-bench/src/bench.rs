@@ -12,6 +12,7 @@ use crate::bench_store::System;
 use crate::reports::{
     GlobalRecoveryReport, GrowthReport, LocalizedRecoveryReport, Report, StoreRunReport,
 };
+use crate::stats::Histogram;
 
 /// One mode's latencies at one size (a row of `ftkv bench put`'s results file).
 #[derive(Debug, Clone, serde::Serialize)]
@@ -586,6 +587,7 @@ pub fn recovery_rank_main(bytes: usize) -> Result<()> {
         std::thread::sleep(Duration::from_micros(20));
     };
     let detect_us = blocked_from.1;
+    let noticed_us = noticed_unix_us(&store).unwrap_or(detect_us);
     let recovery = store.recover()?;
     let recovered_us = unix_us();
     let blocked = blocked_from.0.elapsed();
@@ -600,6 +602,7 @@ pub fn recovery_rank_main(bytes: usize) -> Result<()> {
     let report = GlobalRecoveryReport {
         failed: recovery.failed,
         detect_us,
+        noticed_us,
         recovered_us,
         store_ms: recovery.duration.as_secs_f64() * 1e3,
         blocked_ms: blocked.as_secs_f64() * 1e3,
@@ -613,6 +616,12 @@ pub fn recovery_rank_main(bytes: usize) -> Result<()> {
     drop(world);
     mpi.finalize_bounded(Duration::from_secs(3))?;
     Ok(())
+}
+
+/// When `store` learned of its first failure, in Unix µs.
+fn noticed_unix_us(store: &Store) -> Option<u64> {
+    let ago = store.first_failure_noticed()?.elapsed();
+    Some(unix_us().saturating_sub(ago.as_micros() as u64))
 }
 
 /// The store of `ftkv bench recovery`'s ranks: `config` sized for `bytes`, every worker's
@@ -632,20 +641,24 @@ fn checkpointed_store(world: &Comm, bytes: usize, mut config: Config) -> Result<
 /// recovery`'s localized rows (a localized repair of 1 MiB per rank ends well inside it).
 pub const RECOVERY_WINDOW_US: u64 = 50_000;
 
+/// How often a rank of `ftkv bench recovery` looks at its store's failed set while it waits for
+/// its next put, in µs: the resolution of its detection time.
+const DETECTION_LOOK_US: u64 = 20;
+
 /// The rank side of `ftkv bench recovery --localized` rows: like [`recovery_rank_main`], but
-/// with [`ftkv::Recovery::Localized`]: the survivors never stop putting. Each reports
-/// ([`LocalizedRecoveryReport`]) when it noticed the failure, when its own keys' copies were
-/// back, what it moved, and its 1 KiB put latency and rate before its detection and in the
-/// [`RECOVERY_WINDOW_US`] after it. Then they meet in an agreement and recover globally, so the
-/// job ends like any other.
-pub fn localized_recovery_rank_main(bytes: usize) -> Result<()> {
+/// with [`ftkv::Recovery::Localized`]: the survivors never stop putting, one put every
+/// `pace_us` µs. Each reports ([`LocalizedRecoveryReport`]) when it noticed the failure, when
+/// its own keys' copies were back, what it moved, and its 1 KiB put latency and rate before its
+/// detection and in the [`RECOVERY_WINDOW_US`] after it. Then they meet in an agreement and
+/// recover globally, so the job ends like any other.
+pub fn localized_recovery_rank_main(bytes: usize, pace_us: u64) -> Result<()> {
     let mpi = Mpi::init()?;
     let world = mpi.world()?.dup()?;
     let coordination = world.dup()?;
     let config = Config::new(["checkpoint", "small"], 2).localized();
     let mut store = checkpointed_store(&world, bytes, config)?;
     let me = store.worker();
-    let run = put_through_a_failure(&mut store)?;
+    let run = put_through_a_failure(&mut store, Duration::from_micros(pace_us))?;
     let copies = store.read_copies(Key::new(me, 0))?;
     let restored =
         copies.len() == 2 && copies.iter().all(|(_, v)| v.as_ref().map(Vec::len) == Some(bytes));
@@ -662,80 +675,98 @@ pub fn localized_recovery_rank_main(bytes: usize) -> Result<()> {
 }
 
 /// One rank's puts around a failure it repairs locally.
+#[derive(Default)]
 struct LocalizedRun {
-    detect_us: u64,
-    repaired_us: u64,
+    started_us: u64,
+    detect_us: Option<u64>,
+    noticed_us: Option<u64>,
+    repaired_us: Option<u64>,
     keys_moved: usize,
     bytes_moved: u64,
-    before: crate::stats::Histogram,
-    before_secs: f64,
-    during: crate::stats::Histogram,
+    /// Each put's start (Unix µs) and latency.
+    samples: Vec<(u64, Duration)>,
 }
 
 impl LocalizedRun {
+    /// Notes the store's first failure and its repairs since the last look.
+    fn look(&mut self, store: &mut Store) {
+        if self.detect_us.is_none() && !store.failed().is_empty() {
+            self.detect_us = Some(unix_us());
+            self.noticed_us = noticed_unix_us(store);
+        }
+        for repair in store.take_repairs() {
+            self.repaired_us = Some(unix_us());
+            self.keys_moved += repair.keys_moved;
+            self.bytes_moved += repair.bytes_moved;
+        }
+    }
+
+    /// Whether the [`RECOVERY_WINDOW_US`] after the detection is over.
+    fn window_over(&self) -> bool {
+        self.detect_us.is_some_and(|d| unix_us() > d + RECOVERY_WINDOW_US)
+    }
+
+    /// Waits until `next`, looking at the store every [`DETECTION_LOOK_US`].
+    fn pause_until(&mut self, store: &mut Store, next: Instant) {
+        loop {
+            self.look(store);
+            let now = Instant::now();
+            if now >= next {
+                return;
+            }
+            let look = Duration::from_micros(DETECTION_LOOK_US);
+            std::thread::sleep((next - now).min(look));
+        }
+    }
+
     /// The driver's report of this run; `restored`: whether the checkpoint is back on its
     /// copies.
     fn report(&self, restored: bool) -> LocalizedRecoveryReport {
-        let rate = |h: &crate::stats::Histogram, secs: f64| h.count() as f64 / secs.max(1e-9);
+        let detect_us = self.detect_us.unwrap_or(self.started_us);
+        let (mut before, mut during) = <(Histogram, Histogram)>::default();
+        for &(at, latency) in &self.samples {
+            if at < detect_us {
+                before.record(latency);
+            } else {
+                during.record(latency);
+            }
+        }
+        let before_secs = detect_us.saturating_sub(self.started_us) as f64 / 1e6;
+        let rate = |h: &Histogram, secs: f64| h.count() as f64 / secs.max(1e-9);
         LocalizedRecoveryReport {
-            detect_us: self.detect_us,
-            repaired_us: self.repaired_us,
+            detect_us,
+            noticed_us: self.noticed_us.unwrap_or(detect_us),
+            repaired_us: self.repaired_us.unwrap_or(detect_us),
             moved_keys: self.keys_moved,
             moved_bytes: self.bytes_moved,
-            before_p50_us: self.before.quantile_us(0.5),
-            before_p99_us: self.before.quantile_us(0.99),
-            during_p50_us: self.during.quantile_us(0.5),
-            during_p99_us: self.during.quantile_us(0.99),
-            before_rate: rate(&self.before, self.before_secs),
-            during_rate: rate(&self.during, RECOVERY_WINDOW_US as f64 / 1e6),
+            before_p50_us: before.quantile_us(0.5),
+            before_p99_us: before.quantile_us(0.99),
+            during_p50_us: during.quantile_us(0.5),
+            during_p99_us: during.quantile_us(0.99),
+            before_rate: rate(&before, before_secs),
+            during_rate: rate(&during, RECOVERY_WINDOW_US as f64 / 1e6),
             restored,
         }
     }
 }
 
-/// Puts 1 KiB to the second key until [`RECOVERY_WINDOW_US`] after this rank noticed a
-/// failure; every put must succeed (a localized repair never stops a writer).
-fn put_through_a_failure(store: &mut Store) -> Result<LocalizedRun> {
+/// Puts 1 KiB to the second key every `pace` until [`RECOVERY_WINDOW_US`] after this rank
+/// noticed a failure; every put must succeed (a localized repair never stops a writer).
+fn put_through_a_failure(store: &mut Store, pace: Duration) -> Result<LocalizedRun> {
     let me = store.worker();
     let small = vec![1u8; 1024];
-    let started = (Instant::now(), unix_us());
-    let mut samples: Vec<(u64, Duration)> = Vec::with_capacity(1 << 18);
-    let (mut detect_us, mut repaired_us) = (None, None);
-    let (mut keys_moved, mut bytes_moved) = (0, 0);
-    loop {
+    let started = Instant::now();
+    let mut run = LocalizedRun {
+        started_us: unix_us(),
+        samples: Vec::with_capacity(1 << 18),
+        ..LocalizedRun::default()
+    };
+    while !run.window_over() {
         let (unix, t) = (unix_us(), Instant::now());
         store.put(Key::new(me, 1), &small)?;
-        samples.push((unix, t.elapsed()));
-        if detect_us.is_none() && !store.failed().is_empty() {
-            detect_us = Some(unix);
-        }
-        for repair in store.take_repairs() {
-            repaired_us = Some(unix_us());
-            keys_moved += repair.keys_moved;
-            bytes_moved += repair.bytes_moved;
-        }
-        if detect_us.is_some_and(|d| unix_us() > d + RECOVERY_WINDOW_US) {
-            break;
-        }
-        anyhow::ensure!(started.0.elapsed() < Duration::from_secs(30), "no failure within 30 s");
-        std::thread::sleep(Duration::from_micros(20));
-    }
-    let detect_us = detect_us.expect("the loop ends after a detection");
-    let mut run = LocalizedRun {
-        detect_us,
-        repaired_us: repaired_us.unwrap_or(detect_us),
-        keys_moved,
-        bytes_moved,
-        before: Default::default(),
-        before_secs: detect_us.saturating_sub(started.1) as f64 / 1e6,
-        during: Default::default(),
-    };
-    for (at, latency) in samples {
-        if at < detect_us {
-            run.before.record(latency);
-        } else {
-            run.during.record(latency);
-        }
+        run.samples.push((unix, t.elapsed()));
+        anyhow::ensure!(started.elapsed() < Duration::from_secs(30), "no failure within 30 s");
+        run.pause_until(store, t + pace);
     }
     Ok(run)
 }

@@ -21,8 +21,17 @@ pub struct RecoveryRow {
     pub mode: &'static str,
     pub ranks: usize,
     pub bytes_per_rank: usize,
-    /// SIGKILL to the first survivor's put seeing the failure.
+    /// The survivors' pace: one 1 KiB put every this many µs (between them they look at the
+    /// store's failed set every 20 µs).
+    pub pace_us: u64,
+    /// SIGKILL to the first survivor's store learning of the failure (its detector thread
+    /// marking it, whatever the rank was doing).
     pub detect_ms: f64,
+    /// SIGKILL to the last survivor's store learning of the failure: every survivor notified.
+    pub detect_last_ms: f64,
+    /// SIGKILL to the last survivor's put loop seeing the failure (a put that waits for a repair
+    /// delays it).
+    pub seen_last_ms: f64,
     /// From that detection to the last survivor's recovery returning (all copies restored).
     pub restore_ms: f64,
     /// The longest a survivor's interrupted put waited (detection included): with global
@@ -41,6 +50,35 @@ pub struct RecoveryRow {
     /// put rates in those two spans.
     pub uninvolved_p99_ratio: Option<f64>,
     pub uninvolved_rate_ratio: Option<f64>,
+    /// Localized rows: a plain memory copy of `bytes_moved` by the driver right after the job,
+    /// into memory it wrote before (`memcpy_ms`) and into memory fresh from the kernel, as a new
+    /// holder's is (`memcpy_fresh_ms`).
+    pub memcpy_ms: Option<f64>,
+    pub memcpy_fresh_ms: Option<f64>,
+}
+
+/// What a row of `ftkv bench recovery` measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecoveryMode {
+    /// Every survivor stops in `Store::recover`; they put every [`FLAT_OUT_PACE_US`] before.
+    Global,
+    /// Nobody stops; every survivor puts once every `pace_us` µs throughout.
+    Localized { pace_us: u64 },
+}
+
+/// The survivors' pace when they write flat out: a put every 20 µs (a rank that never sleeps
+/// would leave the 2 cores of a small machine to 8 spinning ranks and measure the scheduler).
+pub const FLAT_OUT_PACE_US: u64 = 20;
+/// An application's pace: a checkpoint every millisecond.
+pub const APPLICATION_PACE_US: u64 = 1000;
+
+/// The rows of one job size and amount of data: global, then localized at each pace.
+pub fn recovery_modes() -> [RecoveryMode; 3] {
+    [
+        RecoveryMode::Global,
+        RecoveryMode::Localized { pace_us: FLAT_OUT_PACE_US },
+        RecoveryMode::Localized { pace_us: APPLICATION_PACE_US },
+    ]
 }
 
 /// Kills the last rank of a job of `ranks` ranks once all stored `bytes` each.
@@ -48,9 +86,9 @@ pub fn measure_recovery(
     exe: &Path,
     ranks: usize,
     bytes: usize,
-    localized: bool,
+    mode: RecoveryMode,
 ) -> Result<RecoveryRow> {
-    measure_recovery_on(exe, ranks, Hosts::ThisMachine, bytes, localized)
+    measure_recovery_on(exe, ranks, Hosts::ThisMachine, bytes, mode)
 }
 
 /// [`measure_recovery`] with the ranks spread over `hosts`.
@@ -59,11 +97,11 @@ pub fn measure_recovery_on(
     ranks: usize,
     hosts: Hosts,
     bytes: usize,
-    localized: bool,
+    mode: RecoveryMode,
 ) -> Result<RecoveryRow> {
     let mut args = vec!["bench-recovery-rank".to_string(), bytes.to_string()];
-    if localized {
-        args.push("--localized".into());
+    if let RecoveryMode::Localized { pace_us } = mode {
+        args.extend(["--localized".into(), "--pace-us".into(), pace_us.to_string()]);
     }
     let launch =
         Launch::new(exe, ranks).args(args).on_hosts(hosts).timeout(Duration::from_secs(300));
@@ -86,11 +124,35 @@ pub fn measure_recovery_on(
     while job.next_line(Duration::from_millis(20)).is_some() || job.is_running() {}
     let out = job.finish()?;
     ensure!(!out.timed_out, "the recovery benchmark hung:\n{}", out.transcript());
-    if localized {
-        localized_row(&out, ranks, bytes, victim, killed_us)
-    } else {
-        recovery_row(&out, ranks, bytes, victim, killed_us)
+    match mode {
+        RecoveryMode::Localized { pace_us } => {
+            let row = localized_row(&out, ranks, bytes, victim, killed_us)?;
+            Ok(with_plain_copies(RecoveryRow { pace_us, ..row }))
+        }
+        RecoveryMode::Global => recovery_row(&out, ranks, bytes, victim, killed_us),
     }
+}
+
+/// `row` with the driver's plain copies of its moved bytes.
+fn with_plain_copies(row: RecoveryRow) -> RecoveryRow {
+    let Some(bytes) = row.bytes_moved.filter(|&b| b > 0) else { return row };
+    let (warm, fresh) = plain_copy_ms(bytes as usize);
+    RecoveryRow { memcpy_ms: Some(warm), memcpy_fresh_ms: Some(fresh), ..row }
+}
+
+/// Milliseconds one `copy_from_slice` of `bytes` takes into memory written before, and into
+/// memory fresh from the kernel (each page faulted in on its first write).
+pub fn plain_copy_ms(bytes: usize) -> (f64, f64) {
+    let source = vec![7u8; bytes];
+    let mut fresh = vec![0u8; bytes];
+    let started = std::time::Instant::now();
+    fresh.copy_from_slice(&source);
+    let fresh_ms = started.elapsed().as_secs_f64() * 1e3;
+    let started = std::time::Instant::now();
+    fresh.copy_from_slice(&source);
+    let warm_ms = started.elapsed().as_secs_f64() * 1e3;
+    std::hint::black_box(&fresh);
+    (warm_ms, fresh_ms)
 }
 
 /// Each rank's first report of kind `T` (`None`: it made none), in rank order.
@@ -157,7 +219,9 @@ fn localized_row_of(
     bytes: usize,
     killed_us: u64,
 ) -> RecoveryRow {
-    let detect = min(reports.iter().map(|r| r.detect_us as f64));
+    let detect = min(reports.iter().map(|r| r.noticed_us as f64));
+    let detect_last = max(reports.iter().map(|r| r.noticed_us as f64));
+    let seen_last = max(reports.iter().map(|r| r.detect_us as f64));
     let (involved, uninvolved): (Vec<&LocalizedRecoveryReport>, Vec<_>) =
         reports.iter().partition(|r| r.moved_keys > 0);
     let repaired = involved.iter().map(|r| r.repaired_us as f64).fold(detect, f64::max);
@@ -166,7 +230,10 @@ fn localized_row_of(
         mode: "localized",
         ranks,
         bytes_per_rank: bytes,
+        pace_us: FLAT_OUT_PACE_US,
         detect_ms: (detect - killed_us as f64) / 1e3,
+        detect_last_ms: (detect_last - killed_us as f64) / 1e3,
+        seen_last_ms: (seen_last - killed_us as f64) / 1e3,
         restore_ms: (repaired - detect) / 1e3,
         blocked_ms: 0.0,
         put_p50_before_us: median(reports.iter().map(|r| r.before_p50_us).collect()),
@@ -176,6 +243,8 @@ fn localized_row_of(
         bytes_moved: Some(reports.iter().map(|r| r.moved_bytes).sum()),
         uninvolved_p99_ratio: Some(max(ratios(|r| r.during_p99_us / r.before_p99_us))),
         uninvolved_rate_ratio: Some(min(ratios(|r| r.during_rate / r.before_rate))),
+        memcpy_ms: None,
+        memcpy_fresh_ms: None,
     }
 }
 
@@ -198,12 +267,17 @@ fn recovery_row_of(
     bytes: usize,
     killed_us: u64,
 ) -> RecoveryRow {
-    let detect = min(reports.iter().map(|r| r.detect_us as f64));
+    let detect = min(reports.iter().map(|r| r.noticed_us as f64));
+    let detect_last = max(reports.iter().map(|r| r.noticed_us as f64));
+    let seen_last = max(reports.iter().map(|r| r.detect_us as f64));
     RecoveryRow {
         mode: "global",
         ranks,
         bytes_per_rank: bytes,
+        pace_us: FLAT_OUT_PACE_US,
         detect_ms: (detect - killed_us as f64) / 1e3,
+        detect_last_ms: (detect_last - killed_us as f64) / 1e3,
+        seen_last_ms: (seen_last - killed_us as f64) / 1e3,
         restore_ms: (max(reports.iter().map(|r| r.recovered_us as f64)) - detect) / 1e3,
         blocked_ms: max(reports.iter().map(|r| r.blocked_ms)),
         put_p50_before_us: median(reports.iter().map(|r| r.before_p50_us).collect()),
@@ -213,6 +287,8 @@ fn recovery_row_of(
         bytes_moved: None,
         uninvolved_p99_ratio: None,
         uninvolved_rate_ratio: None,
+        memcpy_ms: None,
+        memcpy_fresh_ms: None,
     }
 }
 
@@ -281,31 +357,51 @@ pub fn run_recovery(
     let mut rows = Vec::new();
     for &n in ranks {
         for &bytes in sizes {
-            for localized in [false, true] {
-                let row = measure_recovery(exe, n, bytes, localized)?;
+            for mode in recovery_modes() {
+                let row = measure_recovery(exe, n, bytes, mode)?;
                 eprintln!(
-                    "[bench recovery] {n} ranks, {}, {}: detect {:.1} ms, restore {:.1} ms",
+                    "[bench recovery] {n} ranks, {}, {} (a put every {} µs): notified {:.1}–{:.1} ms, seen by puts by {:.1} ms, restore {:.1} ms",
                     size_name(bytes),
                     row.mode,
+                    row.pace_us,
                     row.detect_ms,
+                    row.detect_last_ms,
+                    row.seen_last_ms,
                     row.restore_ms
                 );
                 rows.push(row);
             }
         }
     }
-    println!("| mode | ranks | data per rank | kill → detection ms | detection → copies restored ms | interrupted put blocked ms | put p50 before µs | put p50 after µs | MiB moved | uninvolved p99 during / before | uninvolved rate during / before | restored |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    print_recovery_table(&rows);
+    write_json(out_dir, "bench_recovery.json", &rows)?;
+    ensure!(rows.iter().all(|r| r.restored), "a recovery did not restore the data");
+    Ok(rows)
+}
+
+/// The recovery rows as a Markdown table.
+fn print_recovery_table(rows: &[RecoveryRow]) {
+    println!("| mode | ranks | data per rank | put every µs | kill → first / last survivor notified ms | kill → last put loop saw it ms | detection → copies restored ms | plain copy of the moved bytes ms (warm / fresh pages) | restore / fresh copy | interrupted put blocked ms | put p50 before µs | put p50 after µs | MiB moved | uninvolved p99 during / before | uninvolved rate during / before | restored |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let or_dash =
         |v: Option<f64>, scale: f64| v.map_or("-".into(), |v| format!("{:.2}", v * scale));
-    for r in &rows {
+    for r in rows {
+        let copies = match (r.memcpy_ms, r.memcpy_fresh_ms) {
+            (Some(warm), Some(fresh)) => format!("{warm:.1} / {fresh:.1}"),
+            _ => "-".into(),
+        };
         println!(
-            "| {} | {} | {} | {:.1} | {:.1} | {:.1} | {:.2} | {:.2} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {:.1} / {:.1} | {:.1} | {:.1} | {} | {} | {:.1} | {:.2} | {:.2} | {} | {} | {} | {} |",
             r.mode,
             r.ranks,
             size_name(r.bytes_per_rank),
+            r.pace_us,
             r.detect_ms,
+            r.detect_last_ms,
+            r.seen_last_ms,
             r.restore_ms,
+            copies,
+            or_dash(r.memcpy_fresh_ms.map(|c| r.restore_ms / c), 1.0),
             r.blocked_ms,
             r.put_p50_before_us,
             r.put_p50_after_us,
@@ -315,9 +411,6 @@ pub fn run_recovery(
             if r.restored { "yes" } else { "NO" }
         );
     }
-    write_json(out_dir, "bench_recovery.json", &rows)?;
-    ensure!(rows.iter().all(|r| r.restored), "a recovery did not restore the data");
-    Ok(rows)
 }
 
 /// Runs the growth series, prints a table, writes `bench_growth.json`.
@@ -372,6 +465,7 @@ mod tests {
         let report = GlobalRecoveryReport {
             failed: vec![3, 2],
             detect_us,
+            noticed_us: detect_us,
             recovered_us,
             store_ms: 20.0,
             blocked_ms,
@@ -421,6 +515,7 @@ mod tests {
     ) -> String {
         let report = LocalizedRecoveryReport {
             detect_us: 1_005_000,
+            noticed_us: 1_005_000,
             repaired_us,
             moved_keys,
             moved_bytes: moved_keys as u64 * 1024,

@@ -18,7 +18,9 @@ use ftkv_mpi::Mpi;
 use plotters::prelude::*;
 use serde::Serialize;
 
-use crate::bench_recovery::{measure_recovery_on, reports_by_rank, write_json, RecoveryRow};
+use crate::bench_recovery::{
+    measure_recovery_on, reports_by_rank, write_json, RecoveryMode, RecoveryRow, FLAT_OUT_PACE_US,
+};
 use crate::reports::{Report, ScaleReport};
 use crate::stats::Histogram;
 
@@ -182,23 +184,23 @@ pub fn measure_scale(
     let mut row = scale_row_of(layout, &reports, stored);
     if recovery {
         let per_rank = stored * KINDS.len();
-        let mut measure = |localized: bool| match measure_recovery_on(
+        let mut measure = |mode: RecoveryMode| match measure_recovery_on(
             exe,
             layout.ranks,
             hosts.clone(),
             per_rank,
-            localized,
+            mode,
         ) {
             Ok(measured) => Some(measured),
             Err(e) => {
-                let mode = if localized { "localized" } else { "global" };
+                let mode = if mode == RecoveryMode::Global { "global" } else { "localized" };
                 let first = format!("{e:#}").lines().next().unwrap_or_default().to_owned();
                 row.recovery_errors.push(format!("{mode}: {first}"));
                 None
             }
         };
-        let global = measure(false);
-        let localized = measure(true);
+        let global = measure(RecoveryMode::Global);
+        let localized = measure(RecoveryMode::Localized { pace_us: FLAT_OUT_PACE_US });
         (row.global, row.localized) = (global, localized);
     }
     Ok(row)

@@ -41,6 +41,9 @@ pub struct GlobalRecoveryReport {
     pub failed: Vec<i32>,
     /// When its put saw the failure: Unix time in µs, taken just before that put started.
     pub detect_us: u64,
+    /// When its store learned of the failure ([`ftkv::Store::first_failure_noticed`]): Unix
+    /// time in µs.
+    pub noticed_us: u64,
     /// When its `Store::recover` returned: Unix time in µs.
     pub recovered_us: u64,
     /// How long `Store::recover` took by its own report, in ms.
@@ -65,9 +68,12 @@ impl Report for GlobalRecoveryReport {
 /// the victim move them while everybody keeps putting), after the driver's SIGKILL.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LocalizedRecoveryReport {
-    /// When it first saw the failure (its store's failed set non-empty after a put): Unix time
-    /// in µs, taken just before that put started.
+    /// When it first saw the failure (its store's failed set non-empty between its puts): Unix
+    /// time in µs.
     pub detect_us: u64,
+    /// When its store learned of the failure ([`ftkv::Store::first_failure_noticed`]): Unix
+    /// time in µs.
+    pub noticed_us: u64,
     /// When it took its last repair (its own keys' copies back on their full count): Unix time
     /// in µs; `detect_us` when it repaired nothing.
     pub repaired_us: u64,
@@ -167,6 +173,7 @@ mod tests {
         let report = GlobalRecoveryReport {
             failed: vec![3, 1],
             detect_us: 1_700_000_000_123_456,
+            noticed_us: 1_700_000_000_121_001,
             recovered_us: 1_700_000_000_155_000,
             store_ms: 31.5,
             blocked_ms: 31.640_001,
@@ -182,6 +189,7 @@ mod tests {
     fn a_localized_recovery_report_is_read_back_equal() {
         let report = LocalizedRecoveryReport {
             detect_us: 1_700_000_000_123_456,
+            noticed_us: 1_700_000_000_121_001,
             repaired_us: 1_700_000_000_141_741,
             moved_keys: 2,
             moved_bytes: 2 << 20,

@@ -87,6 +87,9 @@ enum Command {
         bytes: usize,
         #[arg(long)]
         localized: bool,
+        /// Localized rows: one put every this many µs.
+        #[arg(long, default_value_t = ftkv_cli::bench_recovery::FLAT_OUT_PACE_US)]
+        pace_us: u64,
     },
     /// The rank side of `ftkv bench growth`.
     #[command(hide = true)]
@@ -578,11 +581,11 @@ fn run(command: Command) -> Result<()> {
             check_jobs("--ranks", &ranks, 2, "bench growth")?;
             ftkv_cli::bench_recovery::run_growth(&exe()?, &ranks, stored, millis, &out).map(drop)
         }
-        Command::BenchRecoveryRank { bytes, localized: false } => {
+        Command::BenchRecoveryRank { bytes, localized: false, .. } => {
             ftkv_cli::bench::recovery_rank_main(bytes)
         }
-        Command::BenchRecoveryRank { bytes, localized: true } => {
-            ftkv_cli::bench::localized_recovery_rank_main(bytes)
+        Command::BenchRecoveryRank { bytes, localized: true, pace_us } => {
+            ftkv_cli::bench::localized_recovery_rank_main(bytes, pace_us)
         }
         Command::BenchGrowthRank { copies, stored, millis } => {
             ftkv_cli::bench::growth_rank_main(copies, stored, millis)

@@ -46,6 +46,8 @@ pub(crate) struct Health {
     /// and the part of the round it is in ([`DetectorStep`]).
     detector_at: AtomicU64,
     detector_step: AtomicU64,
+    /// When a worker was first marked failed, in nanoseconds since `born` (0: never).
+    first_failure_at: AtomicU64,
     born: Instant,
 }
 
@@ -62,6 +64,7 @@ impl Health {
             tick_at: AtomicU64::new(0),
             detector_at: AtomicU64::new(0),
             detector_step: AtomicU64::new(0),
+            first_failure_at: AtomicU64::new(0),
             born: Instant::now(),
         }
     }
@@ -139,11 +142,23 @@ impl Health {
         let bit = 1 << (id % 64);
         let before = self.failed[id as usize / 64].fetch_or(bit, Ordering::AcqRel);
         if before & bit == 0 {
+            let _ = self.first_failure_at.compare_exchange(
+                0,
+                self.now(),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            );
             self.generation.fetch_add(1, Ordering::AcqRel);
         }
         if self.alarm_on_failure {
             self.alarm.store(true, Ordering::Release);
         }
+    }
+
+    /// When a worker was first marked failed (`None`: none was).
+    pub fn first_failure_at(&self) -> Option<Instant> {
+        let at = self.first_failure_at.load(Ordering::Acquire);
+        (at != 0).then(|| self.born + Duration::from_nanos(at))
     }
 
     /// Whether a failure or a revocation happened since the last recovery.

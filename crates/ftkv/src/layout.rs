@@ -290,4 +290,25 @@ mod tests {
             assert!(base.relocate(&exhausted).is_none(), "no candidate left for worker 0's keys");
         }
     }
+
+    /// What lets a localized store call on a key whose holders all live go ahead while the
+    /// repairer moves other keys: relocation changes only the routes that lost a holder.
+    #[test]
+    fn a_route_without_a_failed_holder_is_the_same_after_relocation() {
+        let g = SlotGeometry::new(64);
+        let live: Vec<i32> = (0..8).collect();
+        for hosts in [vec![0; 8], vec![0, 0, 0, 0, 1, 1, 1, 1], vec![0, 1, 2, 0, 1, 2, 0, 1]] {
+            let shape = Shape { kinds: 2, copies: 2, spares: 2 };
+            let base = Layout::with_spares(&live, &hosts, shape, g, 0);
+            for failed in [vec![7], vec![0, 5], vec![1, 2, 3]] {
+                let Some(next) = base.relocate(&failed) else { continue };
+                for key in base.keys() {
+                    let before = base.route(key).unwrap();
+                    if before.iter().all(|c| !failed.contains(&c.worker)) {
+                        assert_eq!(next.route(key), Some(before), "{key} after {failed:?}");
+                    }
+                }
+            }
+        }
+    }
 }

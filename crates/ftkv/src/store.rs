@@ -170,6 +170,14 @@ impl<F: Fabric> Store<F> {
         failed
     }
 
+    /// When this rank first learned that a worker failed since the store was created (`None`:
+    /// it learned of none). Its detector thread marks the failure
+    /// whatever the caller is doing, so this is when the rank was notified, not when a store
+    /// call first saw it.
+    pub fn first_failure_noticed(&self) -> Option<std::time::Instant> {
+        self.health.first_failure_at()
+    }
+
     /// The workers of the store's current windows (stable ids): the live ones of the last
     /// recovery; with [`Recovery::Localized`](crate::Recovery::Localized), workers that failed
     /// since stay in it until a global recovery (see [`Store::failed`]).

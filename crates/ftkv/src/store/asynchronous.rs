@@ -244,7 +244,7 @@ impl<F: Fabric> Store<F> {
         data: &Arc<Vec<u8>>,
     ) -> Result<Option<mpsc::Receiver<FabricResult<()>>>> {
         if self.config.recovery == Recovery::Localized {
-            self.follow_failures()?;
+            self.follow_failures(Some(key))?;
         }
         self.ensure_healthy()?;
         self.ensure_not_suspended();

@@ -250,7 +250,7 @@ impl<F: Fabric> Store<F> {
         if self.config.recovery == Recovery::Global {
             return self.write_once(key, header, data);
         }
-        self.localized(|store| store.write_once(key, header, data))
+        self.localized(Some(key), |store| store.write_once(key, header, data))
     }
 
     /// The fast path: the version's half invalidated, its data and its header on every holder,
@@ -387,7 +387,7 @@ impl<F: Fabric> Store<F> {
         if self.config.recovery == Recovery::Global {
             return self.read_holders_once(key);
         }
-        self.localized(|store| store.read_holders_once(key))
+        self.localized(Some(key), |store| store.read_holders_once(key))
     }
 
     fn read_holders_once(&self, key: Key) -> Result<Vec<(i32, Option<Committed>)>> {

@@ -142,6 +142,18 @@ impl<F: Fabric> Follower<F> {
         }
     }
 
+    /// The repairer's routes and the repairs done since the last call, when they already
+    /// follow failure `generation` (or a later one); never waits.
+    pub fn routes_if_followed(&self, generation: u64) -> Option<Followed> {
+        let mut routes = self.lock();
+        let followed = routes.followed.filter(|&g| g >= generation)?;
+        Some(Followed {
+            layout: routes.layout.clone(),
+            generation: followed,
+            repairs: std::mem::take(&mut routes.repairs),
+        })
+    }
+
     /// The repairs done and not yet taken.
     pub fn take_repairs(&self) -> Vec<RepairReport> {
         std::mem::take(&mut self.lock().repairs)
@@ -278,6 +290,7 @@ impl<F: Fabric> Follower<F> {
                     continue;
                 }
                 newest.header.writer = self.parts.me;
+                let newest = Committed { header: newest.header.hashed(&newest.data), ..newest };
                 self.copy_to(current, &targets, &newest)?;
                 keys += 1;
                 bytes += newest.data.len() as u64 * targets.len() as u64;
@@ -346,12 +359,14 @@ impl<F: Fabric> Follower<F> {
         Ok(behind)
     }
 
-    /// Writes a committed version (data, then header, into its half) to `targets`, hashed
-    /// whatever the original's integrity: an orphan's copy may meet a thief's write.
+    /// Writes a committed version (data, then header, into its half) to `targets`, with its
+    /// header as it is: an own key's new holders have one writer, its owner, whose puts reach
+    /// them only after the repair, so an ordered header stays ordered (an orphan's copy, which
+    /// may meet a thief's write, comes here hashed).
     fn copy_to(&self, current: &Layout, targets: &[Copy], committed: &Committed) -> Result<()> {
         let windows = &self.parts.windows;
         let (window, geometry) = (windows.window(), windows.geometry());
-        let (header, data) = (committed.header.hashed(&committed.data), &committed.data);
+        let (header, data) = (committed.header, &committed.data);
         let extents = halves::write_extents(window, targets, geometry, &header, data);
         extents.map_err(|e| self.failure(current, e))?;
         let bytes = halves::inline_bytes(geometry, data) * targets.len();
@@ -475,13 +490,20 @@ impl Drop for RunningFlag<'_> {
 }
 
 impl<F: Fabric> Store<F> {
-    /// Runs `op` on routes that follow every failure the detector published, again after a
-    /// failure that interrupted it, and follows the failures noticed meanwhile before returning.
-    pub(super) fn localized<T>(&mut self, mut op: impl FnMut(&mut Self) -> Result<T>) -> Result<T> {
+    /// Runs `op`, a call on `key` (`None`: on every key), on routes that follow every failure
+    /// the detector published, again after a failure that interrupted it, and follows the
+    /// failures noticed meanwhile before returning. A key none of whose holders failed keeps
+    /// its route: the call goes ahead while the repairer moves other keys' copies
+    /// ([`Store::follow_failures`]).
+    pub(super) fn localized<T>(
+        &mut self,
+        key: Option<Key>,
+        mut op: impl FnMut(&mut Self) -> Result<T>,
+    ) -> Result<T> {
         let mut last = None;
         for _ in 0..LOCALIZED_ATTEMPTS {
-            let done = self.follow_failures().and_then(|()| op(self));
-            let done = done.and_then(|value| self.follow_failures().map(|()| value));
+            let done = self.follow_failures(key).and_then(|()| op(self));
+            let done = done.and_then(|value| self.follow_failures(key).map(|()| value));
             match done {
                 Err(e) if e.needs_recovery() && !self.health.alarmed() => {
                     last = Some(e);
@@ -498,7 +520,12 @@ impl<F: Fabric> Store<F> {
     /// Localized recovery: brings the routes up to the failures the detector published, once
     /// the repairer thread moved the copies that lived on failed workers
     /// ([`Follower::await_routes`]). A no-op (one atomic load) while nothing new failed.
-    pub(super) fn follow_failures(&mut self) -> Result<()> {
+    ///
+    /// For a call on one `key` only (`None`: every key): while no holder on `key`'s route
+    /// failed, the route stays as it is (the repairer gives a key new holders only when one of
+    /// its holders failed), so the call does not wait for the repair of other keys; the routes
+    /// are adopted once the repairer has them ready.
+    pub(super) fn follow_failures(&mut self, key: Option<Key>) -> Result<()> {
         let generation = self.health.generation();
         if generation == self.followed {
             return Ok(());
@@ -507,11 +534,22 @@ impl<F: Fabric> Store<F> {
         let Some(repairer) = self.repairer.as_ref() else {
             return Err(Error::RecoveryNeeded { failed: self.newly_failed() });
         };
-        let followed = repairer.follower().await_routes(generation)?;
+        let untouched = key.is_some_and(|key| self.route_untouched(key));
+        let followed = match repairer.follower().routes_if_followed(generation) {
+            Some(followed) => followed,
+            None if untouched => return Ok(()),
+            None => repairer.follower().await_routes(generation)?,
+        };
         self.routes = followed.layout;
         self.followed = followed.generation;
         self.repairs.extend(followed.repairs);
         Ok(())
+    }
+
+    /// Whether every holder on `key`'s current route is alive as far as this rank knows.
+    fn route_untouched(&self, key: Key) -> bool {
+        let route = self.routes.route(key);
+        route.is_some_and(|route| route.iter().all(|c| !self.health.is_failed(c.worker)))
     }
 
     /// Gives up on localized recovery: raises the alarm and revokes the store's communicator,
@@ -574,6 +612,6 @@ impl<F: Fabric> Store<F> {
         if self.config.recovery == Recovery::Global {
             return self.ensure_healthy();
         }
-        self.localized(|_| Ok(()))
+        self.localized(None, |_| Ok(()))
     }
 }

@@ -245,11 +245,11 @@ impl<F: Fabric> Backend for StoreBackend<'_, F> {
     }
 
     fn swap_lock(&mut self, key: Key, from: u64, to: u64) -> Result<Option<u64>> {
-        self.store.localized(|store| store.swap_lock_once(key, from, to))
+        self.store.localized(Some(key), |store| store.swap_lock_once(key, from, to))
     }
 
     fn release_lock(&mut self, key: Key, id: u64) -> Result<()> {
-        self.store.localized(|store| store.release_lock_once(key, id))
+        self.store.localized(Some(key), |store| store.release_lock_once(key, id))
     }
 
     fn read(&mut self, key: Key) -> Result<(u64, Option<Vec<u8>>)> {

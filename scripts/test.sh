@@ -13,6 +13,8 @@ start=$(date +%s)
 # machine that leaves ranks unscheduled for seconds (4 of 7 ranks, 8.8 s, in one CI run) must
 # not have them declared failed. Tests of stops and cut links set their own bounds.
 export OMPI_MCA_mpi_ft_detector_timeout=30
+# A job that times out prints its ranks' stacks (gdb) before it is killed: where a hang sat.
+export FTKV_STACKS_ON_HANG=1
 step() { printf '\n[test] %s (%d s so far)\n' "$*" "$(( $(date +%s) - start ))"; }
 # Runs a multi-host campaign under a hard timeout, then checks that it left nothing behind: no
 # simulated host's namespace, no rank or daemon process, no new shared-memory file.

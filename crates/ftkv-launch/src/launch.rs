@@ -321,7 +321,11 @@ impl RunningJob {
             match self.child.try_wait() {
                 Ok(Some(status)) => break Ok((Some(status), false)),
                 Ok(None) if Instant::now() < deadline => {}
-                Ok(None) => break self.kill_now().map(|()| (None, true)),
+                Ok(None) => {
+                    self.processes.refresh();
+                    print_stacks_of_hung_ranks(&self.processes);
+                    break self.kill_now().map(|()| (None, true));
+                }
                 Err(e) => break Err(e.into()),
             }
             self.processes.refresh_if_due();
@@ -336,6 +340,40 @@ impl RunningJob {
         kill_process_group(self.child.id())?;
         self.child.wait()?;
         Ok(())
+    }
+}
+
+/// The variable that asks for the stacks of a timed-out job's ranks.
+pub const STACKS_ON_HANG_VAR: &str = "FTKV_STACKS_ON_HANG";
+
+/// With [`STACKS_ON_HANG_VAR`] set: prints (to stderr) every thread's stack of each live
+/// rank of a job that timed out, from `gdb` (skipped when there is none), before the job is
+/// killed: where a hang sits is gone once it is. At most 30 s per rank.
+fn print_stacks_of_hung_ranks(processes: &JobProcesses) {
+    if std::env::var_os(STACKS_ON_HANG_VAR).is_none() {
+        return;
+    }
+    let ranks = processes.seen.iter().filter(|&&(pid, start)| {
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        start_time(pid) == Some(start) && !matches!(comm.trim(), "mpirun" | "prterun" | "prted")
+    });
+    for &(pid, _) in ranks {
+        let gdb = Command::new("timeout")
+            .args(["30", "gdb", "-batch", "-p", &pid.to_string()])
+            .args(["-ex", "thread apply all bt 10"])
+            .stdin(Stdio::null())
+            .output();
+        match gdb {
+            Ok(out) => {
+                let stacks = String::from_utf8_lossy(&out.stdout);
+                let threads =
+                    stacks.lines().filter(|l| l.starts_with("Thread ") || l.starts_with('#'));
+                eprintln!("[hung job] stacks of process {pid}:");
+                let short = |line: &str| line.chars().take(160).collect::<String>();
+                threads.for_each(|line| eprintln!("[hung job] {pid} {}", short(line)));
+            }
+            Err(e) => eprintln!("[hung job] no stacks of process {pid}: {e}"),
+        }
     }
 }
 

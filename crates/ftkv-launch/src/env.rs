@@ -11,6 +11,7 @@
 //! | `FTKV_HOSTFILE` | unset | a hostfile passed to mpirun; ranks follow its slots (`--hostfile FILE` sets it) |
 //! | `FTKV_MAP_BY` | by slot | mpirun's `--map-by` (`--map-by SPEC` sets it) |
 //! | `FTKV_TEST_BTL` | unset | `tcp`: the real-MPI tests run over `--mca btl self,tcp`, pinned to `lo` |
+//! | `FTKV_STACKS_ON_HANG` | unset | set: a job that times out prints its ranks' stacks (`gdb`) before it is killed ([`crate::launch::STACKS_ON_HANG_VAR`]) |
 //! | `FTKV_TCP_IF_INCLUDE` | unset | subnets (`a.b.c.d/len`) or interface names, comma-separated: the interface a rank listens on for other hosts' puts (else Open MPI's `btl_tcp_if_include`, else the first non-loopback address) |
 //! | `OMPI_MCA_btl` | `^ofi` | set by ftkv when unset: skips probing for absent fabrics |
 //! | `OMPI_MCA_osc` | `^ucx` | set by ftkv when unset: skips probing for absent fabrics |

@@ -103,8 +103,7 @@ fn fence_slot<W: FabricWindow>(
         // Nothing to record: the data (possibly a large value) is not read.
         return Ok(false);
     }
-    let current = read_local_slot(window, disp, geometry)?;
-    let current = current.map_or(0, |c| c.header.version);
+    let current = newest_local_version(window, disp, geometry, &fence, &headers)?;
     let mut changed = false;
     for worker in to_fence {
         if fence.entries.len() == MAX_FENCED {
@@ -158,6 +157,26 @@ fn newest_local<W: FabricWindow>(
     newest_loaded(headers, fence, |index, header| {
         read_local_data(window, disp, geometry, index, header)
     })
+}
+
+/// The version of a local slot's newest complete version that `fence` does not void (0:
+/// none), from its `headers` as read. An ordered header stands for its value, which landed
+/// before it ([`crate::slot`]), so only when the newest header is hashed is the slot read and
+/// its data checked: fencing a slot that holds a large value does not read the value, and a
+/// failure is published as soon as the slots are fenced.
+fn newest_local_version<W: FabricWindow>(
+    window: &W,
+    disp: usize,
+    geometry: SlotGeometry,
+    fence: &Fence,
+    headers: &[(usize, Header)],
+) -> FabricResult<u64> {
+    let unfenced = headers.iter().map(|(_, h)| h).filter(|h| !fence.voids(h));
+    match unfenced.max_by_key(|h| h.version) {
+        None => Ok(0),
+        Some(newest) if newest.is_ordered() => Ok(newest.version),
+        Some(_) => Ok(read_local_slot(window, disp, geometry)?.map_or(0, |c| c.header.version)),
+    }
 }
 
 /// The newest complete, unfenced version of a slot in this rank's own window.
@@ -234,4 +253,100 @@ fn read_fence_and_headers<'b, W: FabricWindow>(
         op: "read a copy",
         msg: format!("the fence of worker {}'s slot stayed torn", copy.worker),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::fabric::local::{LocalCluster, LocalWindow};
+    use crate::fabric::Fabric;
+
+    /// A window that counts the bytes read from its own memory.
+    struct Counting {
+        window: LocalWindow,
+        read: AtomicUsize,
+    }
+
+    impl FabricWindow for Counting {
+        type Scope<'buf> = <LocalWindow as FabricWindow>::Scope<'buf>;
+
+        fn scope<'buf, R>(
+            &self,
+            issue: impl FnOnce(&mut Self::Scope<'buf>) -> FabricResult<R>,
+        ) -> FabricResult<R> {
+            self.window.scope(issue)
+        }
+        fn sync(&self) -> FabricResult<()> {
+            self.window.sync()
+        }
+        fn read_local(&self, offset: usize, out: &mut [u8]) -> FabricResult<()> {
+            self.read.fetch_add(out.len(), Ordering::Relaxed);
+            self.window.read_local(offset, out)
+        }
+        fn read_local_extent(&self, id: u64, out: &mut [u8]) -> FabricResult<()> {
+            self.read.fetch_add(out.len(), Ordering::Relaxed);
+            self.window.read_local_extent(id, out)
+        }
+        fn write_local(&self, offset: usize, data: &[u8]) -> FabricResult<()> {
+            self.window.write_local(offset, data)
+        }
+        fn compare_and_swap(&self, t: i32, d: i64, c: u64, s: u64) -> FabricResult<u64> {
+            self.window.compare_and_swap(t, d, c, s)
+        }
+        fn close(self) -> FabricResult<()> {
+            self.window.close()
+        }
+        fn abandon(self) {
+            self.window.abandon()
+        }
+    }
+
+    /// Writes `header` and `data` into half `index` of the slot at 0 of `window`.
+    fn write_half(
+        window: &Counting,
+        geometry: SlotGeometry,
+        index: usize,
+        header: Header,
+        data: &[u8],
+    ) {
+        let at = geometry.half_start(index);
+        window.write_local(at + HEADER_LEN, data).unwrap();
+        window.write_local(at, &header.encode()).unwrap();
+    }
+
+    #[test]
+    fn fencing_a_slot_whose_newest_header_is_ordered_reads_no_value() {
+        let value = vec![7u8; 1 << 20];
+        let geometry = SlotGeometry::new(value.len());
+        let versions = LocalCluster::new(1).run(|fabric| {
+            let window = fabric.open_window(geometry.slot_len(), &[]).unwrap();
+            let window = Counting { window, read: AtomicUsize::new(0) };
+            let older = Header::for_ordered_value(value.len(), 1, 0, 1).hashed(&value);
+            write_half(&window, geometry, 0, older, &value);
+            write_half(
+                &window,
+                geometry,
+                1,
+                Header::for_ordered_value(value.len(), 2, 0, 1),
+                &value,
+            );
+            let (fence, headers) = read_local_headers(&window, 0, geometry).unwrap();
+            window.read.store(0, Ordering::Relaxed);
+            let ordered = newest_local_version(&window, 0, geometry, &fence, &headers).unwrap();
+            let read_for_ordered = window.read.load(Ordering::Relaxed);
+            let newer = Header::for_ordered_value(value.len(), 3, 0, 1).hashed(&value);
+            write_half(&window, geometry, 0, newer, &value);
+            let (fence, headers) = read_local_headers(&window, 0, geometry).unwrap();
+            window.read.store(0, Ordering::Relaxed);
+            let hashed = newest_local_version(&window, 0, geometry, &fence, &headers).unwrap();
+            let read_for_hashed = window.read.load(Ordering::Relaxed);
+            (ordered, read_for_ordered, hashed, read_for_hashed)
+        });
+        let (ordered, read_for_ordered, hashed, read_for_hashed) = versions[0].unwrap();
+        assert_eq!((ordered, read_for_ordered), (2, 0), "an ordered header stands for its value");
+        assert_eq!(hashed, 3, "a hashed newest version, checked against its data");
+        assert!(read_for_hashed >= value.len(), "the hashed value was read ({read_for_hashed} B)");
+    }
 }

@@ -8,10 +8,11 @@ use anyhow::{ensure, Context, Result};
 use serde::Serialize;
 
 use crate::bench::unix_us;
-use crate::bench_store::size_name;
+use crate::bench_store::{plot_error, size_name};
 use crate::reports::{GlobalRecoveryReport, GrowthReport, LocalizedRecoveryReport, Report};
 use ftkv_launch::cluster::Hosts;
 use ftkv_launch::launch::{kill_pid, union_of_failed, JobOutput, Launch};
+use plotters::style::RGBColor;
 
 /// One recovery measurement.
 #[derive(Debug, Clone, Serialize)]
@@ -45,9 +46,9 @@ pub struct RecoveryRow {
     pub restored: bool,
     /// Localized rows: bytes the owners copied to reserve holders (every survivor's sum).
     pub bytes_moved: Option<u64>,
-    /// Localized rows, over the survivors that moved nothing: the largest ratio of put p99 in
-    /// the 50 ms after their detection to their p99 before it, and the smallest ratio of their
-    /// put rates in those two spans.
+    /// Localized rows, over the survivors that moved nothing (`None` when every survivor moved
+    /// something): the largest ratio of put p99 in the 50 ms after their detection to their p99
+    /// before it, and the smallest ratio of their put rates in those two spans.
     pub uninvolved_p99_ratio: Option<f64>,
     pub uninvolved_rate_ratio: Option<f64>,
     /// Localized rows: a plain memory copy of `bytes_moved` by the driver right after the job,
@@ -226,6 +227,8 @@ fn localized_row_of(
         reports.iter().partition(|r| r.moved_keys > 0);
     let repaired = involved.iter().map(|r| r.repaired_us as f64).fold(detect, f64::max);
     let ratios = |f: fn(&LocalizedRecoveryReport) -> f64| uninvolved.iter().map(move |r| f(r));
+    // With 2 copies of 4 ranks' keys, every survivor may move something.
+    let some_uninvolved = !uninvolved.is_empty();
     RecoveryRow {
         mode: "localized",
         ranks,
@@ -241,8 +244,10 @@ fn localized_row_of(
         keys_recovered: reports.iter().map(|r| r.moved_keys as u64).sum(),
         restored: reports.iter().all(|r| r.restored),
         bytes_moved: Some(reports.iter().map(|r| r.moved_bytes).sum()),
-        uninvolved_p99_ratio: Some(max(ratios(|r| r.during_p99_us / r.before_p99_us))),
-        uninvolved_rate_ratio: Some(min(ratios(|r| r.during_rate / r.before_rate))),
+        uninvolved_p99_ratio: some_uninvolved
+            .then(|| max(ratios(|r| r.during_p99_us / r.before_p99_us))),
+        uninvolved_rate_ratio: some_uninvolved
+            .then(|| min(ratios(|r| r.during_rate / r.before_rate))),
         memcpy_ms: None,
         memcpy_fresh_ms: None,
     }
@@ -375,6 +380,12 @@ pub fn run_recovery(
     }
     print_recovery_table(&rows);
     write_json(out_dir, "bench_recovery.json", &rows)?;
+    if let Some(&largest) = ranks.iter().max() {
+        let svg = recovery_svg(&rows, largest)?;
+        let path = out_dir.join("bench_recovery.svg");
+        std::fs::write(&path, svg).with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("[bench] wrote {}", path.display());
+    }
     ensure!(rows.iter().all(|r| r.restored), "a recovery did not restore the data");
     Ok(rows)
 }
@@ -411,6 +422,97 @@ fn print_recovery_table(rows: &[RecoveryRow]) {
             if r.restored { "yes" } else { "NO" }
         );
     }
+}
+
+/// The lines of `bench_recovery.svg`: a label, its colour, and the metric of the rows it
+/// follows (`None`: the row is not on it).
+type RecoveryLine = (&'static str, RGBColor, fn(&RecoveryRow) -> Option<f64>);
+
+const RECOVERY_LINES: [RecoveryLine; 5] = [
+    ("global: restored", RGBColor(200, 60, 60), |r| (r.mode == "global").then_some(r.restore_ms)),
+    ("localized: restored (put every 20 µs)", RGBColor(40, 90, 200), |r| {
+        (r.mode == "localized" && r.pace_us == FLAT_OUT_PACE_US).then_some(r.restore_ms)
+    }),
+    ("localized: restored (put every 1 ms)", RGBColor(40, 160, 200), |r| {
+        (r.mode == "localized" && r.pace_us == APPLICATION_PACE_US).then_some(r.restore_ms)
+    }),
+    ("plain copy of the moved bytes, fresh pages", RGBColor(60, 160, 60), |r| {
+        (r.pace_us == FLAT_OUT_PACE_US).then_some(r.memcpy_fresh_ms).flatten()
+    }),
+    ("last survivor notified (localized, 20 µs)", RGBColor(150, 90, 30), |r| {
+        (r.mode == "localized" && r.pace_us == FLAT_OUT_PACE_US).then_some(r.detect_last_ms)
+    }),
+];
+
+/// A log-log plot of the recovery times against the data per rank for jobs of `ranks` ranks,
+/// with the plain copy of the moved bytes beside them (SVG, drawn with plotters).
+fn recovery_svg(rows: &[RecoveryRow], ranks: usize) -> Result<String> {
+    use plotters::prelude::*;
+    let rows: Vec<&RecoveryRow> = rows.iter().filter(|r| r.ranks == ranks).collect();
+    let points: Vec<(f64, f64)> = rows
+        .iter()
+        .flat_map(|r| RECOVERY_LINES.iter().filter_map(move |(_, _, f)| f(r).map(|v| (r, v))))
+        .filter(|(_, v)| *v > 0.0)
+        .map(|(r, v)| ((r.bytes_per_rank as f64).log2(), v))
+        .collect();
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (720, 440)).into_drawing_area();
+        root.fill(&WHITE).map_err(plot_error)?;
+        if points.is_empty() {
+            root.present().map_err(plot_error)?;
+            drop(root);
+            return Ok(svg);
+        }
+        let fold = |f: fn(&(f64, f64)) -> f64| {
+            points.iter().map(f).fold((f64::MAX, f64::MIN), |(lo, hi), x| (lo.min(x), hi.max(x)))
+        };
+        let (x_lo, x_hi) = fold(|p| p.0);
+        let (y_lo, y_hi) = fold(|p| p.1);
+        let caption = format!("recovery vs data per rank ({ranks} ranks, 2 copies, 1 killed)");
+        let mut chart = ChartBuilder::on(&root)
+            .caption(caption, ("sans-serif", 16))
+            .margin(10)
+            .x_label_area_size(40)
+            .y_label_area_size(70)
+            .build_cartesian_2d(
+                (x_lo - 0.5)..(x_hi + 0.5),
+                ((y_lo / 1.5)..(y_hi * 1.5)).log_scale(),
+            )
+            .map_err(plot_error)?;
+        chart
+            .configure_mesh()
+            .x_desc("data per rank")
+            .y_desc("ms")
+            .x_label_formatter(&|log2| size_name(2f64.powf(*log2).round() as usize))
+            .draw()
+            .map_err(plot_error)?;
+        for (label, color, metric) in RECOVERY_LINES {
+            let mut line: Vec<(f64, f64)> = rows
+                .iter()
+                .filter_map(|r| metric(r).filter(|v| *v > 0.0).map(|v| (r.bytes_per_rank, v)))
+                .map(|(bytes, v)| ((bytes as f64).log2(), v))
+                .collect();
+            if line.is_empty() {
+                continue;
+            }
+            line.sort_by(|a, b| a.0.total_cmp(&b.0));
+            chart
+                .draw_series(LineSeries::new(line, color.stroke_width(2)))
+                .map_err(plot_error)?
+                .label(label)
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color));
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()
+            .map_err(plot_error)?;
+        root.present().map_err(plot_error)?;
+    }
+    Ok(svg)
 }
 
 /// Runs the growth series, prints a table, writes `bench_growth.json`.
@@ -547,6 +649,45 @@ mod tests {
         assert_eq!((row.keys_recovered, row.bytes_moved, row.restored), (2, Some(2048), true));
         assert_eq!(row.uninvolved_p99_ratio, Some(4.0));
         assert_eq!(row.uninvolved_rate_ratio, Some(0.5));
+        let all_moved: Vec<LocalizedRecoveryReport> = reports[..1].to_vec();
+        let row = localized_row_of(&all_moved, 4, 1 << 20, 1_000_000);
+        assert_eq!((row.uninvolved_p99_ratio, row.uninvolved_rate_ratio), (None, None));
+    }
+
+    #[test]
+    fn the_recovery_plot_has_a_line_per_mode_and_the_plain_copy() {
+        let row = |mode: &'static str, pace_us: u64, bytes: usize, restore_ms: f64| RecoveryRow {
+            mode,
+            ranks: 8,
+            bytes_per_rank: bytes,
+            pace_us,
+            detect_ms: 10.0,
+            detect_last_ms: 20.0,
+            seen_last_ms: 20.0,
+            restore_ms,
+            blocked_ms: 0.0,
+            put_p50_before_us: 1.0,
+            put_p50_after_us: 1.0,
+            keys_recovered: 2,
+            restored: true,
+            bytes_moved: Some(2 * bytes as u64),
+            uninvolved_p99_ratio: None,
+            uninvolved_rate_ratio: None,
+            memcpy_ms: Some(restore_ms / 20.0),
+            memcpy_fresh_ms: (mode == "localized").then_some(restore_ms / 5.0),
+        };
+        let mut rows = Vec::new();
+        for bytes in [1 << 20, 16 << 20] {
+            rows.push(row("global", FLAT_OUT_PACE_US, bytes, 60.0 * (bytes >> 20) as f64));
+            rows.push(row("localized", FLAT_OUT_PACE_US, bytes, 15.0 * (bytes >> 20) as f64));
+            rows.push(row("localized", APPLICATION_PACE_US, bytes, 14.0 * (bytes >> 20) as f64));
+        }
+        let svg = recovery_svg(&rows, 8).unwrap();
+        for (label, _, _) in RECOVERY_LINES {
+            assert!(svg.contains(&label.replace('µ', "&#181;")) || svg.contains(label), "{label}");
+        }
+        assert!(svg.contains("8 ranks"));
+        assert!(!recovery_svg(&rows, 4).unwrap().contains("8 ranks"), "no rows of 4 ranks");
     }
 
     #[test]

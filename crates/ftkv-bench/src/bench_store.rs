@@ -526,7 +526,7 @@ fn size_range(points: &[&Row]) -> std::ops::Range<f64> {
     (lo - 0.5)..(hi + 0.5)
 }
 
-fn plot_error(e: impl std::fmt::Display) -> anyhow::Error {
+pub(crate) fn plot_error(e: impl std::fmt::Display) -> anyhow::Error {
     anyhow::anyhow!("drawing the plot: {e}")
 }
 

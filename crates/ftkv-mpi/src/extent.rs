@@ -110,6 +110,33 @@ impl Extents {
         Ok(())
     }
 
+    /// Makes `target`'s extent `to` hold the first `len` bytes of `source`'s extent `from`,
+    /// copied by the kernel from file to file (no buffer of this process). Fails when the
+    /// source holds fewer bytes, or when the file system has no room.
+    pub fn copy(&self, source: i32, from: u64, target: i32, to: u64, len: u64) -> Result<()> {
+        let input = File::open(self.path(source, from))
+            .map_err(|e| io_error("opening an extent to copy", e))?;
+        let path = self.path(target, to);
+        let mut output = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(&path)
+            .map_err(|e| io_error("opening an extent", e))?;
+        size_for(&output, len)?;
+        let copied = std::io::copy(&mut std::io::Read::take(input, len), &mut output)
+            .map_err(|e| io_error("copying an extent", e))?;
+        if copied < len {
+            return Err(io_error(
+                "copying an extent",
+                std::io::Error::other(format!("the source holds {copied} of {len} bytes")),
+            ));
+        }
+        Ok(())
+    }
+
     /// Removes `member`'s extent `id` (nothing when there is none).
     pub fn free(&self, member: i32, id: u64) -> Result<()> {
         match std::fs::remove_file(self.path(member, id)) {
@@ -151,6 +178,20 @@ fn io_error(op: &'static str, e: std::io::Error) -> MpiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_extent_copies_into_another_and_a_short_source_fails() {
+        let extents = Extents::new(Extents::fresh_window_name());
+        let data: Vec<u8> = (0..3000u32).map(|i| i as u8).collect();
+        extents.write(0, 1, &data).unwrap();
+        extents.write(1, 2, &[9u8; 5000]).unwrap();
+        extents.copy(0, 1, 1, 2, 2000).unwrap();
+        let mut out = vec![7u8; 2000];
+        extents.read(1, 2, &mut out).unwrap();
+        assert_eq!(out, data[..2000]);
+        assert!(extents.copy(0, 1, 1, 3, 4000).is_err(), "3000 bytes cannot give 4000");
+        extents.remove_all(None);
+    }
 
     #[test]
     fn an_extent_grows_shrinks_and_reads_zeros_past_its_end() {

@@ -327,6 +327,42 @@ impl<'buf> HostScope<'buf> {
         }
     }
 
+    /// Whether `target`'s memory and extents are on this host, where [`HostScope::copy`] and
+    /// [`HostScope::copy_extent`] reach them.
+    pub fn on_this_host(&self, target: i32) -> Result<bool> {
+        Ok(self.host_rank(target)?.is_some())
+    }
+
+    /// Copies `len` bytes of `source`'s memory at `from` into `target`'s at `to`, both on this
+    /// host (see [`HostScope::on_this_host`]; an error otherwise), at once and after every
+    /// operation issued before it.
+    pub fn copy(&mut self, source: i32, from: i64, target: i32, to: i64, len: usize) -> Result<()> {
+        let (Some(source), Some(target)) = (self.host_rank(source)?, self.host_rank(target)?)
+        else {
+            return Err(other("shared-memory copy", "a member is on another host"));
+        };
+        self.copied = true;
+        self.host.segments.copy(source, from, target, to, len)
+    }
+
+    /// Makes `target`'s extent `to` hold the first `len` bytes of `source`'s extent `from`,
+    /// both on this host (an error otherwise), at once and after every operation issued
+    /// before it.
+    pub fn copy_extent(
+        &mut self,
+        source: i32,
+        from: u64,
+        target: i32,
+        to: u64,
+        len: u64,
+    ) -> Result<()> {
+        if self.host_rank(source)?.is_none() || self.host_rank(target)?.is_none() {
+            return Err(other("extent copy", "a member is on another host"));
+        }
+        SharedSegments::complete();
+        self.extents.copy(source, from, target, to, len)
+    }
+
     /// Removes `target`'s extent `id` (nothing when there is none), after every operation
     /// issued before it.
     pub fn free_extent(&mut self, target: i32, id: u64) -> Result<()> {

@@ -79,6 +79,32 @@ impl SharedSegments {
         Ok(())
     }
 
+    /// Copies `len` bytes of member `source`'s memory at `from` into member `target`'s at `to`
+    /// without a buffer of this process: both are mapped here. Ordered as [`copy_into_shared`]
+    /// on the target's side and as [`copy_from_shared`] on the source's. Fails when either
+    /// range lies outside its member's memory, or when they overlap.
+    pub(crate) fn copy(
+        &self,
+        source: i32,
+        from: i64,
+        target: i32,
+        to: i64,
+        len: usize,
+    ) -> Result<()> {
+        let from = self.range(source, from, len, "shared-memory copy")?;
+        let to = self.range(target, to, len, "shared-memory copy")?;
+        let (a, b) = (from as usize, to as usize);
+        if a < b + len && b < a + len && len > 0 {
+            return Err(other("shared-memory copy", "the two ranges overlap"));
+        }
+        std::sync::atomic::fence(AtomicOrdering::Release);
+        // SAFETY: both ranges lie inside mapped window memory (checked by `range`) and do not
+        // overlap (checked above).
+        unsafe { ptr::copy_nonoverlapping(from, to, len) };
+        std::sync::atomic::fence(AtomicOrdering::Acquire);
+        Ok(())
+    }
+
     /// Orders every copy this thread made into or out of the segments before its later
     /// loads, stores and file writes (what a flush does for the shared-memory window's own
     /// calls).

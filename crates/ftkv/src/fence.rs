@@ -230,6 +230,19 @@ pub(crate) fn newest_header_version<W: FabricWindow>(
     Ok(versions.filter(|h| !fence.voids(h)).map(|h| h.version).max().unwrap_or(0))
 }
 
+/// The newest header of one remote copy that its fence does not void (`None`: no half names a
+/// version), from one scope of three small gets.
+pub(crate) fn newest_unfenced_header<W: FabricWindow>(
+    window: &W,
+    copy: &Copy,
+    geometry: SlotGeometry,
+) -> FabricResult<Option<Header>> {
+    let mut blocks = [[0u8; HEADER_LEN]; 3];
+    let (fence, headers) = read_fence_and_headers(window, copy, geometry, &mut blocks)?;
+    let headers = headers.iter().filter_map(|bytes| Header::decode(bytes));
+    Ok(headers.filter(|h| !fence.voids(h)).max_by_key(|h| h.version))
+}
+
 /// The fence and the two half headers of a remote slot, read again while the fence is caught
 /// mid-rewrite.
 fn read_fence_and_headers<'b, W: FabricWindow>(

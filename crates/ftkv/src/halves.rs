@@ -135,6 +135,69 @@ pub(crate) fn issue_value<'b, S: RmaOps<'b>>(
     issue_data(s, copy, geometry, header.version, data, free_stale)
 }
 
+/// Copies `header`'s version, found in `source`'s slot, into the slot of every copy of
+/// `targets` holder to holder, without a buffer of this member's: the half invalidated on each
+/// target, the value copied memory to memory (or extent to extent, freeing a stale extent after
+/// an inline value), then `source`'s header read again and, only when it reads the same, the
+/// header written to every target. Complete at the targets when it returns `true`.
+///
+/// `false` (nothing written, or only invalidated halves, which hold no version) when it does
+/// not apply: `header` is not ordered (a hashed value is checked against its hash, which needs
+/// the bytes here), names more than the store's largest value, or a member is on another host;
+/// or when `source`'s half changed during the copy (a newer write): the caller copies the
+/// usual way.
+pub(crate) fn copy_between_holders<W: FabricWindow>(
+    window: &W,
+    source: &Copy,
+    targets: &[Copy],
+    geometry: SlotGeometry,
+    header: &Header,
+) -> FabricResult<bool> {
+    let len = header.len;
+    if !header.is_ordered() || len > geometry.max_value as u64 {
+        return Ok(false);
+    }
+    let shares_host = |s: &mut W::Scope<'_>| -> FabricResult<bool> {
+        let mut all = s.on_this_host(source.rank)?;
+        for copy in targets {
+            all &= s.on_this_host(copy.rank)?;
+        }
+        Ok(all)
+    };
+    if !window.scope(shares_host)? {
+        return Ok(false);
+    }
+    let version = header.version;
+    let half = geometry.half_offset(version) as i64;
+    window.scope(|s| {
+        for copy in targets {
+            issue_invalidation(s, copy, geometry, version)?;
+            let extent = |c: &Copy| SlotGeometry::extent_id(c.disp, version);
+            if geometry.in_extent(len) {
+                s.copy_extent(source.rank, extent(source), copy.rank, extent(copy), len)?;
+            } else {
+                let value = |c: &Copy| c.disp + half + HEADER_LEN as i64;
+                s.copy(source.rank, value(source), copy.rank, value(copy), len as usize)?;
+                s.free_extent(copy.rank, extent(copy))?;
+            }
+        }
+        Ok(())
+    })?;
+    let mut again = [0u8; HEADER_LEN];
+    window.scope(|s| s.get(source.rank, source.disp + half, &mut again))?;
+    if !unchanged(header, &again) {
+        return Ok(false);
+    }
+    let encoded = header.encode();
+    window.scope(|s| {
+        for copy in targets {
+            issue_header(s, copy, geometry, version, &encoded)?;
+        }
+        Ok(())
+    })?;
+    Ok(true)
+}
+
 /// The bytes `header` (decoded from half `index` of `copy`) names, read from the window or the
 /// half's extent; `None` for a length above the store's largest value (a half to ignore), and
 /// for an ordered header that no longer reads the same once the value is read (a write
@@ -271,6 +334,43 @@ mod tests {
             outcomes
         });
         assert_eq!(outcomes[0], Some(vec![true, true]), "both stale reads are refused");
+    }
+
+    /// An ordered version, inline and in an extent, is copied holder to holder and reads back
+    /// whole on both targets; a hashed one is left to the buffered way.
+    #[test]
+    fn an_ordered_version_is_copied_between_holders_and_a_hashed_one_is_not() {
+        let outcomes = LocalCluster::new(3).run(|fabric| {
+            let geometry = SlotGeometry::new(64).limited(1 << 16);
+            let window = fabric.open_window(geometry.slot_len(), &[]).expect("window");
+            let holder = |rank: i32| Copy { rank, worker: rank, disp: 0 };
+            let (source, targets) = (holder(0), [holder(1), holder(2)]);
+            let mut outcomes = Vec::new();
+            if fabric.rank() == 0 {
+                for (version, len) in [(3u64, 40usize), (4, 5000), (5, 20)] {
+                    let value: Vec<u8> =
+                        (0..len).map(|i| (i * 7 + version as usize) as u8).collect();
+                    let ordered = Header::for_ordered_value(len, version, 0, 0);
+                    write_all(&window, &source, geometry, &ordered, &value);
+                    let copied =
+                        copy_between_holders(&window, &source, &targets, geometry, &ordered);
+                    let read = |copy: &Copy| {
+                        read_data(&window, copy, geometry, (version % 2) as usize, &ordered)
+                            .expect("read")
+                    };
+                    let whole = targets.iter().all(|c| read(c).as_deref() == Some(&value[..]));
+                    outcomes.push((copied.expect("copy"), whole));
+                }
+                let hashed = Header::for_value(&[1; 8], 7, 0, 0);
+                write_all(&window, &source, geometry, &hashed, &[1; 8]);
+                let copied = copy_between_holders(&window, &source, &targets, geometry, &hashed);
+                outcomes.push((copied.expect("copy"), false));
+            }
+            fabric.barrier().expect("barrier");
+            outcomes
+        });
+        let expected = vec![(true, true), (true, true), (true, true), (false, false)];
+        assert_eq!(outcomes[0], Some(expected));
     }
 
     /// One whole write of `header` and `data` to `copy`, as a put issues it.

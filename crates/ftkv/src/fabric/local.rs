@@ -648,6 +648,45 @@ impl<'buf> RmaOps<'buf> for LocalScope<'buf> {
         self.memory.extents().remove(&(target, id));
         Ok(())
     }
+
+    /// Every rank of the in-process fabric shares its memory.
+    fn on_this_host(&self, _target: i32) -> FabricResult<bool> {
+        Ok(true)
+    }
+
+    fn copy(
+        &mut self,
+        source: i32,
+        from: i64,
+        target: i32,
+        to: i64,
+        len: usize,
+    ) -> FabricResult<()> {
+        check_alive(&self.world, self.me);
+        let bytes = target_bytes(&self.memory, source, from, len)?;
+        let copied = bytes[from as usize..from as usize + len].to_vec();
+        drop(bytes);
+        let mut bytes = target_bytes(&self.memory, target, to, len)?;
+        bytes[to as usize..to as usize + len].copy_from_slice(&copied);
+        Ok(())
+    }
+
+    fn copy_extent(
+        &mut self,
+        source: i32,
+        from: u64,
+        target: i32,
+        to: u64,
+        len: u64,
+    ) -> FabricResult<()> {
+        check_alive(&self.world, self.me);
+        let held = self.memory.extents().get(&(source, from)).cloned().unwrap_or_default();
+        if (held.len() as u64) < len {
+            let msg = format!("rank {source}'s extent {from} holds {} of {len} bytes", held.len());
+            return Err(FabricError::Other { op: "local extent copy", msg });
+        }
+        self.memory.put_extent(target, to, &held[..len as usize])
+    }
 }
 
 impl FabricWindow for LocalWindow {

@@ -193,4 +193,29 @@ pub trait RmaOps<'buf> {
     fn get_extent(&mut self, target: i32, id: u64, out: &'buf mut [u8]) -> FabricResult<()>;
     /// Gives `target`'s extent `id` back (nothing happens when there is none).
     fn free_extent(&mut self, target: i32, id: u64) -> FabricResult<()>;
+    /// Whether `target` shares this member's host: [`RmaOps::copy`] and
+    /// [`RmaOps::copy_extent`] reach members that do.
+    fn on_this_host(&self, target: i32) -> FabricResult<bool>;
+    /// Copies `len` bytes of `source`'s memory at `from` into `target`'s at `to` without a
+    /// buffer of this member's: both on this member's host ([`RmaOps::on_this_host`]; an error
+    /// otherwise). Ordered like a get from `source` and a put to `target`.
+    fn copy(
+        &mut self,
+        source: i32,
+        from: i64,
+        target: i32,
+        to: i64,
+        len: usize,
+    ) -> FabricResult<()>;
+    /// Makes `target`'s extent `to` hold the first `len` bytes of `source`'s extent `from`,
+    /// both on this member's host (an error otherwise, and when the source holds fewer bytes).
+    /// Ordered like [`RmaOps::copy`].
+    fn copy_extent(
+        &mut self,
+        source: i32,
+        from: u64,
+        target: i32,
+        to: u64,
+        len: u64,
+    ) -> FabricResult<()>;
 }

@@ -213,4 +213,30 @@ impl<'buf> RmaOps<'buf> for HostScope<'buf> {
     fn free_extent(&mut self, target: i32, id: u64) -> FabricResult<()> {
         Ok(HostScope::free_extent(self, target, id)?)
     }
+
+    fn on_this_host(&self, target: i32) -> FabricResult<bool> {
+        Ok(HostScope::on_this_host(self, target)?)
+    }
+
+    fn copy(
+        &mut self,
+        source: i32,
+        from: i64,
+        target: i32,
+        to: i64,
+        len: usize,
+    ) -> FabricResult<()> {
+        Ok(HostScope::copy(self, source, from, target, to, len)?)
+    }
+
+    fn copy_extent(
+        &mut self,
+        source: i32,
+        from: u64,
+        target: i32,
+        to: u64,
+        len: u64,
+    ) -> FabricResult<()> {
+        Ok(HostScope::copy_extent(self, source, from, target, to, len)?)
+    }
 }

@@ -23,12 +23,12 @@ use super::{RepairReport, Store, Windows, LOCALIZED_ATTEMPTS};
 use crate::detector::{read_allowance, Health, Lane};
 use crate::error::{Error, Result};
 use crate::fabric::{Fabric, FabricError};
-use crate::fence::{newest_header_version, read_copy};
+use crate::fence::{newest_header_version, newest_unfenced_header, read_copy};
 use crate::halves;
 use crate::key::{Key, Recovery};
 use crate::layout::{Copy, Layout};
 use crate::recovery;
-use crate::slot::{Committed, HEADER_LEN};
+use crate::slot::{Committed, Header, HEADER_LEN};
 
 /// The last acknowledged version of each own key (0: none yet), written by the owner's calls
 /// and read by the repairer: an own key with an acknowledged write and no surviving copy
@@ -310,6 +310,11 @@ impl<F: Fabric> Follower<F> {
             if targets.is_empty() {
                 continue;
             }
+            if let Some(moved) = self.copy_between_holders(current, old, &targets)? {
+                keys += 1;
+                bytes += moved;
+                continue;
+            }
             let Some(newest) = self.newest_surviving(current, old)? else {
                 if self.parts.acked.get(kind) > 0 {
                     let why = format!("no copy of the own key {key} survived");
@@ -322,6 +327,43 @@ impl<F: Fabric> Follower<F> {
             bytes += newest.data.len() as u64 * targets.len() as u64;
         }
         Ok((keys, bytes))
+    }
+
+    /// Copies an own key's newest version from the live copy of `route` that holds it straight
+    /// into `targets` when all of them share this host and the version is ordered
+    /// ([`halves::copy_between_holders`]): the value is neither read into this process nor
+    /// hashed. The bytes moved, or `None` when the key goes the buffered way
+    /// ([`Follower::newest_surviving`], [`Follower::copy_to`]).
+    fn copy_between_holders(
+        &self,
+        current: &Layout,
+        route: &[Copy],
+        targets: &[Copy],
+    ) -> Result<Option<u64>> {
+        let (window, geometry) = (self.parts.windows.window(), self.parts.windows.geometry());
+        let mut newest: Option<(Copy, Header)> = None;
+        for copy in route.iter().filter(|c| !self.parts.health.is_failed(c.worker)) {
+            self.parts.health.enter_call_on(Lane::Repairer, 3 * HEADER_LEN);
+            let found = newest_unfenced_header(window, copy, geometry);
+            self.parts.health.leave_call_on(Lane::Repairer);
+            if let Some(header) = found.map_err(|e| self.failure(current, e))? {
+                if newest.is_none_or(|(_, n)| header.version > n.version) {
+                    newest = Some((*copy, header));
+                }
+            }
+        }
+        let Some((source, header)) = newest else { return Ok(None) };
+        let bytes = header.len.saturating_mul(targets.len() as u64);
+        self.parts.health.enter_call_on(Lane::Repairer, bytes as usize);
+        let copied = halves::copy_between_holders(window, &source, targets, geometry, &header);
+        self.parts.health.leave_call_on(Lane::Repairer);
+        if !copied.map_err(|e| self.failure(current, e))? {
+            return Ok(None);
+        }
+        if targets.iter().any(|c| self.parts.health.is_failed(c.worker)) {
+            return Err(Error::RecoveryNeeded { failed: self.newly_failed(current) });
+        }
+        Ok(Some(bytes))
     }
 
     /// The newest complete version on the live copies of `route`, read with watchdog-bounded

@@ -73,15 +73,7 @@ impl Extents {
     /// Makes `member`'s extent `id` hold `data` at its start, sized to it first. Fails when the
     /// file system has no room (the extent may then hold part of `data`).
     pub fn write(&self, member: i32, id: u64, data: &[u8]) -> Result<()> {
-        let path = self.path(member, id);
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(&path)
-            .map_err(|e| io_error("opening an extent", e))?;
+        let file = self.open_to_write(member, id)?;
         size_for(&file, data.len() as u64)?;
         file.write_all_at(data, 0).map_err(|e| io_error("writing an extent", e))
     }
@@ -116,15 +108,7 @@ impl Extents {
     pub fn copy(&self, source: i32, from: u64, target: i32, to: u64, len: u64) -> Result<()> {
         let input = File::open(self.path(source, from))
             .map_err(|e| io_error("opening an extent to copy", e))?;
-        let path = self.path(target, to);
-        let mut output = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(&path)
-            .map_err(|e| io_error("opening an extent", e))?;
+        let mut output = self.open_to_write(target, to)?;
         size_for(&output, len)?;
         let copied = std::io::copy(&mut std::io::Read::take(input, len), &mut output)
             .map_err(|e| io_error("copying an extent", e))?;
@@ -135,6 +119,18 @@ impl Extents {
             ));
         }
         Ok(())
+    }
+
+    /// `member`'s extent `id`, opened to be written (created when absent, kept as it is).
+    fn open_to_write(&self, member: i32, id: u64) -> Result<File> {
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(self.path(member, id))
+            .map_err(|e| io_error("opening an extent", e))
     }
 
     /// Removes `member`'s extent `id` (nothing when there is none).

@@ -224,10 +224,7 @@ pub(crate) fn newest_header_version<W: FabricWindow>(
     copy: &Copy,
     geometry: SlotGeometry,
 ) -> FabricResult<u64> {
-    let mut blocks = [[0u8; HEADER_LEN]; 3];
-    let (fence, headers) = read_fence_and_headers(window, copy, geometry, &mut blocks)?;
-    let versions = headers.iter().filter_map(|bytes| Header::decode(bytes));
-    Ok(versions.filter(|h| !fence.voids(h)).map(|h| h.version).max().unwrap_or(0))
+    Ok(newest_unfenced_header(window, copy, geometry)?.map_or(0, |h| h.version))
 }
 
 /// The newest header of one remote copy that its fence does not void (`None`: no half names a

@@ -152,6 +152,7 @@ pub(crate) fn copy_between_holders<W: FabricWindow>(
     targets: &[Copy],
     geometry: SlotGeometry,
     header: &Header,
+    free_stale: bool,
 ) -> FabricResult<bool> {
     let len = header.len;
     if !header.is_ordered() || len > geometry.max_value as u64 {
@@ -178,7 +179,9 @@ pub(crate) fn copy_between_holders<W: FabricWindow>(
             } else {
                 let value = |c: &Copy| c.disp + half + HEADER_LEN as i64;
                 s.copy(source.rank, value(source), copy.rank, value(copy), len as usize)?;
-                s.free_extent(copy.rank, extent(copy))?;
+                if free_stale {
+                    s.free_extent(copy.rank, extent(copy))?;
+                }
             }
         }
         Ok(())
@@ -209,21 +212,36 @@ pub(crate) fn read_data<W: FabricWindow>(
     index: usize,
     header: &Header,
 ) -> FabricResult<Option<Vec<u8>>> {
-    let Some(mut data) = buffer_for(geometry, header) else { return Ok(None) };
+    let mut data = Vec::new();
+    let whole = read_data_into(window, copy, geometry, index, header, &mut data)?;
+    Ok(whole.then_some(data))
+}
+
+/// As [`read_data`], into `data` (resized to the value): `false` where that returns `None`.
+pub(crate) fn read_data_into<W: FabricWindow>(
+    window: &W,
+    copy: &Copy,
+    geometry: SlotGeometry,
+    index: usize,
+    header: &Header,
+    data: &mut Vec<u8>,
+) -> FabricResult<bool> {
+    let Some(len) = value_len(geometry, header) else { return Ok(false) };
+    data.resize(len, 0);
     if geometry.in_extent(header.len) {
         let extent = SlotGeometry::extent_id(copy.disp, index as u64);
-        window.scope(|s| s.get_extent(copy.rank, extent, &mut data))?;
+        window.scope(|s| s.get_extent(copy.rank, extent, data))?;
     } else {
         let at = copy.disp + (geometry.half_start(index) + HEADER_LEN) as i64;
-        window.scope(|s| s.get(copy.rank, at, &mut data))?;
+        window.scope(|s| s.get(copy.rank, at, data))?;
     }
     if header.is_ordered() {
         let mut again = [0u8; HEADER_LEN];
         let at = copy.disp + geometry.half_start(index) as i64;
         window.scope(|s| s.get(copy.rank, at, &mut again))?;
-        return Ok(unchanged(header, &again).then_some(data));
+        return Ok(unchanged(header, &again));
     }
-    Ok(Some(data))
+    Ok(true)
 }
 
 /// As [`read_data`], from this rank's own slot at `disp`.
@@ -254,8 +272,12 @@ fn unchanged(header: &Header, again: &[u8]) -> bool {
 }
 
 fn buffer_for(geometry: SlotGeometry, header: &Header) -> Option<Vec<u8>> {
-    let len = usize::try_from(header.len).ok().filter(|&len| len <= geometry.max_value)?;
-    Some(vec![0u8; len])
+    value_len(geometry, header).map(|len| vec![0u8; len])
+}
+
+/// The length `header` names, `None` above the store's largest value.
+fn value_len(geometry: SlotGeometry, header: &Header) -> Option<usize> {
+    usize::try_from(header.len).ok().filter(|&len| len <= geometry.max_value)
 }
 
 /// The halves of keys a writer last filled with a value in an extent: when an inline value
@@ -353,7 +375,7 @@ mod tests {
                     let ordered = Header::for_ordered_value(len, version, 0, 0);
                     write_all(&window, &source, geometry, &ordered, &value);
                     let copied =
-                        copy_between_holders(&window, &source, &targets, geometry, &ordered);
+                        copy_between_holders(&window, &source, &targets, geometry, &ordered, true);
                     let read = |copy: &Copy| {
                         read_data(&window, copy, geometry, (version % 2) as usize, &ordered)
                             .expect("read")
@@ -363,7 +385,8 @@ mod tests {
                 }
                 let hashed = Header::for_value(&[1; 8], 7, 0, 0);
                 write_all(&window, &source, geometry, &hashed, &[1; 8]);
-                let copied = copy_between_holders(&window, &source, &targets, geometry, &hashed);
+                let copied =
+                    copy_between_holders(&window, &source, &targets, geometry, &hashed, true);
                 outcomes.push((copied.expect("copy"), false));
             }
             fabric.barrier().expect("barrier");

@@ -127,9 +127,11 @@ pub struct Store<F: Fabric = DefaultFabric> {
     spills: halves::Spills,
     /// The thread that writes the other copies of [`Store::put_async`]s (started by the first).
     replicator: Option<asynchronous::Replicator<F::Window>>,
-    /// The value buffer of the last asynchronous put, once waited for: the next one copies its
-    /// value into it.
+    /// The value buffer of the last asynchronous put that needed one, once waited for: the next
+    /// one copies its value into it.
     async_buffer: Option<Vec<u8>>,
+    /// The copies of the last asynchronous put, while they are not known complete.
+    handoff: Option<asynchronous::Handoff>,
     /// The thread that repairs copies after failures
     /// ([`Recovery::Localized`](crate::Recovery::Localized) only).
     repairer: Option<follow::Repairer<F>>,

@@ -1,6 +1,8 @@
 //! `Store::put_async` on the in-process fabric: the first copy is complete when it returns, every
-//! copy once the handle is waited for, and an owner that dies before waiting leaves a value a
-//! recovery reads back (here the new one: its first holder survives). Bounded by a timeout.
+//! copy once the handle is waited for (whether the replicator thread or the waiting owner wrote
+//! them), a leaked handle is completed by the next write, and an owner that dies before waiting
+//! leaves a value a recovery reads back (here the new one: its first holder survives). Bounded
+//! by a timeout.
 
 mod common;
 
@@ -23,11 +25,16 @@ fn every_copy_holds_the_last_value_once_waited_for() {
             let me = store.worker();
             let key = Key::new(me, 0);
             for version in 1..=40 {
-                let pending = store.put_async(key, &value(me, version)).unwrap();
-                if version % 2 == 0 {
-                    pending.wait().unwrap();
-                } else {
-                    drop(pending);
+                let written = value(me, version);
+                let pending = store.put_async(key, &written).unwrap();
+                match version % 3 {
+                    0 => pending.wait().unwrap(),
+                    1 => drop(pending),
+                    _ => {
+                        // Computing meanwhile: the replicator thread writes the other copies.
+                        std::thread::sleep(std::time::Duration::from_millis(2));
+                        pending.wait().unwrap();
+                    }
                 }
             }
             store.sync().unwrap();
@@ -39,6 +46,47 @@ fn every_copy_holds_the_last_value_once_waited_for() {
         })
     });
     assert_eq!(outcomes, vec![Some(true); 4], "every worker saw every key's 3 copies current");
+}
+
+/// Values of 1 MiB, beyond the write-through bound: the handed-off path with extents.
+#[test]
+fn large_values_reach_every_copy_and_a_leaked_handle_is_completed_by_the_next_write() {
+    let outcomes = within(60, "large asynchronous puts".into(), || {
+        LocalCluster::new(4).run(|fabric| {
+            let mut store = Store::create(&fabric, Config::new(["checkpoint"], 3)).unwrap();
+            let me = store.worker();
+            let key = Key::new(me, 0);
+            let mut whole = true;
+            for version in 1..=6 {
+                let written = big(me, version);
+                let pending = store.put_async(key, &written).unwrap();
+                if version == 3 {
+                    std::mem::forget(pending);
+                    continue;
+                }
+                if version % 2 == 0 {
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                pending.wait().unwrap();
+                let copies = store.read_copies(key).unwrap();
+                whole &= copies.len() == 3
+                    && copies.iter().all(|(_, v)| v.as_deref() == Some(&written[..]));
+            }
+            store.sync().unwrap();
+            whole
+                && (0..4).all(|owner| {
+                    let copies = store.read_copies(Key::new(owner, 0)).unwrap();
+                    copies.iter().all(|(_, v)| v.as_deref() == Some(&big(owner, 6)[..]))
+                })
+        })
+    });
+    assert_eq!(outcomes, vec![Some(true); 4], "every copy held each waited-for value");
+}
+
+fn big(owner: i32, version: u32) -> Vec<u8> {
+    let mut v = value(owner, version);
+    v.resize(1 << 20, version as u8);
+    v
 }
 
 #[test]
@@ -53,7 +101,8 @@ fn an_owner_killed_before_waiting_leaves_its_new_value_on_the_first_holder() {
             store.sync().unwrap();
             // A survivor that gets here after worker 1 died, or whose own key has a copy on
             // worker 1, learns of the failure from its own put.
-            let written = store.put_async(Key::new(me, 0), &value(me, 2)).and_then(|pending| {
+            let second = value(me, 2);
+            let written = store.put_async(Key::new(me, 0), &second).and_then(|pending| {
                 fabric.failpoint("before_wait");
                 pending.wait()
             });

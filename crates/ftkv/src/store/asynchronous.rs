@@ -1,7 +1,14 @@
 //! [`Store::put_async`]: a put that returns once its first copy is complete at its holder,
 //! while a replicator thread writes the other copies; [`PendingPut::wait`] (or dropping the
-//! handle) waits for them.
+//! handle) completes them.
+//!
+//! The replicator does not copy the caller's value: it copies the first copy, holder to
+//! holder, to the holders on this host, and reads it once for the holders on other hosts.
+//! Only when no holder shares this host does the value travel in a buffer of its own. A wait
+//! that finds its copies not yet started writes them itself from the caller's value: on a
+//! busy node a thread's wake-up costs more than the copies.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -13,12 +20,20 @@ use crate::fabric::{Fabric, FabricError, FabricResult, FabricWindow};
 use crate::halves;
 use crate::key::{Key, Recovery};
 use crate::layout::Copy;
-use crate::slot::{Header, HEADER_LEN};
+use crate::slot::Header;
 
 /// The largest value [`Store::put_async`] writes to every holder itself when they all share
-/// this host: below it, handing the value to the replicator thread (a copy of the value, a
-/// channel message and a thread's wake-up) costs more than the copies it would save.
+/// this host: below it, handing the copies to the replicator thread (a channel message and a
+/// thread's wake-up) costs more than the copies it would save.
 pub const WRITE_THROUGH_BYTES: usize = 64 << 10;
+
+/// Where the replicator takes a version's bytes from.
+enum Source {
+    /// The first copy, on a holder on this host: copied holder to holder.
+    Holder(Copy),
+    /// A copy of the value (no holder shares this host).
+    Bytes(Arc<Vec<u8>>),
+}
 
 /// One version's other copies, for the replicator thread.
 struct Job<W> {
@@ -26,13 +41,38 @@ struct Job<W> {
     windows: Arc<Windows<W>>,
     /// Where the watchdog sees the job's one-sided calls ([`Lane::Replicator`]).
     health: Arc<Health>,
-    targets: Vec<Copy>,
+    source: Source,
+    /// The holders on this host, then those on other hosts.
+    local: Vec<Copy>,
+    remote: Vec<Copy>,
     header: Header,
-    encoded: [u8; HEADER_LEN],
-    data: Arc<Vec<u8>>,
     /// Whether an inline value replaces a value in the half's extent (see [`halves::Spills`]).
     free_stale: bool,
-    done: mpsc::SyncSender<FabricResult<()>>,
+    /// Taken by whichever of the replicator and the waiting owner comes first.
+    claim: Arc<AtomicBool>,
+    done: mpsc::SyncSender<FabricResult<Replicated>>,
+}
+
+/// What became of a job's copies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Replicated {
+    /// Every copy holds the version.
+    Written,
+    /// The first copy no longer held the version when it was copied (a write of another
+    /// worker's or a recovery replaced it): the owner writes every copy again from its value.
+    SourceChanged,
+}
+
+/// The owner's side of a job handed to the replicator.
+pub(crate) struct Handoff {
+    key: Key,
+    header: Header,
+    targets: Vec<Copy>,
+    free_stale: bool,
+    claim: Arc<AtomicBool>,
+    done: mpsc::Receiver<FabricResult<Replicated>>,
+    /// The job's own copy of the value ([`Source::Bytes`]), kept to be reused.
+    staged: Option<Arc<Vec<u8>>>,
 }
 
 /// The thread that writes the copies after the first of each asynchronous put, one job at a
@@ -48,12 +88,16 @@ impl<W: FabricWindow> Replicator<W> {
         let thread = std::thread::Builder::new()
             .name("ftkv-replicator".into())
             .spawn(move || {
+                let mut buffer = Vec::new();
                 for job in queue {
-                    let written = write_copies(&job);
+                    if job.claim.swap(true, Ordering::AcqRel) {
+                        continue;
+                    }
+                    let replicated = replicate(&job, &mut buffer);
                     // The value goes back to its store before the owner learns the outcome.
-                    let Job { done, data, .. } = job;
-                    drop(data);
-                    let _ = done.send(written);
+                    let Job { done, source, .. } = job;
+                    drop(source);
+                    let _ = done.send(replicated);
                 }
             })
             .map_err(|e| Error::RecoveryFailed(format!("starting the replicator thread: {e}")))?;
@@ -70,44 +114,85 @@ impl<W> Drop for Replicator<W> {
     }
 }
 
-/// Writes one job's copies, its one-sided calls bounded by the watchdog like the owner's.
-fn write_copies<W: FabricWindow>(job: &Job<W>) -> FabricResult<()> {
-    let (window, geometry) = (job.windows.window(), job.windows.geometry());
-    halves::write_extents(window, &job.targets, geometry, &job.header, &job.data)?;
-    let bytes = halves::inline_bytes(geometry, &job.data) * job.targets.len();
+/// Writes one job's copies, its one-sided calls bounded by the watchdog like the owner's;
+/// `buffer` holds the first copy's bytes for holders on other hosts.
+fn replicate<W: FabricWindow>(job: &Job<W>, buffer: &mut Vec<u8>) -> FabricResult<Replicated> {
+    let len = job.header.len as usize;
+    let bytes = (len + crate::slot::HEADER_LEN) * (job.local.len() + job.remote.len());
     job.health.enter_call_on(Lane::Replicator, bytes);
+    let replicated = match &job.source {
+        Source::Holder(first) => copy_from_holder(job, first, buffer),
+        Source::Bytes(data) => {
+            write_version(job, &job.local, data)?;
+            write_version(job, &job.remote, data).map(|()| Replicated::Written)
+        }
+    };
+    job.health.leave_call_on(Lane::Replicator);
+    replicated
+}
+
+/// The first copy to the holders on this host holder to holder, and, read once into
+/// `buffer`, to those on other hosts.
+fn copy_from_holder<W: FabricWindow>(
+    job: &Job<W>,
+    first: &Copy,
+    buffer: &mut Vec<u8>,
+) -> FabricResult<Replicated> {
+    let (window, geometry, header) = (job.windows.window(), job.windows.geometry(), &job.header);
+    if !job.local.is_empty()
+        && !halves::copy_between_holders(
+            window,
+            first,
+            &job.local,
+            geometry,
+            header,
+            job.free_stale,
+        )?
+    {
+        return Ok(Replicated::SourceChanged);
+    }
+    if job.remote.is_empty() {
+        return Ok(Replicated::Written);
+    }
+    let half = (header.version % 2) as usize;
+    if !halves::read_data_into(window, first, geometry, half, header, buffer)? {
+        return Ok(Replicated::SourceChanged);
+    }
+    write_version(job, &job.remote, buffer).map(|()| Replicated::Written)
+}
+
+/// `data`, the job's version, to every copy of `targets`.
+fn write_version<W: FabricWindow>(job: &Job<W>, targets: &[Copy], data: &[u8]) -> FabricResult<()> {
+    if targets.is_empty() {
+        return Ok(());
+    }
+    let (window, geometry) = (job.windows.window(), job.windows.geometry());
+    halves::write_extents(window, targets, geometry, &job.header, data)?;
+    let encoded = job.header.encode();
     let out = halves::Outgoing {
         header: job.header,
-        encoded: &job.encoded,
-        data: &job.data,
+        encoded: &encoded,
+        data,
         free_stale: job.free_stale,
     };
-    let written = window.scope(|s| halves::issue_version(s, &job.targets, geometry, &out));
-    job.health.leave_call_on(Lane::Replicator);
-    written
+    window.scope(|s| halves::issue_version(s, targets, geometry, &out))
 }
 
 /// A put of [`Store::put_async`] whose first copy is complete and whose other copies are being
-/// written. It borrows the store: the program computes meanwhile, then waits.
+/// written. It borrows the store and the value: the program computes meanwhile, then waits.
 ///
 /// [`PendingPut::wait`] returns what [`Store::put`] would have: `Ok` once every copy holds the
 /// value. Dropping the handle waits too; an error then surfaces at the store's next call (the
-/// failure stays known), so call `wait` to see it here.
+/// failure stays known), so call `wait` to see it here. A handle that is leaked
+/// (`std::mem::forget`) is completed by the store's next write or recovery, as far as the
+/// replicator got: a copy it did not write keeps the previous version.
 #[must_use = "the other copies are complete only once the handle is waited for or dropped"]
 pub struct PendingPut<'s, F: Fabric> {
     store: &'s mut Store<F>,
     key: Key,
-    /// What is left to wait for; `None` once waited for, or when every copy was written
-    /// before [`Store::put_async`] returned.
-    pending: Option<Pending>,
-}
-
-/// A version whose first copy is written: its value, kept for a rewrite after a failure, and
-/// the replicator's report on the other copies (`None`: there are none).
-struct Pending {
-    header: Header,
-    data: Arc<Vec<u8>>,
-    rest: Option<mpsc::Receiver<FabricResult<()>>>,
+    value: &'s [u8],
+    /// The version written, until waited for; `None` once waited for.
+    header: Option<Header>,
 }
 
 impl<F: Fabric> PendingPut<'_, F> {
@@ -121,30 +206,23 @@ impl<F: Fabric> PendingPut<'_, F> {
     }
 
     fn finish(&mut self) -> Result<()> {
-        let Some(Pending { header, data, rest }) = self.pending.take() else { return Ok(()) };
-        let rest = rest.map(|done| {
-            done.recv().unwrap_or_else(|_| {
-                Err(FabricError::Other { op: "put_async", msg: "the replicator ended".into() })
-            })
-        });
-        let store = &mut *self.store;
-        let written = match rest {
-            Some(Err(e)) => Err(store.failure(e)),
-            _ => store.route(self.key).and_then(|route| store.ensure_alive(route)),
-        };
+        let Some(header) = self.header.take() else { return Ok(()) };
+        let (store, key, value) = (&mut *self.store, self.key, self.value);
+        let written = store
+            .complete_handoff(Some(value))
+            .and_then(|()| store.route(key).and_then(|route| store.ensure_alive(route)));
         match written {
             Err(e) if e.needs_recovery() && store.config.recovery == Recovery::Localized => {
-                store.write(self.key, header, &data)?;
+                store.write(key, header, value)?;
             }
             written => written?,
         }
-        store.acked.set(self.key.kind as usize, header.version);
+        store.acked.set(key.kind as usize, header.version);
         let geometry = store.routes.geometry();
-        store.spills.written(self.key, header.version, data.len(), geometry);
+        store.spills.written(key, header.version, value.len(), geometry);
         if !store.lost.is_empty() {
-            store.lost.retain(|&k| k != self.key);
+            store.lost.retain(|&k| k != key);
         }
-        store.async_buffer = Arc::try_unwrap(data).ok();
         Ok(())
     }
 }
@@ -162,10 +240,12 @@ impl<F: Fabric> Drop for PendingPut<'_, F> {
 impl<F: Fabric> Store<F> {
     /// Writes `value` under this worker's own `key` like [`Store::put`], but returns once the
     /// first copy (on this host when a holder is here) is complete at its holder; the other
-    /// copies are issued to a replicator thread. The returned handle waits for them
-    /// ([`PendingPut::wait`], or when dropped). A value of at most [`WRITE_THROUGH_BYTES`]
-    /// whose holders all share this host is written to every copy before this returns, as
-    /// [`Store::put`] does: handing it off would cost more than the copies.
+    /// copies are handed to a replicator thread, which copies them from the first. The
+    /// returned handle borrows `value` until it is waited for ([`PendingPut::wait`], or when
+    /// dropped); a wait that finds the copies not started yet writes them itself. A value of at
+    /// most [`WRITE_THROUGH_BYTES`] whose holders all share this host, and any value of a key
+    /// with one copy, is written to every copy before this returns, as [`Store::put`] does:
+    /// handing it off would cost more than the copies.
     ///
     /// Completion: `Ok(handle)` means the first holder has the new version. Failure: as
     /// [`Store::put`]; with localized recovery a failure met before the first copy is written
@@ -190,25 +270,24 @@ impl<F: Fabric> Store<F> {
     ///     assert!(store.read_copies(mine).unwrap().iter().all(|(_, v)| v.as_deref() == Some(&b"state 1"[..])));
     /// });
     /// ```
-    pub fn put_async(&mut self, key: Key, value: &[u8]) -> Result<PendingPut<'_, F>> {
-        self.check_own(key)?;
-        self.check_value(value)?;
+    pub fn put_async<'s>(&'s mut self, key: Key, value: &'s [u8]) -> Result<PendingPut<'s, F>> {
         if self.writes_through(key, value.len()) {
             self.put(key, value)?;
-            return Ok(PendingPut { store: self, key, pending: None });
+            return Ok(PendingPut { store: self, key, value, header: None });
         }
+        self.check_own(key)?;
+        self.check_value(value)?;
+        self.complete_handoff(None)?;
         let version = self.next_own_version(key);
         let header = Header::for_ordered_value(value.len(), version, self.epoch()?, self.me);
-        let data = Arc::new(self.staged(value));
-        let rest = match self.start_async(key, header, &data) {
+        match self.start_async(key, header, value) {
             Err(e) if e.needs_recovery() && self.config.recovery == Recovery::Localized => {
                 // A failure met on the way: the blocking write follows it and writes every copy.
                 self.write(key, header, value)?;
-                None
             }
             started => started?,
-        };
-        Ok(PendingPut { store: self, key, pending: Some(Pending { header, data, rest }) })
+        }
+        Ok(PendingPut { store: self, key, value, header: Some(header) })
     }
 
     /// Whether [`Store::put_async`] writes every copy of `key` itself: when it has one copy
@@ -216,33 +295,20 @@ impl<F: Fabric> Store<F> {
     /// most [`WRITE_THROUGH_BYTES`], copying it to them costs less than handing it to the
     /// replicator thread.
     fn writes_through(&self, key: Key, len: usize) -> bool {
-        let my_host = self.hosts[self.me as usize];
-        let on_this_host =
-            |route: &[Copy]| route.iter().all(|c| self.hosts[c.worker as usize] == my_host);
         let cheap = |route: &[Copy]| {
-            route.len() <= 1 || (len <= WRITE_THROUGH_BYTES && on_this_host(route))
+            route.len() <= 1
+                || (len <= WRITE_THROUGH_BYTES && route.iter().all(|c| self.shares_host(c)))
         };
         self.routes.route(key).is_some_and(cheap)
     }
 
-    /// A copy of `value` for the replicator, in the buffer the last asynchronous put gave back
-    /// when there is one: a fresh allocation of a large value costs its pages' faults on every
-    /// put.
-    fn staged(&mut self, value: &[u8]) -> Vec<u8> {
-        let mut buffer = self.async_buffer.take().unwrap_or_default();
-        buffer.clear();
-        buffer.extend_from_slice(value);
-        buffer
+    fn shares_host(&self, copy: &Copy) -> bool {
+        self.hosts[copy.worker as usize] == self.hosts[self.me as usize]
     }
 
     /// Writes the first copy of `header`'s version (on this host when a holder is here) and
-    /// hands the others to the replicator; the receiver of their completion, if there are any.
-    fn start_async(
-        &mut self,
-        key: Key,
-        header: Header,
-        data: &Arc<Vec<u8>>,
-    ) -> Result<Option<mpsc::Receiver<FabricResult<()>>>> {
+    /// hands the others to the replicator.
+    fn start_async(&mut self, key: Key, header: Header, value: &[u8]) -> Result<()> {
         if self.config.recovery == Recovery::Localized {
             self.follow_failures(Some(key))?;
         }
@@ -251,39 +317,98 @@ impl<F: Fabric> Store<F> {
         let route = self.route(key)?;
         self.ensure_alive(route)?;
         let mut copies = route.to_vec();
-        // The first copy on this host when there is one: shared memory returns soonest.
-        let my_host = self.hosts[self.me as usize];
-        if let Some(local) = copies.iter().position(|c| self.hosts[c.worker as usize] == my_host) {
+        // The first copy on this host when there is one: shared memory returns soonest, and
+        // the replicator copies from it.
+        let local = copies.iter().position(|c| self.shares_host(c));
+        if let Some(local) = local {
             copies.swap(0, local);
         }
-        let (first, others) = copies.split_at(1.min(copies.len()));
-        let others = others.to_vec();
+        let first = copies.remove(0);
         let geometry = self.routes.geometry();
-        let free_stale = self.spills.stale(key, header.version, data.len(), geometry);
-        self.put_to(first, header, data, free_stale)?;
-        if others.is_empty() {
-            return Ok(None);
-        }
-        self.replicate(others, header, data, free_stale).map(Some)
+        let free_stale = self.spills.stale(key, header.version, value.len(), geometry);
+        self.put_to(std::slice::from_ref(&first), header, value, free_stale)?;
+        let source = match local {
+            Some(_) => Source::Holder(first),
+            None => Source::Bytes(Arc::new(self.staged(value))),
+        };
+        self.replicate(key, header, copies, source, free_stale)
     }
 
-    /// Hands the copies to `targets` to the replicator thread (started on first use).
+    /// A copy of `value` for the replicator, in the buffer the last such copy gave back when
+    /// there is one: a fresh allocation of a large value costs its pages' faults on every put.
+    fn staged(&mut self, value: &[u8]) -> Vec<u8> {
+        let mut buffer = self.async_buffer.take().unwrap_or_default();
+        buffer.clear();
+        buffer.extend_from_slice(value);
+        buffer
+    }
+
+    /// Hands the copies of `header`'s version to `targets` to the replicator thread (started
+    /// on first use); [`Store::complete_handoff`] completes them.
     fn replicate(
         &mut self,
-        targets: Vec<Copy>,
+        key: Key,
         header: Header,
-        data: &Arc<Vec<u8>>,
+        targets: Vec<Copy>,
+        source: Source,
         free_stale: bool,
-    ) -> Result<mpsc::Receiver<FabricResult<()>>> {
+    ) -> Result<()> {
         let windows = self.windows.clone().ok_or(Error::Closed)?;
         if self.replicator.is_none() {
             self.replicator = Some(Replicator::start()?);
         }
         let jobs = self.replicator.as_ref().and_then(|r| r.jobs.as_ref()).ok_or(Error::Closed)?;
+        let (local, remote) = targets.iter().partition(|c| self.shares_host(c));
         let (done, finished) = mpsc::sync_channel(1);
-        let (health, encoded, data) = (self.health.clone(), header.encode(), data.clone());
-        let job = Job { windows, health, targets, header, encoded, data, free_stale, done };
+        let claim = Arc::new(AtomicBool::new(false));
+        let staged = match &source {
+            Source::Bytes(data) => Some(data.clone()),
+            Source::Holder(_) => None,
+        };
+        let health = self.health.clone();
+        let job = Job {
+            windows,
+            health,
+            source,
+            local,
+            remote,
+            header,
+            free_stale,
+            claim: claim.clone(),
+            done,
+        };
         jobs.send(job).map_err(|_| Error::RecoveryFailed("the replicator thread ended".into()))?;
-        Ok(finished)
+        self.handoff =
+            Some(Handoff { key, header, targets, free_stale, claim, done: finished, staged });
+        Ok(())
+    }
+
+    /// Completes the copies handed to the replicator, if any: waits for its report, or, when
+    /// it has not started them, writes them from `value`. `None` stands for a handle that was
+    /// leaked: copies not started are then left as they are. A first copy that changed before
+    /// the replicator copied it makes the owner write every copy again from `value`.
+    pub(super) fn complete_handoff(&mut self, value: Option<&[u8]>) -> Result<()> {
+        let Some(handoff) = self.handoff.take() else { return Ok(()) };
+        let claimed_here = !handoff.claim.swap(true, Ordering::AcqRel);
+        let replicated = match (claimed_here, value) {
+            (true, None) => Ok(Replicated::Written),
+            (true, Some(value)) => self
+                .put_to(&handoff.targets, handoff.header, value, handoff.free_stale)
+                .map(|()| Replicated::Written),
+            (false, _) => match handoff.done.recv() {
+                Ok(replicated) => replicated.map_err(|e| self.failure(e)),
+                Err(_) => Err(self.failure(FabricError::Other {
+                    op: "put_async",
+                    msg: "the replicator ended".into(),
+                })),
+            },
+        };
+        if let Some(staged) = handoff.staged {
+            self.async_buffer = Arc::try_unwrap(staged).ok();
+        }
+        if let (Replicated::SourceChanged, Some(value)) = (replicated?, value) {
+            self.write(handoff.key, handoff.header, value)?;
+        }
+        Ok(())
     }
 }

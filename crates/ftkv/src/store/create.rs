@@ -90,6 +90,7 @@ impl<F: Fabric> Store<F> {
             spills: halves::Spills::default(),
             replicator: None,
             async_buffer: None,
+            handoff: None,
             repairer: None,
         };
         store.start_detector()?;

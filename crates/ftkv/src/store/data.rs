@@ -235,6 +235,7 @@ impl<F: Fabric> Store<F> {
 
     /// Writes `key` and, once the write is acknowledged, no longer reports it lost.
     pub(super) fn write(&mut self, key: Key, header: Header, data: &[u8]) -> Result<()> {
+        self.complete_handoff(None)?;
         self.write_copies(key, header, data)?;
         if !self.lost.is_empty() {
             self.lost.retain(|&k| k != key);

@@ -355,7 +355,8 @@ impl<F: Fabric> Follower<F> {
         let Some((source, header)) = newest else { return Ok(None) };
         let bytes = header.len.saturating_mul(targets.len() as u64);
         self.parts.health.enter_call_on(Lane::Repairer, bytes as usize);
-        let copied = halves::copy_between_holders(window, &source, targets, geometry, &header);
+        let copied =
+            halves::copy_between_holders(window, &source, targets, geometry, &header, true);
         self.parts.health.leave_call_on(Lane::Repairer);
         if !copied.map_err(|e| self.failure(current, e))? {
             return Ok(None);

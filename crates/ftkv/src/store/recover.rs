@@ -77,6 +77,7 @@ impl<F: Fabric> Store<F> {
     /// ```
     pub fn recover(&mut self) -> Result<RecoveryReport> {
         let started = Instant::now();
+        let _ = self.complete_handoff(None);
         self.stop_repairer();
         self.detector = None;
         let Some(retained) = self.windows.take() else { return Err(Error::Closed) };

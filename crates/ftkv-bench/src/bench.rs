@@ -106,10 +106,9 @@ pub fn put_rank_main(
     let spans_hosts = hosts.iter().any(|&h| h != hosts[0]);
     let mut rows = Vec::new();
     for &size in sizes {
-        let mut raw = raw_put(&world, copies, size, iterations)?;
+        let Interleaved { mut raw, mut bitmap, mut returned, mut waited } =
+            interleaved_puts(&world, copies, size, iterations)?;
         let mut two_sided = two_sided_put(&world, copies, size, iterations)?;
-        let mut bitmap = store_put(&world, copies, size, iterations, Detection::Bitmap)?;
-        let (mut returned, mut waited) = store_put_async(&world, copies, size, iterations)?;
         let mut ping = match spans_hosts {
             false => Some(store_put(&world, copies, size, iterations, Detection::Ping)?),
             true => None,
@@ -170,22 +169,54 @@ fn ensure_windows_fit(world: &Comm, per_rank: usize) -> Result<()> {
     Ok(())
 }
 
-fn raw_put(world: &Comm, copies: usize, size: usize, iterations: usize) -> Result<Vec<Duration>> {
+/// The latencies of the modes measured side by side, one put of each per round.
+struct Interleaved {
+    raw: Vec<Duration>,
+    bitmap: Vec<Duration>,
+    /// `Store::put_async`: until it returned (the first copy complete, the others handed off),
+    /// and until its handle's `wait` returned (every copy complete), nothing computed between.
+    returned: Vec<Duration>,
+    waited: Vec<Duration>,
+}
+
+/// Raw RMA, ftkv's blocking put (bitmap detection) and `put_async` to the same holders, one
+/// of each per round: every mode meets the same state of a machine that other jobs, the page
+/// cache and the scheduler change by the second, so their ratios hold within one run.
+fn interleaved_puts(
+    world: &Comm,
+    copies: usize,
+    size: usize,
+    iterations: usize,
+) -> Result<Interleaved> {
     let per_rank = size.checked_mul(world.size() as usize).context("window size overflows")?;
     ensure_windows_fit(world, per_rank)?;
     let window: LockedWindow = Window::allocate(world, per_rank)?.lock_all()?;
-    world.barrier()?;
     let targets = holders(world, copies)?;
-    let data = vec![7u8; size];
     let disp = (world.rank() as usize * size) as i64;
-    let mut samples = Vec::with_capacity(iterations);
+    let (mut store, key, data) = bench_store(world, copies, size, Detection::Bitmap)?;
+    let mut out = Interleaved {
+        raw: Vec::with_capacity(iterations),
+        bitmap: Vec::with_capacity(iterations),
+        returned: Vec::with_capacity(iterations),
+        waited: Vec::with_capacity(iterations),
+    };
+    world.barrier()?;
     for _ in 0..iterations {
         let start = Instant::now();
         window.scope(|s| targets.iter().try_for_each(|&t| s.put(t, disp, &data)))?;
-        samples.push(start.elapsed());
+        out.raw.push(start.elapsed());
+        let start = Instant::now();
+        store.put(key, &data)?;
+        out.bitmap.push(start.elapsed());
+        let start = Instant::now();
+        let pending = store.put_async(key, &data)?;
+        out.returned.push(start.elapsed());
+        pending.wait()?;
+        out.waited.push(start.elapsed());
     }
+    store.sync()?;
     world.barrier()?;
-    Ok(samples)
+    Ok(out)
 }
 
 const DATA_TAG: i32 = 901;
@@ -299,29 +330,6 @@ fn bench_store(
     let key = Key::new(store.worker(), 0);
     store.sync()?;
     Ok((store, key, vec![7u8; size]))
-}
-
-/// `Store::put_async` (bitmap detection): per put, the time until it returned (the first copy
-/// complete, the others handed to the replicator thread) and until its handle's `wait`
-/// returned (every copy complete), with nothing computed in between.
-fn store_put_async(
-    world: &Comm,
-    copies: usize,
-    size: usize,
-    iterations: usize,
-) -> Result<(Vec<Duration>, Vec<Duration>)> {
-    let (mut store, key, data) = bench_store(world, copies, size, Detection::Bitmap)?;
-    let mut returned = Vec::with_capacity(iterations);
-    let mut waited = Vec::with_capacity(iterations);
-    for _ in 0..iterations {
-        let start = Instant::now();
-        let pending = store.put_async(key, &data)?;
-        returned.push(start.elapsed());
-        pending.wait()?;
-        waited.push(start.elapsed());
-    }
-    store.sync()?;
-    Ok((returned, waited))
 }
 
 /// The rank side of `ftkv bench detect`: after a barrier the last rank SIGKILLs itself; rank 0

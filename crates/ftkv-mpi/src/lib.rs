@@ -19,6 +19,7 @@ mod hybrid;
 mod remote;
 mod request;
 mod runtime;
+pub mod sched;
 mod window;
 
 pub use comm::{Agreed, Comm, Status, ANY_SOURCE, ANY_TAG};

@@ -88,6 +88,7 @@ impl<W: FabricWindow> Replicator<W> {
         let thread = std::thread::Builder::new()
             .name("ftkv-replicator".into())
             .spawn(move || {
+                disfavour_on_wakeup();
                 let mut buffer = Vec::new();
                 for job in queue {
                     if job.claim.swap(true, Ordering::AcqRel) {
@@ -102,6 +103,15 @@ impl<W: FabricWindow> Replicator<W> {
             })
             .map_err(|e| Error::RecoveryFailed(format!("starting the replicator thread: {e}")))?;
         Ok(Replicator { jobs: Some(jobs), thread: Some(thread) })
+    }
+}
+
+/// Keeps the replicator from taking the core of the owner that just handed it a job: on a node
+/// with a rank per core the owner would otherwise wait for its own copies to be written.
+fn disfavour_on_wakeup() {
+    #[cfg(feature = "mpi")]
+    if let Err(e) = ftkv_mpi::sched::yield_on_wakeup() {
+        crate::events::warn(&format!("the replicator thread keeps its scheduling policy: {e}"));
     }
 }
 

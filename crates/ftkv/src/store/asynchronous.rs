@@ -111,7 +111,7 @@ impl<W: FabricWindow> Replicator<W> {
 fn disfavour_on_wakeup() {
     #[cfg(feature = "mpi")]
     if let Err(e) = ftkv_mpi::sched::yield_on_wakeup() {
-        crate::events::warn(&format!("the replicator thread keeps its scheduling policy: {e}"));
+        crate::events::warn(format!("the replicator thread keeps its scheduling policy: {e}"));
     }
 }
 

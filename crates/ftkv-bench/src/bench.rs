@@ -210,9 +210,11 @@ fn interleaved_puts(
         out.bitmap.push(start.elapsed());
         let start = Instant::now();
         let pending = store.put_async(key, &data)?;
-        out.returned.push(start.elapsed());
+        let returned = Instant::now();
         pending.wait()?;
-        out.waited.push(start.elapsed());
+        let waited = Instant::now();
+        out.returned.push(returned - start);
+        out.waited.push(waited - start);
     }
     store.sync()?;
     world.barrier()?;

@@ -7,8 +7,10 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use ftkv::{placement, Config, Detection, Key, Store};
 use ftkv_mpi::{failpoint, Comm, LockedWindow, Mpi, Window};
+use plotters::style::RGBColor;
 
 use crate::bench_store::System;
+use crate::plot::{self, Chart, Series};
 use crate::reports::{
     GlobalRecoveryReport, GrowthReport, LocalizedRecoveryReport, Report, StoreRunReport,
 };
@@ -133,11 +135,46 @@ pub fn put_rank_main(
         let results =
             PutResults { ranks: world.size(), copies, hosts: distinct.len(), rows, ratios };
         write_results(out, &serde_json::to_string_pretty(&results)?)?;
-        println!("results={}", out.display());
+        let plot = out.with_extension("svg");
+        std::fs::write(&plot, put_svg(&results)?)
+            .with_context(|| format!("writing {}", plot.display()))?;
+        println!("results={} plot={}", out.display(), plot.display());
     }
     drop(world);
     mpi.finalize_bounded(Duration::from_secs(3))?;
     Ok(())
+}
+
+/// The modes of `ftkv bench put` in its plot, each with its line's colour.
+const PUT_MODES: [(&str, RGBColor); 6] = [
+    ("raw_rma", RGBColor(0x7f, 0x7f, 0x7f)),
+    ("two_sided", RGBColor(0x1f, 0x77, 0xb4)),
+    ("ftkv_bitmap", RGBColor(0xd6, 0x27, 0x28)),
+    ("ftkv_async_returned", RGBColor(0xff, 0x7f, 0x0e)),
+    ("ftkv_async_waited", RGBColor(0x94, 0x67, 0xbd)),
+    ("ftkv_ping", RGBColor(0x2c, 0xa0, 0x2c)),
+];
+
+/// The p50 of every mode against value size (SVG).
+fn put_svg(results: &PutResults) -> Result<String> {
+    let series: Vec<Series> = PUT_MODES
+        .iter()
+        .map(|&(mode, color)| Series {
+            name: mode.to_owned(),
+            color,
+            points: results
+                .rows
+                .iter()
+                .filter(|r| r.mode == mode)
+                .map(|r| (r.size, r.p50_us))
+                .collect(),
+        })
+        .collect();
+    let caption = format!(
+        "put p50 vs value size ({} ranks on {} hosts, {} copies)",
+        results.ranks, results.hosts, results.copies
+    );
+    plot::by_size(&Chart::against_size(&caption, "p50 (µs)"), &series)
 }
 
 /// The holders the store places this rank's checkpoint on (host-aware, as the store does).
@@ -838,4 +875,35 @@ fn write_results(path: &std::path::Path, text: &str) -> Result<()> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
     std::fs::write(path, format!("{text}\n")).with_context(|| format!("writing {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(mode: &str, size: usize, p50_us: f64) -> PutRow {
+        let mode = mode.to_owned();
+        PutRow { mode, size, puts: 10, p50_us, p99_us: p50_us, max_us: p50_us, mean_us: p50_us }
+    }
+
+    #[test]
+    fn the_put_plot_has_a_line_per_measured_mode() {
+        let rows = vec![
+            row("raw_rma", 1024, 0.4),
+            row("raw_rma", 1 << 20, 700.0),
+            row("ftkv_bitmap", 1024, 0.5),
+            row("ftkv_bitmap", 1 << 20, 750.0),
+        ];
+        let ratios = ratios(&rows);
+        let results = PutResults { ranks: 4, copies: 3, hosts: 1, rows, ratios };
+        let svg = put_svg(&results).expect("a plot");
+        let line_of = |mode: &str| {
+            let (_, RGBColor(r, g, b)) = PUT_MODES.iter().find(|(m, _)| *m == mode).unwrap();
+            format!("stroke=\"#{r:02X}{g:02X}{b:02X}\" stroke-width=\"2\" points=")
+        };
+        assert!(svg.contains(&line_of("raw_rma")), "{svg}");
+        assert!(svg.contains(&line_of("ftkv_bitmap")), "{svg}");
+        assert!(!svg.contains(&line_of("two_sided")), "not measured: {svg}");
+        assert!(svg.contains("4 ranks on 1 hosts, 3 copies"), "{svg}");
+    }
 }

@@ -8,10 +8,12 @@ use anyhow::{ensure, Context, Result};
 use serde::Serialize;
 
 use crate::bench::unix_us;
-use crate::bench_store::{plot_error, size_name};
+use crate::bench_store::size_name;
+use crate::plot::{self, Chart, Series};
 use crate::reports::{GlobalRecoveryReport, GrowthReport, LocalizedRecoveryReport, Report};
 use ftkv_launch::cluster::Hosts;
 use ftkv_launch::launch::{kill_pid, union_of_failed, JobOutput, Launch};
+use plotters::chart::SeriesLabelPosition;
 use plotters::style::RGBColor;
 
 /// One recovery measurement.
@@ -445,74 +447,26 @@ const RECOVERY_LINES: [RecoveryLine; 5] = [
 ];
 
 /// A log-log plot of the recovery times against the data per rank for jobs of `ranks` ranks,
-/// with the plain copy of the moved bytes beside them (SVG, drawn with plotters).
+/// with the plain copy of the moved bytes beside them (SVG).
 fn recovery_svg(rows: &[RecoveryRow], ranks: usize) -> Result<String> {
-    use plotters::prelude::*;
     let rows: Vec<&RecoveryRow> = rows.iter().filter(|r| r.ranks == ranks).collect();
-    let points: Vec<(f64, f64)> = rows
+    let series: Vec<Series> = RECOVERY_LINES
         .iter()
-        .flat_map(|r| RECOVERY_LINES.iter().filter_map(move |(_, _, f)| f(r).map(|v| (r, v))))
-        .filter(|(_, v)| *v > 0.0)
-        .map(|(r, v)| ((r.bytes_per_rank as f64).log2(), v))
+        .map(|(label, color, metric)| Series {
+            name: (*label).to_owned(),
+            color: *color,
+            points: rows.iter().filter_map(|r| metric(r).map(|v| (r.bytes_per_rank, v))).collect(),
+        })
         .collect();
-    let mut svg = String::new();
-    {
-        let root = SVGBackend::with_string(&mut svg, (720, 440)).into_drawing_area();
-        root.fill(&WHITE).map_err(plot_error)?;
-        if points.is_empty() {
-            root.present().map_err(plot_error)?;
-            drop(root);
-            return Ok(svg);
-        }
-        let fold = |f: fn(&(f64, f64)) -> f64| {
-            points.iter().map(f).fold((f64::MAX, f64::MIN), |(lo, hi), x| (lo.min(x), hi.max(x)))
-        };
-        let (x_lo, x_hi) = fold(|p| p.0);
-        let (y_lo, y_hi) = fold(|p| p.1);
-        let caption = format!("recovery vs data per rank ({ranks} ranks, 2 copies, 1 killed)");
-        let mut chart = ChartBuilder::on(&root)
-            .caption(caption, ("sans-serif", 16))
-            .margin(10)
-            .x_label_area_size(40)
-            .y_label_area_size(70)
-            .build_cartesian_2d(
-                (x_lo - 0.5)..(x_hi + 0.5),
-                ((y_lo / 1.5)..(y_hi * 1.5)).log_scale(),
-            )
-            .map_err(plot_error)?;
-        chart
-            .configure_mesh()
-            .x_desc("data per rank")
-            .y_desc("ms")
-            .x_label_formatter(&|log2| size_name(2f64.powf(*log2).round() as usize))
-            .draw()
-            .map_err(plot_error)?;
-        for (label, color, metric) in RECOVERY_LINES {
-            let mut line: Vec<(f64, f64)> = rows
-                .iter()
-                .filter_map(|r| metric(r).filter(|v| *v > 0.0).map(|v| (r.bytes_per_rank, v)))
-                .map(|(bytes, v)| ((bytes as f64).log2(), v))
-                .collect();
-            if line.is_empty() {
-                continue;
-            }
-            line.sort_by(|a, b| a.0.total_cmp(&b.0));
-            chart
-                .draw_series(LineSeries::new(line, color.stroke_width(2)))
-                .map_err(plot_error)?
-                .label(label)
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color));
-        }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .draw()
-            .map_err(plot_error)?;
-        root.present().map_err(plot_error)?;
-    }
-    Ok(svg)
+    let caption = format!("recovery vs data per rank ({ranks} ranks, 2 copies, 1 killed)");
+    let chart = Chart {
+        caption: &caption,
+        x_desc: "data per rank",
+        y_desc: "ms",
+        size: (720, 440),
+        legend: SeriesLabelPosition::UpperLeft,
+    };
+    plot::by_size(&chart, &series)
 }
 
 /// Runs the growth series, prints a table, writes `bench_growth.json`.

@@ -21,6 +21,7 @@ use serde::Serialize;
 use crate::bench_recovery::{
     measure_recovery_on, reports_by_rank, write_json, RecoveryMode, RecoveryRow, FLAT_OUT_PACE_US,
 };
+use crate::plot;
 use crate::reports::{Report, ScaleReport};
 use crate::stats::Histogram;
 
@@ -369,9 +370,9 @@ fn svg_plot(rows: &[ScaleRow]) -> Result<String> {
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, (640, 400)).into_drawing_area();
-        root.fill(&WHITE).map_err(plot_error)?;
+        root.fill(&WHITE).map_err(plot::plot_error)?;
         let Some(base) = one_host.first() else {
-            root.present().map_err(plot_error)?;
+            root.present().map_err(plot::plot_error)?;
             drop(root);
             return Ok(svg);
         };
@@ -387,13 +388,13 @@ fn svg_plot(rows: &[ScaleRow]) -> Result<String> {
             .x_label_area_size(40)
             .y_label_area_size(50)
             .build_cartesian_2d(0f64..max_ranks * 1.05, 0f64..top * 1.1)
-            .map_err(plot_error)?;
-        chart.configure_mesh().x_desc("ranks").y_desc("ratio").draw().map_err(plot_error)?;
+            .map_err(plot::plot_error)?;
+        chart.configure_mesh().x_desc("ranks").y_desc("ratio").draw().map_err(plot::plot_error)?;
         for (name, f, color) in metrics {
             let series = one_host.iter().map(|r| (r.ranks as f64, ratio(f, r)));
             chart
                 .draw_series(LineSeries::new(series, color.stroke_width(2)))
-                .map_err(plot_error)?
+                .map_err(plot::plot_error)?
                 .label(name)
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color));
         }
@@ -402,14 +403,10 @@ fn svg_plot(rows: &[ScaleRow]) -> Result<String> {
             .background_style(WHITE.mix(0.8))
             .border_style(BLACK)
             .draw()
-            .map_err(plot_error)?;
-        root.present().map_err(plot_error)?;
+            .map_err(plot::plot_error)?;
+        root.present().map_err(plot::plot_error)?;
     }
     Ok(svg)
-}
-
-fn plot_error(e: impl std::fmt::Display) -> anyhow::Error {
-    anyhow::anyhow!("drawing the plot: {e}")
 }
 
 #[cfg(test)]

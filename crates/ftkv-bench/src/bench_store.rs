@@ -8,7 +8,9 @@ use anyhow::{bail, ensure, Context, Result};
 use serde::{Deserialize, Serialize};
 
 use crate::bench::{checkpoint_workload, WorkloadResult};
-use plotters::prelude::*;
+use plotters::style::RGBColor;
+
+use crate::plot::{self, Chart, Series};
 
 use crate::peers::{self, EtcdClient, RedisClient, ETCD_PORTS, REDIS_PORTS};
 use crate::reports::{Report, StoreRunReport};
@@ -456,78 +458,27 @@ fn write_outputs(bench: &StoreBench, rows: &[Row], ratios: &[Ratios]) -> Result<
 }
 
 /// A log-log line plot of `metric` against value size, one line per system, for `writers`
-/// (SVG, drawn with plotters).
+/// (SVG).
 pub fn svg_plot(
     rows: &[Row],
     writers: usize,
     label: &str,
     metric: fn(&Row) -> f64,
 ) -> Result<String> {
-    let points: Vec<&Row> =
-        rows.iter().filter(|r| r.writers == writers && metric(r) > 0.0).collect();
-    let mut svg = String::new();
-    {
-        let root = SVGBackend::with_string(&mut svg, (640, 400)).into_drawing_area();
-        root.fill(&WHITE).map_err(plot_error)?;
-        if points.is_empty() {
-            root.present().map_err(plot_error)?;
-            drop(root);
-            return Ok(svg);
-        }
-        let range = |f: &dyn Fn(&Row) -> f64| {
-            let v = points.iter().map(|r| f(r));
-            let (lo, hi) = v.fold((f64::MAX, f64::MIN), |(lo, hi), x| (lo.min(x), hi.max(x)));
-            (lo / 1.5)..(hi * 1.5)
-        };
-        let caption = format!("{label} vs value size ({writers} writers, 3 copies)");
-        let mut chart = ChartBuilder::on(&root)
-            .caption(caption, ("sans-serif", 16))
-            .margin(10)
-            .x_label_area_size(40)
-            .y_label_area_size(70)
-            .build_cartesian_2d(size_range(&points), range(&metric).log_scale())
-            .map_err(plot_error)?;
-        chart
-            .configure_mesh()
-            .x_desc("value size")
-            .y_desc(label)
-            .x_label_formatter(&|log2| size_name(2f64.powf(*log2).round() as usize))
-            .draw()
-            .map_err(plot_error)?;
-        for system in System::ALL {
-            let mut line: Vec<&&Row> = points.iter().filter(|r| r.system == system).collect();
-            if line.is_empty() {
-                continue;
-            }
-            line.sort_by_key(|r| r.size);
-            let color = system.rgb();
-            let series = line.iter().map(|r| ((r.size as f64).log2(), metric(r)));
-            chart
-                .draw_series(LineSeries::new(series, color.stroke_width(2)))
-                .map_err(plot_error)?
-                .label(system.name())
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color));
-        }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .draw()
-            .map_err(plot_error)?;
-        root.present().map_err(plot_error)?;
-    }
-    Ok(svg)
-}
-
-/// The x axis: log2 of the value sizes, half a step beyond the smallest and largest.
-fn size_range(points: &[&Row]) -> std::ops::Range<f64> {
-    let sizes = points.iter().map(|r| (r.size as f64).log2());
-    let (lo, hi) = sizes.fold((f64::MAX, f64::MIN), |(lo, hi), x| (lo.min(x), hi.max(x)));
-    (lo - 0.5)..(hi + 0.5)
-}
-
-pub(crate) fn plot_error(e: impl std::fmt::Display) -> anyhow::Error {
-    anyhow::anyhow!("drawing the plot: {e}")
+    let series: Vec<Series> = System::ALL
+        .into_iter()
+        .map(|system| Series {
+            name: system.name().to_owned(),
+            color: system.rgb(),
+            points: rows
+                .iter()
+                .filter(|r| r.system == system && r.writers == writers)
+                .map(|r| (r.size, metric(r)))
+                .collect(),
+        })
+        .collect();
+    let caption = format!("{label} vs value size ({writers} writers, 3 copies)");
+    plot::by_size(&Chart::against_size(&caption, label), &series)
 }
 
 #[cfg(test)]

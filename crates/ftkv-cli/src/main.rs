@@ -273,7 +273,8 @@ enum BenchCommand {
         #[arg(long, default_value_t = 2000, value_parser = args::at_least(1usize))]
         #[arg(allow_negative_numbers = true)]
         iterations: usize,
-        /// Results file (JSON: rows and ftkv's p50 over raw RMA and over two-sided).
+        /// Results file (JSON: rows and ftkv's p50 over raw RMA and over two-sided); the plot of
+        /// every mode's p50 against size goes beside it (same name, `.svg`).
         #[arg(long, default_value = "results/bench_put.json", value_name = "FILE")]
         out: PathBuf,
     },

@@ -50,7 +50,7 @@ fn every_copy_holds_the_last_value_once_waited_for() {
 
 /// Values of 1 MiB, beyond the write-through bound: the handed-off path with extents.
 #[test]
-fn large_values_reach_every_copy_and_a_leaked_handle_is_completed_by_the_next_write() {
+fn large_values_reach_every_copy_and_a_leaked_handle_is_completed_by_the_replicator() {
     let outcomes = within(60, "large asynchronous puts".into(), || {
         LocalCluster::new(4).run(|fabric| {
             let mut store = Store::create(&fabric, Config::new(["checkpoint"], 3)).unwrap();
@@ -62,6 +62,11 @@ fn large_values_reach_every_copy_and_a_leaked_handle_is_completed_by_the_next_wr
                 let pending = store.put_async(key, &written).unwrap();
                 if version == 3 {
                     std::mem::forget(pending);
+                    // The replicator completes a leaked handle's copies; the barrier waits.
+                    store.sync().unwrap();
+                    let copies = store.read_copies(key).unwrap();
+                    whole &= copies.len() == 3
+                        && copies.iter().all(|(_, v)| v.as_deref() == Some(&written[..]));
                     continue;
                 }
                 if version % 2 == 0 {

@@ -10,7 +10,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 
 use super::{Store, Windows};
@@ -18,9 +18,9 @@ use crate::detector::{Health, Lane};
 use crate::error::{Error, Result};
 use crate::fabric::{Fabric, FabricError, FabricResult, FabricWindow};
 use crate::halves;
-use crate::key::{Key, Recovery};
+use crate::key::{Detection, Key, Recovery};
 use crate::layout::Copy;
-use crate::slot::Header;
+use crate::slot::{Header, HEADER_LEN};
 
 /// The largest value [`Store::put_async`] writes to every holder itself when they all share
 /// this host: below it, handing the copies to the replicator thread (a channel message and a
@@ -37,8 +37,9 @@ enum Source {
 
 /// One version's other copies, for the replicator thread.
 struct Job<W> {
-    /// The windows the copies go to.
-    windows: Arc<Windows<W>>,
+    /// The windows the copies go to, not kept alive by a job in the queue: a job the owner
+    /// claimed must not hold windows that the store frees or abandons.
+    windows: Weak<Windows<W>>,
     /// Where the watchdog sees the job's one-sided calls ([`Lane::Replicator`]).
     health: Arc<Health>,
     source: Source,
@@ -76,7 +77,8 @@ pub(crate) struct Handoff {
 }
 
 /// The thread that writes the copies after the first of each asynchronous put, one job at a
-/// time, and reports each job's completion.
+/// time, and reports the outcome of each job it runs (a job the owner claimed first is
+/// skipped).
 pub(crate) struct Replicator<W> {
     jobs: Option<mpsc::Sender<Job<W>>>,
     thread: Option<JoinHandle<()>>,
@@ -94,7 +96,13 @@ impl<W: FabricWindow> Replicator<W> {
                     if job.claim.swap(true, Ordering::AcqRel) {
                         continue;
                     }
-                    let replicated = replicate(&job, &mut buffer);
+                    let replicated = match job.windows.upgrade() {
+                        Some(windows) => replicate(&job, &windows, &mut buffer),
+                        None => Err(FabricError::Other {
+                            op: "put_async",
+                            msg: "the store's windows were closed".into(),
+                        }),
+                    };
                     // The value goes back to its store before the owner learns the outcome.
                     let Job { done, source, .. } = job;
                     drop(source);
@@ -124,59 +132,74 @@ impl<W> Drop for Replicator<W> {
     }
 }
 
-/// Writes one job's copies, its one-sided calls bounded by the watchdog like the owner's;
-/// `buffer` holds the first copy's bytes for holders on other hosts.
-fn replicate<W: FabricWindow>(job: &Job<W>, buffer: &mut Vec<u8>) -> FabricResult<Replicated> {
-    let len = job.header.len as usize;
-    let bytes = (len + crate::slot::HEADER_LEN) * (job.local.len() + job.remote.len());
-    job.health.enter_call_on(Lane::Replicator, bytes);
-    let replicated = match &job.source {
-        Source::Holder(first) => copy_from_holder(job, first, buffer),
+/// Writes one job's copies into `windows`, its memory copies and one-sided calls bounded by the
+/// watchdog like the owner's (extent writes are not: see [`halves::write_extents`]); `buffer`
+/// holds the first copy's bytes for holders on other hosts.
+fn replicate<W: FabricWindow>(
+    job: &Job<W>,
+    windows: &Windows<W>,
+    buffer: &mut Vec<u8>,
+) -> FabricResult<Replicated> {
+    match &job.source {
+        Source::Holder(first) => copy_from_holder(job, windows, first, buffer),
         Source::Bytes(data) => {
-            write_version(job, &job.local, data)?;
-            write_version(job, &job.remote, data).map(|()| Replicated::Written)
+            write_version(job, windows, &job.local, data)?;
+            write_version(job, windows, &job.remote, data).map(|()| Replicated::Written)
         }
-    };
+    }
+}
+
+/// Runs `call`, which moves about `bytes`, as one call of the replicator's watchdog lane.
+fn watched<W, T>(job: &Job<W>, bytes: usize, call: impl FnOnce() -> T) -> T {
+    job.health.enter_call_on(Lane::Replicator, bytes);
+    let out = call();
     job.health.leave_call_on(Lane::Replicator);
-    replicated
+    out
 }
 
 /// The first copy to the holders on this host holder to holder, and, read once into
 /// `buffer`, to those on other hosts.
 fn copy_from_holder<W: FabricWindow>(
     job: &Job<W>,
+    windows: &Windows<W>,
     first: &Copy,
     buffer: &mut Vec<u8>,
 ) -> FabricResult<Replicated> {
-    let (window, geometry, header) = (job.windows.window(), job.windows.geometry(), &job.header);
-    if !job.local.is_empty()
-        && !halves::copy_between_holders(
-            window,
-            first,
-            &job.local,
-            geometry,
-            header,
-            job.free_stale,
-        )?
-    {
-        return Ok(Replicated::SourceChanged);
+    let (window, geometry, header) = (windows.window(), windows.geometry(), &job.header);
+    if !job.local.is_empty() {
+        let bytes = (header.len as usize + HEADER_LEN) * job.local.len();
+        let copied = watched(job, bytes, || {
+            let free_stale = job.free_stale;
+            halves::copy_between_holders(window, first, &job.local, geometry, header, free_stale)
+        })?;
+        if !copied {
+            return Ok(Replicated::SourceChanged);
+        }
     }
     if job.remote.is_empty() {
         return Ok(Replicated::Written);
     }
     let half = (header.version % 2) as usize;
-    if !halves::read_data_into(window, first, geometry, half, header, buffer)? {
+    let read = watched(job, header.len as usize + HEADER_LEN, || {
+        halves::read_data_into(window, first, geometry, half, header, buffer)
+    })?;
+    if !read {
         return Ok(Replicated::SourceChanged);
     }
-    write_version(job, &job.remote, buffer).map(|()| Replicated::Written)
+    write_version(job, windows, &job.remote, buffer).map(|()| Replicated::Written)
 }
 
 /// `data`, the job's version, to every copy of `targets`.
-fn write_version<W: FabricWindow>(job: &Job<W>, targets: &[Copy], data: &[u8]) -> FabricResult<()> {
+fn write_version<W: FabricWindow>(
+    job: &Job<W>,
+    windows: &Windows<W>,
+    targets: &[Copy],
+    data: &[u8],
+) -> FabricResult<()> {
     if targets.is_empty() {
         return Ok(());
     }
-    let (window, geometry) = (job.windows.window(), job.windows.geometry());
+    let (window, geometry) = (windows.window(), windows.geometry());
     halves::write_extents(window, targets, geometry, &job.header, data)?;
     let encoded = job.header.encode();
     let out = halves::Outgoing {
@@ -185,7 +208,8 @@ fn write_version<W: FabricWindow>(job: &Job<W>, targets: &[Copy], data: &[u8]) -
         data,
         free_stale: job.free_stale,
     };
-    window.scope(|s| halves::issue_version(s, targets, geometry, &out))
+    let bytes = halves::inline_bytes(geometry, data) * targets.len();
+    watched(job, bytes, || window.scope(|s| halves::issue_version(s, targets, geometry, &out)))
 }
 
 /// A put of [`Store::put_async`] whose first copy is complete and whose other copies are being
@@ -194,8 +218,8 @@ fn write_version<W: FabricWindow>(job: &Job<W>, targets: &[Copy], data: &[u8]) -
 /// [`PendingPut::wait`] returns what [`Store::put`] would have: `Ok` once every copy holds the
 /// value. Dropping the handle waits too; an error then surfaces at the store's next call (the
 /// failure stays known), so call `wait` to see it here. A handle that is leaked
-/// (`std::mem::forget`) is completed by the store's next write or recovery, as far as the
-/// replicator got: a copy it did not write keeps the previous version.
+/// (`std::mem::forget`) is completed by the replicator, which copies from the first copy; the
+/// store's next write, asynchronous put, barrier or recovery waits for it.
 #[must_use = "the other copies are complete only once the handle is waited for or dropped"]
 pub struct PendingPut<'s, F: Fabric> {
     store: &'s mut Store<F>,
@@ -363,7 +387,7 @@ impl<F: Fabric> Store<F> {
         source: Source,
         free_stale: bool,
     ) -> Result<()> {
-        let windows = self.windows.clone().ok_or(Error::Closed)?;
+        let windows = Arc::downgrade(self.windows.as_ref().ok_or(Error::Closed)?);
         if self.replicator.is_none() {
             self.replicator = Some(Replicator::start()?);
         }
@@ -393,32 +417,48 @@ impl<F: Fabric> Store<F> {
         Ok(())
     }
 
-    /// Completes the copies handed to the replicator, if any: waits for its report, or, when
-    /// it has not started them, writes them from `value`. `None` stands for a handle that was
-    /// leaked: copies not started are then left as they are. A first copy that changed before
-    /// the replicator copied it makes the owner write every copy again from `value`.
+    /// Completes the copies handed to the replicator, if any: when it has not started them,
+    /// writes them from `value`; otherwise waits for its report. `None` stands for a handle
+    /// that was leaked: the replicator, which copies from the first copy, then writes them, and
+    /// this waits for it; its outcome concerns a version nobody waits for, so a failure it met
+    /// is left to the detector and the next call rather than returned here. A first copy that
+    /// changed before the replicator copied it makes the owner write every copy again from
+    /// `value`.
     pub(super) fn complete_handoff(&mut self, value: Option<&[u8]>) -> Result<()> {
         let Some(handoff) = self.handoff.take() else { return Ok(()) };
-        let claimed_here = !handoff.claim.swap(true, Ordering::AcqRel);
-        let replicated = match (claimed_here, value) {
-            (true, None) => Ok(Replicated::Written),
-            (true, Some(value)) => self
-                .put_to(&handoff.targets, handoff.header, value, handoff.free_stale)
-                .map(|()| Replicated::Written),
-            (false, _) => match handoff.done.recv() {
+        let Some(value) = value else {
+            if let Ok(Err(e)) = handoff.done.recv() {
+                let _ = self.failure(e);
+            }
+            return Ok(());
+        };
+        let replicated = if !handoff.claim.swap(true, Ordering::AcqRel) {
+            self.write_handed_off(&handoff, value).map(|()| Replicated::Written)
+        } else {
+            match handoff.done.recv() {
                 Ok(replicated) => replicated.map_err(|e| self.failure(e)),
                 Err(_) => Err(self.failure(FabricError::Other {
                     op: "put_async",
                     msg: "the replicator ended".into(),
                 })),
-            },
+            }
         };
         if let Some(staged) = handoff.staged {
             self.async_buffer = Arc::try_unwrap(staged).ok();
         }
-        if let (Replicated::SourceChanged, Some(value)) = (replicated?, value) {
+        if replicated? == Replicated::SourceChanged {
             self.write(handoff.key, handoff.header, value)?;
         }
         Ok(())
+    }
+
+    /// The copies of a hand-off that the replicator had not started, written by the owner with
+    /// the checks of a blocking put's write.
+    fn write_handed_off(&self, handoff: &Handoff, value: &[u8]) -> Result<()> {
+        self.ensure_not_suspended();
+        if self.config.detection == Detection::Ping {
+            self.ping_all(&handoff.targets)?;
+        }
+        self.put_to(&handoff.targets, handoff.header, value, handoff.free_stale)
     }
 }

@@ -327,7 +327,7 @@ impl<F: Fabric> Store<F> {
         crate::detector::end_if_stopped(self.comm.as_ref(), gap, self.config.suspicion);
     }
 
-    fn ping_all(&self, route: &[Copy]) -> Result<()> {
+    pub(super) fn ping_all(&self, route: &[Copy]) -> Result<()> {
         let comm = self.watch_comm.as_ref().ok_or(Error::Closed)?;
         for copy in route {
             let ping = comm.ping(copy.rank, self.config.watchdog);

@@ -71,7 +71,8 @@ impl<F: Fabric> Store<F> {
     }
 
     /// A barrier over the live workers. [`Error::RecoveryNeeded`] if a failure interrupts it or
-    /// was noticed before; then every survivor must [`Store::recover`].
+    /// was noticed before; then every survivor must [`Store::recover`]. The copies of an
+    /// asynchronous put whose handle was leaked are written before it.
     ///
     /// The outcome is not uniform: a failure during the barrier can end it with `Ok` on some
     /// survivors and an error on others (ULFM reports failures per process). Those that got `Ok`
@@ -90,6 +91,7 @@ impl<F: Fabric> Store<F> {
     /// });
     /// ```
     pub fn sync(&mut self) -> Result<()> {
+        self.complete_handoff(None)?;
         self.ensure_healthy()?;
         self.comm.barrier().map_err(|e| self.failure(e))
     }

@@ -337,10 +337,7 @@ impl<'buf> HostScope<'buf> {
     /// host (see [`HostScope::on_this_host`]; an error otherwise), at once and after every
     /// operation issued before it.
     pub fn copy(&mut self, source: i32, from: i64, target: i32, to: i64, len: usize) -> Result<()> {
-        let (Some(source), Some(target)) = (self.host_rank(source)?, self.host_rank(target)?)
-        else {
-            return Err(other("shared-memory copy", "a member is on another host"));
-        };
+        let (source, target) = self.host_ranks_of(source, target, "shared-memory copy")?;
         self.copied = true;
         self.host.segments.copy(source, from, target, to, len)
     }
@@ -356,9 +353,7 @@ impl<'buf> HostScope<'buf> {
         to: u64,
         len: u64,
     ) -> Result<()> {
-        if self.host_rank(source)?.is_none() || self.host_rank(target)?.is_none() {
-            return Err(other("extent copy", "a member is on another host"));
-        }
+        self.host_ranks_of(source, target, "extent copy")?;
         SharedSegments::complete();
         self.extents.copy(source, from, target, to, len)
     }
@@ -375,6 +370,15 @@ impl<'buf> HostScope<'buf> {
                 self.batch(target).push(Remote::ExtentFree { id });
                 Ok(())
             }
+        }
+    }
+
+    /// The ranks among this host's members of `source` and `target`; an error of `op` when
+    /// either is on another host.
+    fn host_ranks_of(&self, source: i32, target: i32, op: &'static str) -> Result<(i32, i32)> {
+        match (self.host_rank(source)?, self.host_rank(target)?) {
+            (Some(source), Some(target)) => Ok((source, target)),
+            _ => Err(other(op, "a member is on another host")),
         }
     }
 

@@ -158,14 +158,7 @@ pub(crate) fn copy_between_holders<W: FabricWindow>(
     if !header.is_ordered() || len > geometry.max_value as u64 {
         return Ok(false);
     }
-    let shares_host = |s: &mut W::Scope<'_>| -> FabricResult<bool> {
-        let mut all = s.on_this_host(source.rank)?;
-        for copy in targets {
-            all &= s.on_this_host(copy.rank)?;
-        }
-        Ok(all)
-    };
-    if !window.scope(shares_host)? {
+    if !all_on_this_host(window, std::iter::once(source).chain(targets))? {
         return Ok(false);
     }
     let version = header.version;
@@ -199,6 +192,22 @@ pub(crate) fn copy_between_holders<W: FabricWindow>(
         Ok(())
     })?;
     Ok(true)
+}
+
+/// Whether every one of `copies` is held on this member's host, where
+/// [`copy_between_holders`] reaches it.
+pub(crate) fn all_on_this_host<'c, W: FabricWindow>(
+    window: &W,
+    copies: impl IntoIterator<Item = &'c Copy>,
+) -> FabricResult<bool> {
+    window.scope(|s| {
+        for copy in copies {
+            if !s.on_this_host(copy.rank)? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    })
 }
 
 /// The bytes `header` (decoded from half `index` of `copy`) names, read from the window or the

@@ -18,7 +18,7 @@ use crate::detector::{Health, Lane};
 use crate::error::{Error, Result};
 use crate::fabric::{Fabric, FabricError, FabricResult, FabricWindow};
 use crate::halves;
-use crate::key::{Detection, Key, Recovery};
+use crate::key::{Key, Recovery};
 use crate::layout::Copy;
 use crate::slot::{Header, HEADER_LEN};
 
@@ -455,10 +455,7 @@ impl<F: Fabric> Store<F> {
     /// The copies of a hand-off that the replicator had not started, written by the owner with
     /// the checks of a blocking put's write.
     fn write_handed_off(&self, handoff: &Handoff, value: &[u8]) -> Result<()> {
-        self.ensure_not_suspended();
-        if self.config.detection == Detection::Ping {
-            self.ping_all(&handoff.targets)?;
-        }
+        self.ready_to_write(&handoff.targets)?;
         self.put_to(&handoff.targets, handoff.header, value, handoff.free_stale)
     }
 }

@@ -258,12 +258,9 @@ impl<F: Fabric> Store<F> {
     /// completed by one scope, failure knowledge checked before and after.
     fn write_once(&mut self, key: Key, header: Header, data: &[u8]) -> Result<()> {
         self.ensure_healthy()?;
-        self.ensure_not_suspended();
         let route = self.route(key)?;
         self.ensure_alive(route)?;
-        if self.config.detection == Detection::Ping {
-            self.ping_all(route)?;
-        }
+        self.ready_to_write(route)?;
         let geometry = self.routes.geometry();
         let free_stale = self.spills.stale(key, header.version, data.len(), geometry);
         self.put_to(route, header, data, free_stale)?;
@@ -327,7 +324,17 @@ impl<F: Fabric> Store<F> {
         crate::detector::end_if_stopped(self.comm.as_ref(), gap, self.config.suspicion);
     }
 
-    pub(super) fn ping_all(&self, route: &[Copy]) -> Result<()> {
+    /// The checks just before a write's copies go to `targets`: this process was not stopped
+    /// past the suspicion bound, and with ping detection every target answers.
+    pub(super) fn ready_to_write(&self, targets: &[Copy]) -> Result<()> {
+        self.ensure_not_suspended();
+        if self.config.detection == Detection::Ping {
+            self.ping_all(targets)?;
+        }
+        Ok(())
+    }
+
+    fn ping_all(&self, route: &[Copy]) -> Result<()> {
         let comm = self.watch_comm.as_ref().ok_or(Error::Closed)?;
         for copy in route {
             let ping = comm.ping(copy.rank, self.config.watchdog);

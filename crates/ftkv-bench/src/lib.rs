@@ -4,6 +4,8 @@
 //! `peers`), recovery times (`bench_recovery`), the latency statistics and plots they share, and what
 //! their rank programs report to their drivers (`reports`).
 
+#![forbid(unsafe_code)]
+
 pub mod bench;
 pub mod bench_recovery;
 pub mod bench_scale;

@@ -54,21 +54,234 @@ typedef enum ftkv_status {
    * A bug inside ftkv (a Rust panic), caught at the boundary.
    */
   FTKV_PANIC = 9,
+  /**
+   * `ftkv_transaction`: a key stayed locked by other transactions for the whole bound;
+   * nothing was written.
+   */
+  FTKV_CONTENDED = 10,
 } ftkv_status;
+
+/**
+ * What an event handler is told about.
+ */
+typedef enum ftkv_event_kind {
+  /**
+   * A watchdog ends this process as a fail-stop failure (the handler runs right before the
+   * process SIGKILLs itself).
+   */
+  FTKV_EVENT_ENDING_PROCESS = 0,
+  /**
+   * Something failed that the store works around.
+   */
+  FTKV_EVENT_WARNING = 1,
+  /**
+   * A recovery step was reached (only when `FTKV_TRACE` is set in the environment).
+   */
+  FTKV_EVENT_RECOVERY_STEP = 2,
+  /**
+   * A recovery waits for survivors that have not called `ftkv_recover` (after a second,
+   * then every five seconds).
+   */
+  FTKV_EVENT_RECOVERY_WAITING = 3,
+} ftkv_event_kind;
+
+/**
+ * How `ftkv_transaction` ended.
+ */
+typedef enum ftkv_txn_outcome {
+  /**
+   * Every write is on every live holder of its key.
+   */
+  FTKV_TXN_COMMITTED = 0,
+  /**
+   * A condition did not hold: nothing was written (`ftkv_txn_aborted_on` names the key).
+   */
+  FTKV_TXN_ABORTED = 1,
+} ftkv_txn_outcome;
+
+/**
+ * What `ftkv_finish_transactions` found of this worker's interrupted transaction.
+ */
+typedef enum ftkv_txn_decision {
+  /**
+   * No transaction of this worker was interrupted.
+   */
+  FTKV_TXN_NONE = 0,
+  /**
+   * The interrupted transaction committed: every write is applied.
+   */
+  FTKV_TXN_DECIDED_COMMIT = 1,
+  /**
+   * The interrupted transaction aborted: nothing of it was written.
+   */
+  FTKV_TXN_DECIDED_ABORT = 2,
+} ftkv_txn_decision;
 
 /**
  * A store handle (opaque).
  */
 typedef struct ftkv_store ftkv_store;
 
+/**
+ * A transaction being built, and once run, how it ended (opaque).
+ */
+typedef struct ftkv_txn ftkv_txn;
+
+/**
+ * How the survivors repair the store after a failure (a field of [`ftkv_config`]).
+ */
+typedef uint32_t ftkv_recovery;
+
+/**
+ * How a put learns of failed holders (a field of [`ftkv_config`]).
+ */
+typedef uint32_t ftkv_detection;
+
+/**
+ * Every setting of a store. Start from `ftkv_config_default` and change fields; every rank
+ * must pass the same settings to `ftkv_store_open`.
+ */
+typedef struct ftkv_config {
+  /**
+   * The names of the key kinds each worker owns (`n_kinds` NUL-terminated strings); a
+   * key is (owner, index into this array).
+   */
+  const char *const *kinds;
+  uintptr_t n_kinds;
+  /**
+   * Holders per key, at least 1 and below the number of ranks; never the owner.
+   */
+  uintptr_t copies;
+  /**
+   * Bytes per copy expected to be used; larger values up to `max_value` make more memory
+   * resident as they grow into it.
+   */
+  uintptr_t initial_size;
+  /**
+   * The largest value a put accepts.
+   */
+  uintptr_t max_value;
+  /**
+   * `FTKV_RECOVERY_GLOBAL` or `FTKV_RECOVERY_LOCALIZED`.
+   */
+  ftkv_recovery recovery;
+  /**
+   * Reserve holders per copy (localized recovery needs at least 1): each reserves address
+   * space for a copy that moves there when its holder fails.
+   */
+  uintptr_t reserve_holders;
+  /**
+   * `FTKV_DETECTION_BITMAP` or `FTKV_DETECTION_PING`.
+   */
+  ftkv_detection detection;
+  /**
+   * A data-path MPI call that has not returned after this long ends the process
+   * (fail-stop); across hosts it is at least 8 s and the suspicion bound plus 2 s.
+   */
+  uint64_t watchdog_ms;
+  /**
+   * A recovery step that has not ended this long after every live member entered it ends
+   * the process (fail-stop).
+   */
+  uint64_t recovery_watchdog_ms;
+  /**
+   * How long a rank may be unresponsive before the others declare it failed: it must equal
+   * Open MPI's heartbeat detector timeout (`mpi_ft_detector_timeout`), which the default
+   * reads from the environment.
+   */
+  uint64_t suspicion_ms;
+  /**
+   * Nonzero: the store runs transactions (`ftkv_transaction`; needs localized recovery).
+   * It adds a kind of its own after the program's kinds for each worker's record.
+   */
+  int transactions;
+} ftkv_config;
+
+/**
+ * A handler of the store's events: the kind, the event as one line of text (valid during
+ * the call), and the `user` pointer given to `ftkv_set_event_handler`.
+ */
+typedef void (*ftkv_event_handler)(enum ftkv_event_kind kind, const char *message, void *user);
+
+/**
+ * Counts of one store handle's work and of the failures it met.
+ */
+typedef struct ftkv_counters {
+  /**
+   * Puts acknowledged: blocking, asynchronous (once waited for) and handed.
+   */
+  uint64_t puts;
+  /**
+   * Deletes acknowledged (own and handed).
+   */
+  uint64_t deletes;
+  /**
+   * Gets that returned a value or `FTKV_NOT_FOUND`.
+   */
+  uint64_t gets;
+  /**
+   * Value bytes of the acknowledged puts (once per put, not per copy).
+   */
+  uint64_t bytes_written;
+  /**
+   * Changes of the failed set this worker's detector published.
+   */
+  uint64_t failures_noticed;
+  /**
+   * Global recoveries this worker completed (`ftkv_recover`).
+   */
+  uint64_t global_recoveries;
+  /**
+   * Keys those recoveries reported lost (no copy survived).
+   */
+  uint64_t keys_lost;
+  /**
+   * Localized repairs this worker followed.
+   */
+  uint64_t repairs;
+  /**
+   * Copies this worker moved in them, and their bytes.
+   */
+  uint64_t keys_moved;
+  uint64_t bytes_moved;
+  /**
+   * This worker's transactions that committed, and that aborted on a condition.
+   */
+  uint64_t transactions_committed;
+  uint64_t transactions_aborted;
+} ftkv_counters;
+
+/**
+ * Every survivor stops in `ftkv_recover`: shrink, new windows, every key copied.
+ */
+#define FTKV_RECOVERY_GLOBAL 0
+
+/**
+ * Copies that lived on a failed worker move to reserve holders in the background while the
+ * survivors keep writing; the store falls back to global recovery (`FTKV_RECOVERY_NEEDED`)
+ * when a key lost every copy or a copy has no live reserve left.
+ */
+#define FTKV_RECOVERY_LOCALIZED 1
+
+/**
+ * A detector thread publishes the failed set; a watchdog bounds every data-path call.
+ */
+#define FTKV_DETECTION_BITMAP 0
+
+/**
+ * As `FTKV_DETECTION_BITMAP`, plus a two-sided ping to every holder before each put.
+ */
+#define FTKV_DETECTION_PING 1
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
 
 /**
- * A short description of `status` (a static string; never NULL).
+ * A short description of `status` (a static string; never NULL; "unknown status" for a
+ * value that is no `ftkv_status`).
  */
-const char *ftkv_status_message(enum ftkv_status status);
+const char *ftkv_status_message(int status);
 
 /**
  * The calling thread's last error in words ("" after a call that succeeded). Valid until
@@ -77,17 +290,37 @@ const char *ftkv_status_message(enum ftkv_status status);
 const char *ftkv_last_error(void);
 
 /**
- * Creates a store collectively on every rank of `comm` (the program keeps owning `comm`;
- * ftkv works on a duplicate). Keys are (owner rank in `comm`, kind index into `kinds`);
- * every key has `copies` copies on other ranks; values are at most `max_value` bytes (0: 1
- * MiB). MPI must be initialised with `MPI_THREAD_MULTIPLE` (ftkv runs a failure detector
- * thread). Unless the program installed a `SIGPIPE` handler, ftkv sets `SIGPIPE` to ignored:
- * a write to a dead peer's connection must come back as an error, not end the process.
+ * Creates a store collectively on every rank of `comm` with every setting of `config` (the
+ * program keeps owning `comm` and `config`; ftkv works on a duplicate of `comm`). Keys are
+ * (owner rank in `comm`, kind index into `config->kinds`). MPI must be initialised with
+ * `MPI_THREAD_MULTIPLE` (ftkv runs a failure detector thread). Unless the program installed
+ * a `SIGPIPE` handler, ftkv sets `SIGPIPE` to ignored: a write to a dead peer's connection
+ * must come back as an error, not end the process. The store's events go to the handler of
+ * `ftkv_set_event_handler`, by default to stderr.
  *
  * Completion: `FTKV_OK` on every rank with `*out` set, once every rank created its part.
- * Failure: `FTKV_INVALID_CONFIG` when the arguments differ between ranks or are invalid (no
- * rank hangs), `FTKV_MPI_ERROR` when MPI is not ready or a rank failed meanwhile; `*out` is
- * then unchanged.
+ * Failure: `FTKV_INVALID_CONFIG` when the settings differ between ranks or are invalid (no
+ * rank hangs), `FTKV_INVALID_ARGUMENT` for a NULL pointer or an unknown mode, `FTKV_MPI_ERROR`
+ * when MPI is not ready or a rank failed meanwhile; `*out` is then unchanged.
+ *
+ * # Safety
+ * `comm` is a valid communicator of this process's MPI library; `config` is NULL or points to
+ * a configuration whose `kinds` holds `n_kinds` NUL-terminated strings; `out` is NULL or
+ * writable.
+ */
+enum ftkv_status ftkv_store_open(MPI_Comm comm,
+                                 const struct ftkv_config *config,
+                                 struct ftkv_store **out);
+
+/**
+ * Creates a store collectively on every rank of `comm` with global recovery and the defaults
+ * of `ftkv_config_default` otherwise: keys are (owner rank in `comm`, kind index into
+ * `kinds`); every key has `copies` copies on other ranks; values are at most `max_value`
+ * bytes (0: the default, 64 MiB). Completion and failure as `ftkv_store_open`.
+ *
+ * # Safety
+ * `comm` is a valid communicator of this process's MPI library; `kinds` holds `n_kinds`
+ * NUL-terminated strings; `out` is NULL or writable.
  */
 enum ftkv_status ftkv_store_create(MPI_Comm comm,
                                    const char *const *kinds,
@@ -97,48 +330,152 @@ enum ftkv_status ftkv_store_create(MPI_Comm comm,
                                    struct ftkv_store **out);
 
 /**
- * Frees `store` collectively over its live workers (its windows are freed with them). After
- * a failure that was not recovered, use `ftkv_store_abandon` instead. NULL is a no-op.
+ * Frees `store` collectively over its live workers (its windows are freed with them), after
+ * completing a pending asynchronous put. After a failure that was not recovered, use
+ * `ftkv_store_abandon` instead. NULL is a no-op.
+ *
+ * Completion: `FTKV_OK`; the handle is gone whatever the status. Failure: the pending put's
+ * error, if it had one.
+ *
+ * # Safety
+ * `store` is NULL or a live handle, not used by another thread and not used afterwards.
  */
 enum ftkv_status ftkv_store_free(struct ftkv_store *store);
 
 /**
  * Leaves `store` without any collective call (its memory stays allocated until the process
- * ends): for the end of a job after a failure that was not recovered. NULL is a no-op.
+ * ends): for the end of a job after a failure that was not recovered. A pending asynchronous
+ * put is not completed. NULL is a no-op.
+ *
+ * # Safety
+ * As `ftkv_store_free`.
  */
 enum ftkv_status ftkv_store_abandon(struct ftkv_store *store);
 
 /**
  * This rank's worker id (its rank in the communicator the store was created on), or -1 for
  * a NULL handle.
+ *
+ * # Safety
+ * `store` is NULL or a live handle.
  */
 int ftkv_store_worker(const struct ftkv_store *store);
 
 /**
  * Writes `len` bytes at `data` under this rank's own key of kind `kind` and returns once
- * every copy holds them.
+ * every copy holds them (completing a pending asynchronous put first).
  *
  * Completion: `FTKV_OK` once the new value is on every holder. Failure:
  * `FTKV_INVALID_ARGUMENT` changes nothing; `FTKV_RECOVERY_NEEDED` means a process failed: the
  * new value may be on some holders, all or none, the previous one is intact, and after
- * `ftkv_recover` a get returns one of the two.
+ * `ftkv_recover` a get returns one of the two. With localized recovery a holder that failed
+ * is replaced in the background and the put goes to the new holders: `FTKV_RECOVERY_NEEDED`
+ * then means the store fell back to global recovery.
+ *
+ * # Safety
+ * `store` is NULL or a live handle used by one thread at a time; `data` has `len` readable
+ * bytes.
  */
 enum ftkv_status ftkv_put(struct ftkv_store *store, uint16_t kind, const void *data, uintptr_t len);
 
 /**
+ * Writes `len` bytes at `data` under this rank's own key of kind `kind` like `ftkv_put`, but
+ * returns once the first copy (on this host when a holder is here) holds them; a replicator
+ * thread writes the others. The program computes meanwhile, then completes the put with
+ * `ftkv_wait`. **The `len` bytes at `data` must stay allocated and unchanged until the put is
+ * completed**: by `ftkv_wait`, or by the store's next call that is not a query (any call but
+ * `ftkv_store_worker`, `ftkv_needs_recovery`, `ftkv_failed`, `ftkv_next_failure` and
+ * `ftkv_counters_get`), which completes it first. Small values whose holders all share this
+ * host, and keys with one copy, are written to every copy before this returns.
+ *
+ * Completion: `FTKV_OK` means the first holder has the new version (completing a pending put
+ * first). Failure: as `ftkv_put`; until the put is completed, the new version may be on the
+ * first holder only: if this rank dies then, a recovery reads it back when that holder
+ * survives, the previous version otherwise (never a mix).
+ *
+ * # Safety
+ * As `ftkv_put`, and the bytes stay as said above.
+ */
+enum ftkv_status ftkv_put_async(struct ftkv_store *store,
+                                uint16_t kind,
+                                const void *data,
+                                uintptr_t len);
+
+/**
+ * Completes the pending asynchronous put: returns once every copy holds its value (at once
+ * when no put is pending).
+ *
+ * Completion and failure as `ftkv_put` for that put's value. With localized recovery a holder
+ * that failed meanwhile is replaced and the whole write goes again to the new holders before
+ * this returns.
+ *
+ * # Safety
+ * `store` is NULL or a live handle used by one thread at a time.
+ */
+enum ftkv_status ftkv_wait(struct ftkv_store *store);
+
+/**
+ * A barrier over the store's live workers (collective), after completing a pending
+ * asynchronous put: every put acknowledged before it on any worker is visible to every get
+ * after it.
+ *
+ * Completion: `FTKV_OK` on every live worker. Failure: `FTKV_RECOVERY_NEEDED` when a worker
+ * failed (with localized recovery too: recover globally, then call it again).
+ *
+ * # Safety
+ * `store` is NULL or a live handle used by one thread at a time.
+ */
+enum ftkv_status ftkv_sync(struct ftkv_store *store);
+
+/**
  * Deletes this rank's own key of kind `kind`; completion and failure as `ftkv_put`.
+ *
+ * # Safety
+ * `store` is NULL or a live handle used by one thread at a time.
  */
 enum ftkv_status ftkv_delete(struct ftkv_store *store, uint16_t kind);
 
 /**
+ * Writes `len` bytes at `data` under another worker's key (`owner`, `kind`) that was handed
+ * to this rank: the reference paper's future-based cooperation, where a thief writes its
+ * victim's entry. The program guarantees one writer per key at a time by a lock of its own
+ * (the owner does not write the key meanwhile). Each copy is checksummed, so a reader never
+ * takes a mix of two writers' bytes.
+ *
+ * Completion and failure as `ftkv_put`; `FTKV_INVALID_ARGUMENT` for an unknown owner or kind.
+ *
+ * # Safety
+ * As `ftkv_put`.
+ */
+enum ftkv_status ftkv_put_handed(struct ftkv_store *store,
+                                 int owner,
+                                 uint16_t kind,
+                                 const void *data,
+                                 uintptr_t len);
+
+/**
+ * Deletes another worker's key handed to this rank (see `ftkv_put_handed`); completion and
+ * failure as `ftkv_put_handed`.
+ *
+ * # Safety
+ * `store` is NULL or a live handle used by one thread at a time.
+ */
+enum ftkv_status ftkv_delete_handed(struct ftkv_store *store, int owner, uint16_t kind);
+
+/**
  * Reads the newest value of key (`owner`, `kind`) from its live holders into `buf` (room for
- * `cap` bytes) and sets `*len` to its length. Works for any owner, also a failed one after
- * `ftkv_recover`: the value is its last acknowledged put (or a later one that was in flight).
+ * `cap` bytes) and sets `*len` to its length. Works for any owner, also a failed one (after
+ * `ftkv_recover`, or at once with localized recovery): the value is its last acknowledged put
+ * (or a later one that was in flight). Completes a pending asynchronous put first.
  *
  * Completion: `FTKV_OK` with the value in `buf`; `FTKV_NOT_FOUND` (`*len` = 0) when the key
  * holds no value; `FTKV_BUFFER_TOO_SMALL` with `*len` the length needed (nothing copied).
- * Failure: `FTKV_RECOVERY_NEEDED` after a failure not yet recovered, `FTKV_KEY_LOST` when no
- * copy survived.
+ * Failure: `FTKV_RECOVERY_NEEDED` after a failure that needs global recovery,
+ * `FTKV_KEY_LOST` when no copy survived.
+ *
+ * # Safety
+ * `store` is NULL or a live handle used by one thread at a time; `buf` has room for `cap`
+ * bytes; `len` is NULL or writable.
  */
 enum ftkv_status ftkv_get(struct ftkv_store *store,
                           int owner,
@@ -148,8 +485,11 @@ enum ftkv_status ftkv_get(struct ftkv_store *store,
                           uintptr_t *len);
 
 /**
- * Whether a failure was noticed that `ftkv_recover` has not dealt with yet (1) or not (0);
- * -1 for a NULL handle.
+ * Whether a failure was noticed that needs `ftkv_recover` (1) or not (0); -1 for a NULL
+ * handle. With localized recovery it is 1 only once the store fell back to global recovery.
+ *
+ * # Safety
+ * `store` is NULL or a live handle.
  */
 int ftkv_needs_recovery(const struct ftkv_store *store);
 
@@ -157,29 +497,267 @@ int ftkv_needs_recovery(const struct ftkv_store *store);
  * Recovers the store collectively over the survivors: shrinks it to them and copies the
  * newest surviving version of every key to its new holders. Every survivor must call it
  * once it saw `FTKV_RECOVERY_NEEDED` (or `ftkv_needs_recovery`); a survivor that does not
- * holds the others in it: they wait however long it takes, and print on stderr, after a
- * second and then every five seconds, the workers they wait for (`ftkv: worker 0: recovery
- * waiting for workers [3] to enter step shrink (MPIX_Comm_shrink) (6.0 s so far)...`). With
- * `copies` = c, up to c − 1 failures between two recoveries lose no acknowledged write.
+ * holds the others in it: they wait however long it takes, and report the workers they wait
+ * for (an `FTKV_EVENT_RECOVERY_WAITING` event, by default a line on stderr: `ftkv: worker 0:
+ * recovery waiting for workers [3] to enter step shrink (MPIX_Comm_shrink) (6.0 s so
+ * far)...`), after a second and then every five seconds. With `copies` = c, up to c − 1
+ * failures between two recoveries lose no acknowledged write.
  *
- * The recovery deadline (10 s, plus the time the data to copy takes) runs only while every
- * live survivor is inside the same step of the recovery, from the moment the last one entered
- * it: a step stuck inside Open MPI with all of them in it (`MPIX_Comm_shrink` can stay
- * blocked after a kill during recovery) ends each of them with a message naming the step
- * (`... stuck in step shrink (MPIX_Comm_shrink)`), and a survivor stuck alone in a step the
- * others left ends itself while they recover without it. A late survivor never makes the
- * others end themselves.
+ * The recovery deadline (the configuration's recovery watchdog, plus the time the data to
+ * copy takes) runs only while every live survivor is inside the same step of the recovery,
+ * from the moment the last one entered it: a step stuck inside Open MPI with all of them in
+ * it (`MPIX_Comm_shrink` can stay blocked after a kill during recovery) ends each of them
+ * with a message naming the step (`... stuck in step shrink (MPIX_Comm_shrink)`), and a
+ * survivor stuck alone in a step the others left ends itself while they recover without it.
+ * A late survivor never makes the others end themselves.
  *
- * Completion: `FTKV_OK` on every survivor. Failure: another failure during the recovery
+ * Completion: `FTKV_OK` on every survivor (a pending asynchronous put is completed first;
+ * its failure does not stop the recovery). Failure: another failure during the recovery
  * restarts it inside the call; `FTKV_RECOVERY_FAILED` when too few ranks are left.
+ *
+ * # Safety
+ * `store` is NULL or a live handle used by one thread at a time.
  */
 enum ftkv_status ftkv_recover(struct ftkv_store *store);
 
 /**
+ * With localized recovery: brings this worker's routes up to every failure noticed so far,
+ * waiting until the repairer thread (which moves the copies that lived on failed workers in
+ * the background) has followed them. Every put, delete and get that notices a new failure
+ * does the same first; call it before reading a failed worker's keys. Completes a pending
+ * asynchronous put first. With global recovery it only reports a failure not yet recovered.
+ *
+ * Completion: `FTKV_OK`. Failure: `FTKV_RECOVERY_NEEDED` when the repair fell back to global
+ * recovery (or a further failure interrupted it: call again).
+ *
+ * # Safety
+ * `store` is NULL or a live handle used by one thread at a time.
+ */
+enum ftkv_status ftkv_follow(struct ftkv_store *store);
+
+/**
  * Copies the failed workers this rank knows of (ascending) into `out` (room for `cap`) and
  * sets `*count` to how many there are (it may exceed `cap`: then only `cap` are copied).
+ * Never waits.
+ *
+ * # Safety
+ * `store` is NULL or a live handle used by one thread at a time; `out` has room for `cap`
+ * values; `count` is NULL or writable.
  */
 enum ftkv_status ftkv_failed(struct ftkv_store *store, int *out, uintptr_t cap, uintptr_t *count);
+
+/**
+ * The defaults for these kinds and copies: global recovery without reserve holders, 64 KiB
+ * initial and 64 MiB maximum value size, bitmap detection, a 2 s watchdog, a 10 s recovery
+ * watchdog, the suspicion bound of the environment's heartbeat detector timeout (10 s when
+ * unset), no transactions. `kinds` is referenced, not copied: it must stay valid until
+ * `ftkv_store_open` returns. Never fails.
+ */
+struct ftkv_config ftkv_config_default(const char *const *kinds,
+                                       uintptr_t n_kinds,
+                                       uintptr_t copies);
+
+/**
+ * Installs `handler` for every store of this process (`NULL`: the default, a line on
+ * stderr), replacing the one before; `user` is passed back to it. It runs on whichever thread
+ * raised the event (the program's or one of ftkv's): it must be thread-safe and return
+ * quickly, and must not call ftkv. Completion: `FTKV_OK`; never fails.
+ */
+enum ftkv_status ftkv_set_event_handler(ftkv_event_handler handler, void *user);
+
+/**
+ * Sets `*worker` to a failed worker that this call has not returned before on this store
+ * (the smallest such), so a program learns of each failure once, whichever recovery mode it
+ * runs. With localized recovery this is how the survivors learn whose data to adopt: the
+ * store repairs the copies by itself.
+ *
+ * Completion: `FTKV_OK` with `*worker` set; `FTKV_NOT_FOUND` when no failure is new. Never
+ * waits, never completes a pending asynchronous put.
+ *
+ * # Safety
+ * `store` is NULL or a live handle used by one thread at a time; `worker` is NULL or
+ * writable.
+ */
+enum ftkv_status ftkv_next_failure(struct ftkv_store *store, int *worker);
+
+/**
+ * Copies the store handle's counters into `*out`.
+ *
+ * Completion: `FTKV_OK`. Failure: `FTKV_INVALID_ARGUMENT` for a NULL pointer. Never waits,
+ * never completes a pending asynchronous put.
+ *
+ * # Safety
+ * `store` is NULL or a live handle used by one thread at a time; `out` is NULL or writable.
+ */
+enum ftkv_status ftkv_counters_get(struct ftkv_store *store, struct ftkv_counters *out);
+
+/**
+ * A new, empty transaction. Completion: never NULL; free it with `ftkv_txn_free`.
+ */
+struct ftkv_txn *ftkv_txn_new(void);
+
+/**
+ * Frees `txn`. NULL is a no-op.
+ *
+ * # Safety
+ * `txn` is NULL or a live transaction from `ftkv_txn_new`, freed once.
+ */
+void ftkv_txn_free(struct ftkv_txn *txn);
+
+/**
+ * Adds a read of key (`owner`, `kind`): once the transaction committed, `ftkv_txn_result`
+ * gives its value and version as they were under the transaction's locks. Completion:
+ * `FTKV_OK`; the key is checked when the transaction runs.
+ *
+ * # Safety
+ * `txn` is NULL or a live transaction used by one thread at a time.
+ */
+enum ftkv_status ftkv_txn_read(struct ftkv_txn *txn, int owner, uint16_t kind);
+
+/**
+ * Adds a condition: key (`owner`, `kind`) is at `version` (0: never written) when the
+ * transaction runs, else it aborts. Completion as `ftkv_txn_read`.
+ *
+ * # Safety
+ * As `ftkv_txn_read`.
+ */
+enum ftkv_status ftkv_txn_expect_version(struct ftkv_txn *txn,
+                                         int owner,
+                                         uint16_t kind,
+                                         uint64_t version);
+
+/**
+ * Adds a condition: key (`owner`, `kind`) holds the `len` bytes at `data` when the
+ * transaction runs, else it aborts. The bytes are copied. Completion as `ftkv_txn_read`;
+ * `FTKV_INVALID_ARGUMENT` for NULL `data` with `len` > 0.
+ *
+ * # Safety
+ * As `ftkv_txn_read`; `data` has `len` readable bytes.
+ */
+enum ftkv_status ftkv_txn_expect_value(struct ftkv_txn *txn,
+                                       int owner,
+                                       uint16_t kind,
+                                       const void *data,
+                                       uintptr_t len);
+
+/**
+ * Adds a condition: key (`owner`, `kind`) holds no value (never written, or deleted) when the
+ * transaction runs, else it aborts. Completion as `ftkv_txn_read`.
+ *
+ * # Safety
+ * As `ftkv_txn_read`.
+ */
+enum ftkv_status ftkv_txn_expect_absent(struct ftkv_txn *txn, int owner, uint16_t kind);
+
+/**
+ * Adds a write of the `len` bytes at `data` (copied) to key (`owner`, `kind`), any worker's.
+ * A key that transactions write must not also be written by plain puts. Completion as
+ * `ftkv_txn_expect_value`.
+ *
+ * # Safety
+ * As `ftkv_txn_expect_value`.
+ */
+enum ftkv_status ftkv_txn_write(struct ftkv_txn *txn,
+                                int owner,
+                                uint16_t kind,
+                                const void *data,
+                                uintptr_t len);
+
+/**
+ * Adds a delete of key (`owner`, `kind`). Completion as `ftkv_txn_read`.
+ *
+ * # Safety
+ * As `ftkv_txn_read`.
+ */
+enum ftkv_status ftkv_txn_delete(struct ftkv_txn *txn, int owner, uint16_t kind);
+
+/**
+ * Runs `txn` as this worker's next transaction: every key it names is locked on every live
+ * holder, read, its conditions checked, its writes recorded in this worker's transaction
+ * record on the record's holders, then written, then unlocked. Needs a store opened with
+ * `transactions` and localized recovery. A transaction runs once; completes a pending
+ * asynchronous put first.
+ *
+ * Completion: `FTKV_OK` with `*outcome` `FTKV_TXN_COMMITTED` (every write on every live holder
+ * of its key, the locks released; `ftkv_txn_result` gives the reads) or `FTKV_TXN_ABORTED`
+ * (a condition did not hold, nothing written). Failure: `FTKV_CONTENDED` when a key stayed
+ * locked for the whole bound (nothing written); `FTKV_INVALID_ARGUMENT` for an unknown key
+ * or a store without transactions; `FTKV_RECOVERY_NEEDED` when the store fell back to global
+ * recovery meanwhile: after `ftkv_recover`, `ftkv_finish_transactions` says whether it
+ * committed. If this worker dies instead, the first live holder of its record finishes the
+ * transaction: its writes land everywhere if the record said committed, nowhere otherwise.
+ *
+ * # Safety
+ * `store` and `txn` are NULL or live handles used by one thread at a time; `outcome` is NULL
+ * or writable.
+ */
+enum ftkv_status ftkv_transaction(struct ftkv_store *store,
+                                  struct ftkv_txn *txn,
+                                  enum ftkv_txn_outcome *outcome);
+
+/**
+ * The `index`-th read (in the order `ftkv_txn_read` added them) of a committed transaction:
+ * its value into `buf` (room for `cap` bytes), its length into `*len`, and its version into
+ * `*version` unless `version` is NULL.
+ *
+ * Completion: `FTKV_OK`; `FTKV_NOT_FOUND` (`*len` = 0) when the key held no value;
+ * `FTKV_BUFFER_TOO_SMALL` with `*len` the length needed (nothing copied). Failure:
+ * `FTKV_INVALID_ARGUMENT` when the transaction did not commit or has no such read.
+ *
+ * # Safety
+ * `txn` is NULL or a live transaction; `buf` has room for `cap` bytes; `len` and `version`
+ * are NULL or writable.
+ */
+enum ftkv_status ftkv_txn_result(const struct ftkv_txn *txn,
+                                 uintptr_t index,
+                                 void *buf,
+                                 uintptr_t cap,
+                                 uintptr_t *len,
+                                 uint64_t *version);
+
+/**
+ * The key whose condition did not hold in an aborted transaction.
+ *
+ * Completion: `FTKV_OK` with `*owner` and `*kind` set. Failure: `FTKV_INVALID_ARGUMENT` when
+ * the transaction did not abort.
+ *
+ * # Safety
+ * `txn` is NULL or a live transaction; `owner` and `kind` are NULL or writable.
+ */
+enum ftkv_status ftkv_txn_aborted_on(const struct ftkv_txn *txn, int *owner, uint16_t *kind);
+
+/**
+ * Resolves the open transactions of failed coordinators whose backup this worker is now:
+ * rolls a committed one forward, aborts one that was still locking, releases its locks, and
+ * sets `*resolved` (unless NULL) to how many. Transactions do it before every lock attempt;
+ * a worker that runs none calls it after a failure so that others' transactions do not wait
+ * for it. Completes a pending asynchronous put first.
+ *
+ * Completion: `FTKV_OK`. Failure: `FTKV_RECOVERY_NEEDED` when the store fell back to global
+ * recovery.
+ *
+ * # Safety
+ * `store` is NULL or a live handle used by one thread at a time; `resolved` is NULL or
+ * writable.
+ */
+enum ftkv_status ftkv_resolve_transactions(struct ftkv_store *store, uintptr_t *resolved);
+
+/**
+ * After every `ftkv_recover` of a store with transactions: finishes the transactions that
+ * failures left half done whose decision this worker holds, and sets `*decision` to how this
+ * worker's own transaction ended whose `ftkv_transaction` returned `FTKV_RECOVERY_NEEDED`.
+ * Every survivor calls it before anyone reads keys that transactions write.
+ *
+ * Completion: `FTKV_OK`. Failure: `FTKV_RECOVERY_NEEDED` after a new failure (recover, then
+ * call again: it is idempotent and reports the same decision); `FTKV_KEY_LOST` when this
+ * worker's own record lost every copy (the decision is gone).
+ *
+ * # Safety
+ * `store` is NULL or a live handle used by one thread at a time; `decision` is NULL or
+ * writable.
+ */
+enum ftkv_status ftkv_finish_transactions(struct ftkv_store *store,
+                                          enum ftkv_txn_decision *decision);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -1,26 +1,37 @@
-//! The C API of ftkv: a store on a communicator the C program owns, blocking put and delete of
-//! the program's own keys, get of any key (also a failed worker's, after a recovery), global
-//! recovery and the failed set. Built as a shared and a static library; `include/ftkv.h` is
-//! generated from this file by cbindgen.
+//! The C API of ftkv: a store on a communicator the C program owns, with every setting
+//! ([`ftkv_config`]: global or localized recovery, reserve holders, watchdogs); blocking and
+//! asynchronous puts of the program's own keys, handed writes of others' keys, gets of any key
+//! (also a failed worker's), transactions ([`transactions`]), recovery, failure notification
+//! and counters ([`events`]). Built as a shared and a static library; `include/ftkv.h` is
+//! generated from this crate by cbindgen, and `include/ftkv.hpp` wraps it for C++17.
 //!
-//! Every function returns an [`ftkv_status`]; [`ftkv_status_message`] names a status and
-//! [`ftkv_last_error`] gives the calling thread's last error in words. No Rust panic crosses
-//! the boundary: one is caught and returned as [`ftkv_status::FTKV_PANIC`].
+//! Every function returns an [`ftkv_status`] (or says otherwise); [`ftkv_status_message`]
+//! names a status and [`ftkv_last_error`] gives the calling thread's last error in words. No
+//! Rust panic crosses the boundary: one is caught and returned as [`ftkv_status::FTKV_PANIC`].
 //!
 //! Pointer contract of every function: a store handle is NULL or one that
-//! [`ftkv_store_create`] returned and no free or abandon ended, used by one thread at a time;
-//! data and buffer pointers have the bytes their length says.
+//! [`ftkv_store_open`] or [`ftkv_store_create`] returned and no free or abandon ended, used by
+//! one thread at a time; data and buffer pointers have the bytes their length says. The
+//! functions that take pointers are `unsafe fn`s; every dereference happens in
+//! `ftkv_mpi::c_abi`, whose `unsafe fn`s pass the contract on.
 
 #![allow(non_camel_case_types)]
-// The functions are for C: each one's pointer contract is in its documentation (and the
-// header's); every dereference of a C pointer is in `ftkv_mpi::c_abi`, the FFI crate.
+#![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod config;
+pub mod events;
+pub mod transactions;
 
 use std::cell::RefCell;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use ftkv::{Config, Error, Key, Store};
+use ftkv::{Config, DetachedPut, Error, Key, Store};
 use ftkv_mpi::{c_abi, Mpi};
+
+pub use config::*;
+pub use events::*;
+pub use transactions::*;
 
 /// Switches Open MPI's heartbeat detector on ([`ftkv_mpi::default_heartbeat_detector`]: a
 /// rank silent for 10 s is declared failed) when the shared library is loaded, before the
@@ -63,6 +74,9 @@ pub enum ftkv_status {
     FTKV_RECOVERY_FAILED = 8,
     /// A bug inside ftkv (a Rust panic), caught at the boundary.
     FTKV_PANIC = 9,
+    /// `ftkv_transaction`: a key stayed locked by other transactions for the whole bound;
+    /// nothing was written.
+    FTKV_CONTENDED = 10,
 }
 
 use ftkv_status::*;
@@ -70,8 +84,50 @@ use ftkv_status::*;
 /// A store handle (opaque).
 pub struct ftkv_store {
     store: Store,
+    /// The asynchronous put not yet waited for, and where the program keeps its value.
+    pending: Option<Pending>,
+    /// The failed workers `ftkv_next_failure` returned.
+    reported: Vec<i32>,
+    counters: ftkv_counters,
     /// The MPI library the store runs on, as the C program initialised it.
     _mpi: Mpi,
+}
+
+/// An asynchronous put whose other copies are not waited for yet.
+struct Pending {
+    put: DetachedPut,
+    /// The program's value: it keeps the bytes unchanged until the put is completed.
+    data: *const u8,
+}
+
+impl ftkv_store {
+    /// Completes the pending asynchronous put, if any ([`Store::wait_detached`] from the
+    /// program's bytes); its error is the error of the call that completes it.
+    fn complete_pending(&mut self) -> Result<(), Failure> {
+        let Some(pending) = self.pending.take() else { return Ok(()) };
+        let len = pending.put.len();
+        // SAFETY: `ftkv_put_async`'s contract: its `len` bytes at `data` stay valid and
+        // unchanged until the put is completed, which is now.
+        let value = unsafe { c_abi::slice(pending.data, len) }
+            .ok_or_else(|| invalid("the pending put's data pointer is NULL"))?;
+        self.store.wait_detached(pending.put, value)?;
+        self.count_put(len);
+        Ok(())
+    }
+
+    fn count_put(&mut self, len: usize) {
+        self.counters.puts += 1;
+        self.counters.bytes_written += len as u64;
+    }
+
+    /// Adds the localized repairs the store reported since the last look to the counters.
+    fn collect_repairs(&mut self) {
+        for repair in self.store.take_repairs() {
+            self.counters.repairs += 1;
+            self.counters.keys_moved += repair.keys_moved as u64;
+            self.counters.bytes_moved += repair.bytes_moved;
+        }
+    }
 }
 
 thread_local! {
@@ -79,6 +135,7 @@ thread_local! {
 }
 
 /// An error on its way to C: its status and its message.
+#[derive(Debug)]
 struct Failure(ftkv_status, String);
 
 impl From<Error> for Failure {
@@ -93,7 +150,10 @@ impl From<Error> for Failure {
             | Error::UnknownKindIndex(_)
             | Error::UnknownOwner(_)
             | Error::ValueTooLarge { .. }
+            | Error::ValueMismatch { .. }
+            | Error::InvalidTransaction(_)
             | Error::ForeignOwner { .. } => FTKV_INVALID_ARGUMENT,
+            Error::TransactionContended { .. } => FTKV_CONTENDED,
             Error::RecoveryFailed(_) | Error::Partitioned { .. } => FTKV_RECOVERY_FAILED,
             _ => FTKV_MPI_ERROR,
         };
@@ -132,33 +192,57 @@ fn guarded(body: impl FnOnce() -> Result<ftkv_status, Failure>) -> ftkv_status {
 }
 
 /// The store behind `store`, or an argument error for a null handle.
-fn store_mut<'a>(store: *mut ftkv_store) -> Result<&'a mut ftkv_store, Failure> {
-    c_abi::handle_mut(store).ok_or_else(|| invalid("the store handle is NULL"))
+///
+/// # Safety
+/// `store` is NULL or a live handle used by one thread at a time.
+unsafe fn store_mut<'a>(store: *mut ftkv_store) -> Result<&'a mut ftkv_store, Failure> {
+    // SAFETY: the caller's contract (above).
+    unsafe { c_abi::handle_mut(store) }.ok_or_else(|| invalid("the store handle is NULL"))
 }
 
 /// `len` bytes at `data` (empty when `len` is 0, whatever `data` is).
-fn bytes<'a>(data: *const c_void, len: usize) -> Result<&'a [u8], Failure> {
-    c_abi::slice(data.cast::<u8>(), len).ok_or_else(|| invalid("the data pointer is NULL"))
+///
+/// # Safety
+/// `data` has `len` readable bytes, unchanged while the slice lives.
+unsafe fn bytes<'a>(data: *const c_void, len: usize) -> Result<&'a [u8], Failure> {
+    // SAFETY: the caller's contract (above).
+    unsafe { c_abi::slice(data.cast::<u8>(), len) }
+        .ok_or_else(|| invalid("the data pointer is NULL"))
 }
 
 /// Room for `cap` bytes at `buf`.
-fn room<'a>(buf: *mut c_void, cap: usize) -> Result<&'a mut [u8], Failure> {
-    c_abi::slice_mut(buf.cast::<u8>(), cap).ok_or_else(|| invalid("the buffer pointer is NULL"))
+///
+/// # Safety
+/// `buf` has room for `cap` bytes that nothing else uses while the slice lives.
+unsafe fn room<'a>(buf: *mut c_void, cap: usize) -> Result<&'a mut [u8], Failure> {
+    // SAFETY: the caller's contract (above).
+    unsafe { c_abi::slice_mut(buf.cast::<u8>(), cap) }
+        .ok_or_else(|| invalid("the buffer pointer is NULL"))
 }
 
 /// Writes `value` through `out`.
-fn put_out<T>(out: *mut T, value: T) -> Result<(), Failure> {
-    c_abi::write_out(out, value).then_some(()).ok_or_else(|| invalid("an output pointer is NULL"))
+///
+/// # Safety
+/// `out` is NULL or writable for one `T`.
+unsafe fn put_out<T>(out: *mut T, value: T) -> Result<(), Failure> {
+    // SAFETY: the caller's contract (above).
+    let written = unsafe { c_abi::write_out(out, value) };
+    written.then_some(()).ok_or_else(|| invalid("an output pointer is NULL"))
 }
 
 /// The kind names `kinds[0..n]`.
-fn kind_names(kinds: *const *const c_char, n: usize) -> Result<Vec<String>, Failure> {
-    let pointers = c_abi::slice(kinds, n).filter(|p| !p.is_empty());
+///
+/// # Safety
+/// `kinds` has `n` pointers, each NULL or a NUL-terminated string.
+unsafe fn kind_names(kinds: *const *const c_char, n: usize) -> Result<Vec<String>, Failure> {
+    // SAFETY: the caller's contract (above).
+    let pointers = unsafe { c_abi::slice(kinds, n) }.filter(|p| !p.is_empty());
     let pointers = pointers.ok_or_else(|| invalid("at least one kind is needed"))?;
     pointers
         .iter()
         .map(|&p| {
-            let name = c_abi::c_str(p).ok_or_else(|| invalid("a kind name is NULL"))?;
+            // SAFETY: the caller's contract (above).
+            let name = unsafe { c_abi::c_str(p) }.ok_or_else(|| invalid("a kind name is NULL"))?;
             name.to_str().map(str::to_owned).map_err(|_| invalid("a kind name is not UTF-8"))
         })
         .collect()
@@ -169,20 +253,25 @@ fn key(owner: c_int, kind: u16) -> Key {
     Key::new(owner, kind)
 }
 
-/// A short description of `status` (a static string; never NULL).
+/// A short description of `status` (a static string; never NULL; "unknown status" for a
+/// value that is no `ftkv_status`).
 #[no_mangle]
-pub extern "C" fn ftkv_status_message(status: ftkv_status) -> *const c_char {
+pub extern "C" fn ftkv_status_message(status: c_int) -> *const c_char {
     let text: &'static CStr = match status {
-        FTKV_OK => c"ok",
-        FTKV_NOT_FOUND => c"the key holds no value",
-        FTKV_BUFFER_TOO_SMALL => c"the value is longer than the buffer",
-        FTKV_RECOVERY_NEEDED => c"a process failed: call ftkv_recover on every survivor",
-        FTKV_KEY_LOST => c"no copy of the key survived",
-        FTKV_INVALID_ARGUMENT => c"invalid argument",
-        FTKV_INVALID_CONFIG => c"invalid or mismatched store configuration",
-        FTKV_MPI_ERROR => c"MPI error",
-        FTKV_RECOVERY_FAILED => c"the recovery could not complete",
-        FTKV_PANIC => c"internal error in ftkv",
+        s if s == FTKV_OK as c_int => c"ok",
+        s if s == FTKV_NOT_FOUND as c_int => c"the key holds no value",
+        s if s == FTKV_BUFFER_TOO_SMALL as c_int => c"the value is longer than the buffer",
+        s if s == FTKV_RECOVERY_NEEDED as c_int => {
+            c"a process failed: call ftkv_recover on every survivor"
+        }
+        s if s == FTKV_KEY_LOST as c_int => c"no copy of the key survived",
+        s if s == FTKV_INVALID_ARGUMENT as c_int => c"invalid argument",
+        s if s == FTKV_INVALID_CONFIG as c_int => c"invalid or mismatched store configuration",
+        s if s == FTKV_MPI_ERROR as c_int => c"MPI error",
+        s if s == FTKV_RECOVERY_FAILED as c_int => c"the recovery could not complete",
+        s if s == FTKV_PANIC as c_int => c"internal error in ftkv",
+        s if s == FTKV_CONTENDED as c_int => c"a key stayed locked by other transactions",
+        _ => c"unknown status",
     };
     text.as_ptr()
 }
@@ -194,19 +283,51 @@ pub extern "C" fn ftkv_last_error() -> *const c_char {
     LAST_ERROR.with(|last| last.borrow().as_ptr())
 }
 
-/// Creates a store collectively on every rank of `comm` (the program keeps owning `comm`;
-/// ftkv works on a duplicate). Keys are (owner rank in `comm`, kind index into `kinds`);
-/// every key has `copies` copies on other ranks; values are at most `max_value` bytes (0: 1
-/// MiB). MPI must be initialised with `MPI_THREAD_MULTIPLE` (ftkv runs a failure detector
-/// thread). Unless the program installed a `SIGPIPE` handler, ftkv sets `SIGPIPE` to ignored:
-/// a write to a dead peer's connection must come back as an error, not end the process.
+/// Creates a store collectively on every rank of `comm` with every setting of `config` (the
+/// program keeps owning `comm` and `config`; ftkv works on a duplicate of `comm`). Keys are
+/// (owner rank in `comm`, kind index into `config->kinds`). MPI must be initialised with
+/// `MPI_THREAD_MULTIPLE` (ftkv runs a failure detector thread). Unless the program installed
+/// a `SIGPIPE` handler, ftkv sets `SIGPIPE` to ignored: a write to a dead peer's connection
+/// must come back as an error, not end the process. The store's events go to the handler of
+/// `ftkv_set_event_handler`, by default to stderr.
 ///
 /// Completion: `FTKV_OK` on every rank with `*out` set, once every rank created its part.
-/// Failure: `FTKV_INVALID_CONFIG` when the arguments differ between ranks or are invalid (no
-/// rank hangs), `FTKV_MPI_ERROR` when MPI is not ready or a rank failed meanwhile; `*out` is
-/// then unchanged.
+/// Failure: `FTKV_INVALID_CONFIG` when the settings differ between ranks or are invalid (no
+/// rank hangs), `FTKV_INVALID_ARGUMENT` for a NULL pointer or an unknown mode, `FTKV_MPI_ERROR`
+/// when MPI is not ready or a rank failed meanwhile; `*out` is then unchanged.
+///
+/// # Safety
+/// `comm` is a valid communicator of this process's MPI library; `config` is NULL or points to
+/// a configuration whose `kinds` holds `n_kinds` NUL-terminated strings; `out` is NULL or
+/// writable.
 #[no_mangle]
-pub extern "C" fn ftkv_store_create(
+pub unsafe extern "C" fn ftkv_store_open(
+    comm: MPI_Comm,
+    config: *const ftkv_config,
+    out: *mut *mut ftkv_store,
+) -> ftkv_status {
+    guarded(|| {
+        // SAFETY: the caller's contract (above).
+        let settings = unsafe { c_abi::handle_ref(config) };
+        let settings = settings.ok_or_else(|| invalid("the configuration pointer is NULL"))?;
+        // SAFETY: the caller's contract (above).
+        let names = unsafe { kind_names(settings.kinds, settings.n_kinds) }?;
+        let config = settings.to_config(names)?;
+        // SAFETY: the caller's contract (above).
+        unsafe { open(comm, config, out) }
+    })
+}
+
+/// Creates a store collectively on every rank of `comm` with global recovery and the defaults
+/// of `ftkv_config_default` otherwise: keys are (owner rank in `comm`, kind index into
+/// `kinds`); every key has `copies` copies on other ranks; values are at most `max_value`
+/// bytes (0: the default, 64 MiB). Completion and failure as `ftkv_store_open`.
+///
+/// # Safety
+/// `comm` is a valid communicator of this process's MPI library; `kinds` holds `n_kinds`
+/// NUL-terminated strings; `out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn ftkv_store_create(
     comm: MPI_Comm,
     kinds: *const *const c_char,
     n_kinds: usize,
@@ -215,41 +336,78 @@ pub extern "C" fn ftkv_store_create(
     out: *mut *mut ftkv_store,
 ) -> ftkv_status {
     guarded(|| {
-        if out.is_null() {
-            return Err(invalid("the output pointer is NULL"));
-        }
-        let names = kind_names(kinds, n_kinds)?;
-        // The store's warnings (a failure that needs global recovery, a process ending
-        // itself) go to stderr, as ftkv's own programs print them.
-        ftkv::events::set_sink(|event| eprintln!("{event}"));
-        let mpi = Mpi::attach()?;
-        let comm = c_abi::duplicate_comm(&mpi, comm)?;
+        // SAFETY: the caller's contract (above).
+        let names = unsafe { kind_names(kinds, n_kinds) }?;
         let mut config = Config::new(names, copies);
         if max_value > 0 {
             config.max_value = max_value;
+            config.initial_capacity = config.initial_capacity.min(max_value);
         }
-        let store = Store::create(&comm, config)?;
-        put_out(out, c_abi::into_handle(ftkv_store { store, _mpi: mpi }))?;
-        Ok(FTKV_OK)
+        // SAFETY: the caller's contract (above).
+        unsafe { open(comm, config, out) }
     })
 }
 
-/// Frees `store` collectively over its live workers (its windows are freed with them). After
-/// a failure that was not recovered, use `ftkv_store_abandon` instead. NULL is a no-op.
+/// Creates the store on a duplicate of `comm` and hands it to C through `out`.
+///
+/// # Safety
+/// `comm` is a valid communicator of this process's MPI library; `out` is NULL or writable.
+unsafe fn open(
+    comm: MPI_Comm,
+    config: Config,
+    out: *mut *mut ftkv_store,
+) -> Result<ftkv_status, Failure> {
+    if out.is_null() {
+        return Err(invalid("the output pointer is NULL"));
+    }
+    ftkv::events::set_sink(events::forward);
+    let mpi = Mpi::attach()?;
+    // SAFETY: the caller's contract (above).
+    let comm = unsafe { c_abi::duplicate_comm(&mpi, comm) }?;
+    let store = Store::create(&comm, config)?;
+    let handle = ftkv_store {
+        store,
+        pending: None,
+        reported: Vec::new(),
+        counters: ftkv_counters::default(),
+        _mpi: mpi,
+    };
+    // SAFETY: the caller's contract (above).
+    unsafe { put_out(out, c_abi::into_handle(handle)) }?;
+    Ok(FTKV_OK)
+}
+
+/// Frees `store` collectively over its live workers (its windows are freed with them), after
+/// completing a pending asynchronous put. After a failure that was not recovered, use
+/// `ftkv_store_abandon` instead. NULL is a no-op.
+///
+/// Completion: `FTKV_OK`; the handle is gone whatever the status. Failure: the pending put's
+/// error, if it had one.
+///
+/// # Safety
+/// `store` is NULL or a live handle, not used by another thread and not used afterwards.
 #[no_mangle]
-pub extern "C" fn ftkv_store_free(store: *mut ftkv_store) -> ftkv_status {
+pub unsafe extern "C" fn ftkv_store_free(store: *mut ftkv_store) -> ftkv_status {
     guarded(|| {
-        drop(c_abi::take_handle(store));
-        Ok(FTKV_OK)
+        // SAFETY: the caller's contract (above).
+        let Some(mut handle) = (unsafe { c_abi::take_handle(store) }) else { return Ok(FTKV_OK) };
+        let completed = handle.complete_pending();
+        drop(handle);
+        completed.map(|()| FTKV_OK)
     })
 }
 
 /// Leaves `store` without any collective call (its memory stays allocated until the process
-/// ends): for the end of a job after a failure that was not recovered. NULL is a no-op.
+/// ends): for the end of a job after a failure that was not recovered. A pending asynchronous
+/// put is not completed. NULL is a no-op.
+///
+/// # Safety
+/// As `ftkv_store_free`.
 #[no_mangle]
-pub extern "C" fn ftkv_store_abandon(store: *mut ftkv_store) -> ftkv_status {
+pub unsafe extern "C" fn ftkv_store_abandon(store: *mut ftkv_store) -> ftkv_status {
     guarded(|| {
-        if let Some(handle) = c_abi::take_handle(store) {
+        // SAFETY: the caller's contract (above).
+        if let Some(handle) = unsafe { c_abi::take_handle(store) } {
             handle.store.abandon();
         }
         Ok(FTKV_OK)
@@ -258,54 +416,199 @@ pub extern "C" fn ftkv_store_abandon(store: *mut ftkv_store) -> ftkv_status {
 
 /// This rank's worker id (its rank in the communicator the store was created on), or -1 for
 /// a NULL handle.
+///
+/// # Safety
+/// `store` is NULL or a live handle.
 #[no_mangle]
-pub extern "C" fn ftkv_store_worker(store: *const ftkv_store) -> c_int {
-    c_abi::handle_ref(store).map_or(-1, |s| s.store.worker())
+pub unsafe extern "C" fn ftkv_store_worker(store: *const ftkv_store) -> c_int {
+    // SAFETY: the caller's contract (above).
+    unsafe { c_abi::handle_ref(store) }.map_or(-1, |s| s.store.worker())
 }
 
 /// Writes `len` bytes at `data` under this rank's own key of kind `kind` and returns once
-/// every copy holds them.
+/// every copy holds them (completing a pending asynchronous put first).
 ///
 /// Completion: `FTKV_OK` once the new value is on every holder. Failure:
 /// `FTKV_INVALID_ARGUMENT` changes nothing; `FTKV_RECOVERY_NEEDED` means a process failed: the
 /// new value may be on some holders, all or none, the previous one is intact, and after
-/// `ftkv_recover` a get returns one of the two.
+/// `ftkv_recover` a get returns one of the two. With localized recovery a holder that failed
+/// is replaced in the background and the put goes to the new holders: `FTKV_RECOVERY_NEEDED`
+/// then means the store fell back to global recovery.
+///
+/// # Safety
+/// `store` is NULL or a live handle used by one thread at a time; `data` has `len` readable
+/// bytes.
 #[no_mangle]
-pub extern "C" fn ftkv_put(
+pub unsafe extern "C" fn ftkv_put(
     store: *mut ftkv_store,
     kind: u16,
     data: *const c_void,
     len: usize,
 ) -> ftkv_status {
     guarded(|| {
-        let handle = store_mut(store)?;
+        // SAFETY: the caller's contract (above).
+        let (handle, value) = unsafe { (store_mut(store)?, bytes(data, len)?) };
+        handle.complete_pending()?;
         let me = handle.store.worker();
-        handle.store.put(key(me, kind), bytes(data, len)?)?;
+        handle.store.put(key(me, kind), value)?;
+        handle.count_put(len);
+        Ok(FTKV_OK)
+    })
+}
+
+/// Writes `len` bytes at `data` under this rank's own key of kind `kind` like `ftkv_put`, but
+/// returns once the first copy (on this host when a holder is here) holds them; a replicator
+/// thread writes the others. The program computes meanwhile, then completes the put with
+/// `ftkv_wait`. **The `len` bytes at `data` must stay allocated and unchanged until the put is
+/// completed**: by `ftkv_wait`, or by the store's next call that is not a query (any call but
+/// `ftkv_store_worker`, `ftkv_needs_recovery`, `ftkv_failed`, `ftkv_next_failure` and
+/// `ftkv_counters_get`), which completes it first. Small values whose holders all share this
+/// host, and keys with one copy, are written to every copy before this returns.
+///
+/// Completion: `FTKV_OK` means the first holder has the new version (completing a pending put
+/// first). Failure: as `ftkv_put`; until the put is completed, the new version may be on the
+/// first holder only: if this rank dies then, a recovery reads it back when that holder
+/// survives, the previous version otherwise (never a mix).
+///
+/// # Safety
+/// As `ftkv_put`, and the bytes stay as said above.
+#[no_mangle]
+pub unsafe extern "C" fn ftkv_put_async(
+    store: *mut ftkv_store,
+    kind: u16,
+    data: *const c_void,
+    len: usize,
+) -> ftkv_status {
+    guarded(|| {
+        // SAFETY: the caller's contract (above).
+        let (handle, value) = unsafe { (store_mut(store)?, bytes(data, len)?) };
+        handle.complete_pending()?;
+        let me = handle.store.worker();
+        let put = handle.store.put_async(key(me, kind), value)?.detach();
+        handle.pending = Some(Pending { put, data: value.as_ptr() });
+        Ok(FTKV_OK)
+    })
+}
+
+/// Completes the pending asynchronous put: returns once every copy holds its value (at once
+/// when no put is pending).
+///
+/// Completion and failure as `ftkv_put` for that put's value. With localized recovery a holder
+/// that failed meanwhile is replaced and the whole write goes again to the new holders before
+/// this returns.
+///
+/// # Safety
+/// `store` is NULL or a live handle used by one thread at a time.
+#[no_mangle]
+pub unsafe extern "C" fn ftkv_wait(store: *mut ftkv_store) -> ftkv_status {
+    guarded(|| {
+        // SAFETY: the caller's contract (above).
+        unsafe { store_mut(store) }?.complete_pending()?;
+        Ok(FTKV_OK)
+    })
+}
+
+/// A barrier over the store's live workers (collective), after completing a pending
+/// asynchronous put: every put acknowledged before it on any worker is visible to every get
+/// after it.
+///
+/// Completion: `FTKV_OK` on every live worker. Failure: `FTKV_RECOVERY_NEEDED` when a worker
+/// failed (with localized recovery too: recover globally, then call it again).
+///
+/// # Safety
+/// `store` is NULL or a live handle used by one thread at a time.
+#[no_mangle]
+pub unsafe extern "C" fn ftkv_sync(store: *mut ftkv_store) -> ftkv_status {
+    guarded(|| {
+        // SAFETY: the caller's contract (above).
+        let handle = unsafe { store_mut(store) }?;
+        handle.complete_pending()?;
+        handle.store.sync()?;
         Ok(FTKV_OK)
     })
 }
 
 /// Deletes this rank's own key of kind `kind`; completion and failure as `ftkv_put`.
+///
+/// # Safety
+/// `store` is NULL or a live handle used by one thread at a time.
 #[no_mangle]
-pub extern "C" fn ftkv_delete(store: *mut ftkv_store, kind: u16) -> ftkv_status {
+pub unsafe extern "C" fn ftkv_delete(store: *mut ftkv_store, kind: u16) -> ftkv_status {
     guarded(|| {
-        let handle = store_mut(store)?;
+        // SAFETY: the caller's contract (above).
+        let handle = unsafe { store_mut(store) }?;
+        handle.complete_pending()?;
         let me = handle.store.worker();
         handle.store.delete(key(me, kind))?;
+        handle.counters.deletes += 1;
+        Ok(FTKV_OK)
+    })
+}
+
+/// Writes `len` bytes at `data` under another worker's key (`owner`, `kind`) that was handed
+/// to this rank: the reference paper's future-based cooperation, where a thief writes its
+/// victim's entry. The program guarantees one writer per key at a time by a lock of its own
+/// (the owner does not write the key meanwhile). Each copy is checksummed, so a reader never
+/// takes a mix of two writers' bytes.
+///
+/// Completion and failure as `ftkv_put`; `FTKV_INVALID_ARGUMENT` for an unknown owner or kind.
+///
+/// # Safety
+/// As `ftkv_put`.
+#[no_mangle]
+pub unsafe extern "C" fn ftkv_put_handed(
+    store: *mut ftkv_store,
+    owner: c_int,
+    kind: u16,
+    data: *const c_void,
+    len: usize,
+) -> ftkv_status {
+    guarded(|| {
+        // SAFETY: the caller's contract (above).
+        let (handle, value) = unsafe { (store_mut(store)?, bytes(data, len)?) };
+        handle.complete_pending()?;
+        handle.store.put_handed(key(owner, kind), value)?;
+        handle.count_put(len);
+        Ok(FTKV_OK)
+    })
+}
+
+/// Deletes another worker's key handed to this rank (see `ftkv_put_handed`); completion and
+/// failure as `ftkv_put_handed`.
+///
+/// # Safety
+/// `store` is NULL or a live handle used by one thread at a time.
+#[no_mangle]
+pub unsafe extern "C" fn ftkv_delete_handed(
+    store: *mut ftkv_store,
+    owner: c_int,
+    kind: u16,
+) -> ftkv_status {
+    guarded(|| {
+        // SAFETY: the caller's contract (above).
+        let handle = unsafe { store_mut(store) }?;
+        handle.complete_pending()?;
+        handle.store.delete_handed(key(owner, kind))?;
+        handle.counters.deletes += 1;
         Ok(FTKV_OK)
     })
 }
 
 /// Reads the newest value of key (`owner`, `kind`) from its live holders into `buf` (room for
-/// `cap` bytes) and sets `*len` to its length. Works for any owner, also a failed one after
-/// `ftkv_recover`: the value is its last acknowledged put (or a later one that was in flight).
+/// `cap` bytes) and sets `*len` to its length. Works for any owner, also a failed one (after
+/// `ftkv_recover`, or at once with localized recovery): the value is its last acknowledged put
+/// (or a later one that was in flight). Completes a pending asynchronous put first.
 ///
 /// Completion: `FTKV_OK` with the value in `buf`; `FTKV_NOT_FOUND` (`*len` = 0) when the key
 /// holds no value; `FTKV_BUFFER_TOO_SMALL` with `*len` the length needed (nothing copied).
-/// Failure: `FTKV_RECOVERY_NEEDED` after a failure not yet recovered, `FTKV_KEY_LOST` when no
-/// copy survived.
+/// Failure: `FTKV_RECOVERY_NEEDED` after a failure that needs global recovery,
+/// `FTKV_KEY_LOST` when no copy survived.
+///
+/// # Safety
+/// `store` is NULL or a live handle used by one thread at a time; `buf` has room for `cap`
+/// bytes; `len` is NULL or writable.
 #[no_mangle]
-pub extern "C" fn ftkv_get(
+pub unsafe extern "C" fn ftkv_get(
     store: *mut ftkv_store,
     owner: c_int,
     kind: u16,
@@ -314,67 +617,123 @@ pub extern "C" fn ftkv_get(
     len: *mut usize,
 ) -> ftkv_status {
     guarded(|| {
-        let handle = store_mut(store)?;
-        let Some(value) = handle.store.get(key(owner, kind))? else {
-            put_out(len, 0)?;
+        // SAFETY: the caller's contract (above).
+        let handle = unsafe { store_mut(store) }?;
+        handle.complete_pending()?;
+        let value = handle.store.get(key(owner, kind))?;
+        handle.counters.gets += 1;
+        let Some(value) = value else {
+            // SAFETY: the caller's contract (above).
+            unsafe { put_out(len, 0) }?;
             return Ok(FTKV_NOT_FOUND);
         };
-        put_out(len, value.len())?;
+        // SAFETY: the caller's contract (above).
+        unsafe { put_out(len, value.len()) }?;
         if value.len() > cap {
             return Ok(FTKV_BUFFER_TOO_SMALL);
         }
-        room(buf, cap)?[..value.len()].copy_from_slice(&value);
+        // SAFETY: the caller's contract (above).
+        unsafe { room(buf, cap) }?[..value.len()].copy_from_slice(&value);
         Ok(FTKV_OK)
     })
 }
 
-/// Whether a failure was noticed that `ftkv_recover` has not dealt with yet (1) or not (0);
-/// -1 for a NULL handle.
+/// Whether a failure was noticed that needs `ftkv_recover` (1) or not (0); -1 for a NULL
+/// handle. With localized recovery it is 1 only once the store fell back to global recovery.
+///
+/// # Safety
+/// `store` is NULL or a live handle.
 #[no_mangle]
-pub extern "C" fn ftkv_needs_recovery(store: *const ftkv_store) -> c_int {
-    c_abi::handle_ref(store).map_or(-1, |s| c_int::from(s.store.needs_recovery()))
+pub unsafe extern "C" fn ftkv_needs_recovery(store: *const ftkv_store) -> c_int {
+    // SAFETY: the caller's contract (above).
+    unsafe { c_abi::handle_ref(store) }.map_or(-1, |s| c_int::from(s.store.needs_recovery()))
 }
 
 /// Recovers the store collectively over the survivors: shrinks it to them and copies the
 /// newest surviving version of every key to its new holders. Every survivor must call it
 /// once it saw `FTKV_RECOVERY_NEEDED` (or `ftkv_needs_recovery`); a survivor that does not
-/// holds the others in it: they wait however long it takes, and print on stderr, after a
-/// second and then every five seconds, the workers they wait for (`ftkv: worker 0: recovery
-/// waiting for workers [3] to enter step shrink (MPIX_Comm_shrink) (6.0 s so far)...`). With
-/// `copies` = c, up to c − 1 failures between two recoveries lose no acknowledged write.
+/// holds the others in it: they wait however long it takes, and report the workers they wait
+/// for (an `FTKV_EVENT_RECOVERY_WAITING` event, by default a line on stderr: `ftkv: worker 0:
+/// recovery waiting for workers [3] to enter step shrink (MPIX_Comm_shrink) (6.0 s so
+/// far)...`), after a second and then every five seconds. With `copies` = c, up to c − 1
+/// failures between two recoveries lose no acknowledged write.
 ///
-/// The recovery deadline (10 s, plus the time the data to copy takes) runs only while every
-/// live survivor is inside the same step of the recovery, from the moment the last one entered
-/// it: a step stuck inside Open MPI with all of them in it (`MPIX_Comm_shrink` can stay
-/// blocked after a kill during recovery) ends each of them with a message naming the step
-/// (`... stuck in step shrink (MPIX_Comm_shrink)`), and a survivor stuck alone in a step the
-/// others left ends itself while they recover without it. A late survivor never makes the
-/// others end themselves.
+/// The recovery deadline (the configuration's recovery watchdog, plus the time the data to
+/// copy takes) runs only while every live survivor is inside the same step of the recovery,
+/// from the moment the last one entered it: a step stuck inside Open MPI with all of them in
+/// it (`MPIX_Comm_shrink` can stay blocked after a kill during recovery) ends each of them
+/// with a message naming the step (`... stuck in step shrink (MPIX_Comm_shrink)`), and a
+/// survivor stuck alone in a step the others left ends itself while they recover without it.
+/// A late survivor never makes the others end themselves.
 ///
-/// Completion: `FTKV_OK` on every survivor. Failure: another failure during the recovery
+/// Completion: `FTKV_OK` on every survivor (a pending asynchronous put is completed first;
+/// its failure does not stop the recovery). Failure: another failure during the recovery
 /// restarts it inside the call; `FTKV_RECOVERY_FAILED` when too few ranks are left.
+///
+/// # Safety
+/// `store` is NULL or a live handle used by one thread at a time.
 #[no_mangle]
-pub extern "C" fn ftkv_recover(store: *mut ftkv_store) -> ftkv_status {
+pub unsafe extern "C" fn ftkv_recover(store: *mut ftkv_store) -> ftkv_status {
     guarded(|| {
-        store_mut(store)?.store.recover()?;
+        // SAFETY: the caller's contract (above).
+        let handle = unsafe { store_mut(store) }?;
+        match handle.complete_pending() {
+            Err(Failure(FTKV_RECOVERY_NEEDED, _)) | Ok(()) => {}
+            Err(other) => return Err(other),
+        }
+        let report = handle.store.recover()?;
+        handle.counters.global_recoveries += 1;
+        handle.counters.keys_lost += report.keys_lost.len() as u64;
+        Ok(FTKV_OK)
+    })
+}
+
+/// With localized recovery: brings this worker's routes up to every failure noticed so far,
+/// waiting until the repairer thread (which moves the copies that lived on failed workers in
+/// the background) has followed them. Every put, delete and get that notices a new failure
+/// does the same first; call it before reading a failed worker's keys. Completes a pending
+/// asynchronous put first. With global recovery it only reports a failure not yet recovered.
+///
+/// Completion: `FTKV_OK`. Failure: `FTKV_RECOVERY_NEEDED` when the repair fell back to global
+/// recovery (or a further failure interrupted it: call again).
+///
+/// # Safety
+/// `store` is NULL or a live handle used by one thread at a time.
+#[no_mangle]
+pub unsafe extern "C" fn ftkv_follow(store: *mut ftkv_store) -> ftkv_status {
+    guarded(|| {
+        // SAFETY: the caller's contract (above).
+        let handle = unsafe { store_mut(store) }?;
+        handle.complete_pending()?;
+        handle.store.follow()?;
+        handle.collect_repairs();
         Ok(FTKV_OK)
     })
 }
 
 /// Copies the failed workers this rank knows of (ascending) into `out` (room for `cap`) and
 /// sets `*count` to how many there are (it may exceed `cap`: then only `cap` are copied).
+/// Never waits.
+///
+/// # Safety
+/// `store` is NULL or a live handle used by one thread at a time; `out` has room for `cap`
+/// values; `count` is NULL or writable.
 #[no_mangle]
-pub extern "C" fn ftkv_failed(
+pub unsafe extern "C" fn ftkv_failed(
     store: *mut ftkv_store,
     out: *mut c_int,
     cap: usize,
     count: *mut usize,
 ) -> ftkv_status {
     guarded(|| {
-        let failed = store_mut(store)?.store.failed();
-        put_out(count, failed.len())?;
+        // SAFETY: the caller's contract (above).
+        let failed = unsafe { store_mut(store) }?.store.failed();
+        // SAFETY: the caller's contract (above).
+        unsafe { put_out(count, failed.len()) }?;
         let n = failed.len().min(cap);
-        let room = c_abi::slice_mut(out, n).ok_or_else(|| invalid("the output array is NULL"))?;
+        // SAFETY: the caller's contract (above).
+        let room = unsafe { c_abi::slice_mut(out, n) };
+        let room = room.ok_or_else(|| invalid("the output array is NULL"))?;
         room.copy_from_slice(&failed[..n]);
         Ok(FTKV_OK)
     })

@@ -1,13 +1,14 @@
-//! `examples/c/checkpoint.c`, built with the project venv's `mpicc` against `include/ftkv.h`
-//! and the shared library, run under `mpirun --with-ft ulfm`: rank 1 SIGKILLs itself right
-//! after its 10th checkpoint was acknowledged, the survivors recover, and rank 0 reads that
-//! checkpoint back byte for byte.
+//! The C and C++ examples (`examples/c/checkpoint.c`, `examples/c/transaction.c`,
+//! `examples/cpp/checkpoint.cpp`), built with the project venv's `mpicc`/`mpicxx` against
+//! `include/` and the shared library, run under `mpirun --with-ft ulfm` with a rank SIGKILLed
+//! from outside by PID while every rank works (on one host, or over the simulated hosts
+//! `FTKV_NODES` asks for).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use ftkv_launch::launch::Launch;
+use ftkv_launch::launch::{run_with_outside_kills, JobOutput, Launch};
 
 /// The directory cargo builds this profile's libraries into (`target/<profile>`).
 fn profile_dir() -> PathBuf {
@@ -15,21 +16,27 @@ fn profile_dir() -> PathBuf {
     test.ancestors().nth(2).expect("target/<profile>/deps/<test>").to_path_buf()
 }
 
-fn mpicc(workspace: &Path) -> PathBuf {
-    std::env::var_os("MPICC")
+fn workspace() -> &'static Path {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest.ancestors().nth(2).expect("crates/ftkv-capi in the workspace")
+}
+
+/// The venv's MPI compiler wrapper `name` (`mpicc`, `mpicxx`), or `$var` when set.
+fn compiler(var: &str, name: &str) -> PathBuf {
+    std::env::var_os(var)
         .map(PathBuf::from)
-        .unwrap_or_else(|| workspace.join(".venv").join("bin").join("mpicc"))
+        .unwrap_or_else(|| workspace().join(".venv").join("bin").join(name))
 }
 
 /// Builds `libftkv_capi.so` into `libs` when it is not there: `cargo test` links the
 /// integration tests against the rlib and leaves the cdylib out on a clean tree.
-fn build_shared_library(workspace: &Path, libs: &Path) {
+fn build_shared_library(libs: &Path) {
     if libs.join("libftkv_capi.so").exists() {
         return;
     }
     let release = libs.file_name().is_some_and(|name| name == "release");
     let mut cargo = Command::new(env!("CARGO"));
-    cargo.current_dir(workspace).args(["build", "--quiet", "-p", "ftkv-capi", "--lib"]);
+    cargo.current_dir(workspace()).args(["build", "--quiet", "-p", "ftkv-capi", "--lib"]);
     if release {
         cargo.arg("--release");
     }
@@ -38,45 +45,129 @@ fn build_shared_library(workspace: &Path, libs: &Path) {
     assert!(libs.join("libftkv_capi.so").exists(), "no libftkv_capi.so in {}", libs.display());
 }
 
-/// Compiles the example against the header and the shared library; the executable's path.
-fn build_example() -> PathBuf {
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let workspace = manifest.ancestors().nth(2).expect("crates/ftkv-capi in the workspace");
+/// Compiles `examples/<source>` against the headers and the shared library, warnings as
+/// errors; the executable's path.
+fn build_example(source: &str) -> PathBuf {
     let libs = profile_dir();
-    build_shared_library(workspace, &libs);
-    let exe = libs.join("ftkv-checkpoint-example");
-    let status = Command::new(mpicc(workspace))
-        .arg(workspace.join("examples/c/checkpoint.c"))
-        .arg("-Wall")
+    build_shared_library(&libs);
+    let cpp = source.ends_with(".cpp");
+    let (wrapper, standard) = if cpp {
+        (compiler("MPICXX", "mpicxx"), "-std=c++17")
+    } else {
+        (compiler("MPICC", "mpicc"), "-std=c11")
+    };
+    let stem = Path::new(source).file_stem().expect("a file name").to_string_lossy();
+    let exe = libs.join(format!("ftkv-example-{stem}{}", if cpp { "-cpp" } else { "" }));
+    let status = Command::new(wrapper)
+        .arg(workspace().join("examples").join(source))
+        .args([standard, "-D_POSIX_C_SOURCE=200809L", "-D_DEFAULT_SOURCE", "-Wall", "-Wextra"])
         .arg("-Werror")
         .arg("-I")
-        .arg(manifest.join("include"))
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("include"))
         .arg(format!("-L{}", libs.display()))
         .arg(format!("-Wl,-rpath,{}", libs.display()))
         .arg("-lftkv_capi")
         .arg("-o")
         .arg(&exe)
         .status()
-        .expect("mpicc runs");
-    assert!(status.success(), "the C example does not compile");
+        .expect("the MPI compiler wrapper runs");
+    assert!(status.success(), "examples/{source} does not compile");
     exe
 }
 
+/// Runs `exe` on `ranks` ranks for 3 s of work, SIGKILLs rank `victim` from outside 0.8 s
+/// after every rank is ready, and checks that the job ended in time and every survivor
+/// printed `done` without an error of the example's own.
+fn run_with_a_kill(exe: &Path, ranks: usize, victim: usize) -> JobOutput {
+    let launch = Launch::new(exe, ranks).args(["3"]).timeout(Duration::from_secs(120));
+    let launch = launch.transport_from_env();
+    let delay = Duration::from_millis(800);
+    let out = run_with_outside_kills(&launch, ranks, &[victim], delay).expect("the job runs");
+    eprintln!("TRANSCRIPT\n{}", out.transcript_but_errors());
+    assert!(!out.timed_out, "the example hung:\n{}", out.transcript());
+    for rank in (0..ranks).filter(|&r| r != victim) {
+        let done = out.rank_lines(rank).iter().any(|l| l == "done");
+        assert!(done, "rank {rank} did not finish:\n{}", out.transcript());
+    }
+    let name = exe.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let own_errors = out.stderr.lines().filter(|l| l.contains(": ftkv_")).collect::<Vec<_>>();
+    assert!(own_errors.is_empty(), "{name}: a survivor failed: {own_errors:?}");
+    out
+}
+
+/// The last iteration `rank` printed as acknowledged (`acked I`); 0 when none.
+fn last_acked(out: &JobOutput, rank: usize) -> u64 {
+    let acked = out.rank_lines(rank).iter().filter_map(|l| l.strip_prefix("acked "));
+    acked.filter_map(|i| i.trim().parse().ok()).max().unwrap_or(0)
+}
+
+/// The checkpoint loop's verdict: every survivor noticed the victim, read its checkpoint
+/// whole, at the last iteration the victim printed as acknowledged or later (the next put may
+/// have been in flight), and the copies the victim held were moved by someone, without a
+/// global recovery while they wrote (the barrier at the end asks for one).
+fn assert_checkpoint_loop(out: &JobOutput, ranks: usize, victim: usize) {
+    let acked = last_acked(out, victim);
+    assert!(acked >= 1, "the victim acknowledged nothing before its kill:\n{}", out.transcript());
+    let mut moved = 0;
+    for rank in (0..ranks).filter(|&r| r != victim) {
+        let lines = out.rank_lines(rank);
+        let noticed = format!("noticed failure of worker {victim}");
+        assert!(lines.contains(&noticed), "rank {rank}: {noticed}?\n{}", out.transcript());
+        let prefix = format!("read rank {victim} iteration ");
+        let read = lines.iter().find_map(|l| l.strip_prefix(&prefix)).unwrap_or_else(|| {
+            panic!("rank {rank} read no checkpoint of rank {victim}:\n{}", out.transcript())
+        });
+        let (iteration, verdict) = read.split_once(" -> ").expect("iteration -> verdict");
+        assert_eq!(verdict, "MATCH", "rank {rank}:\n{}", out.transcript());
+        let iteration: u64 = iteration.parse().expect("an iteration");
+        assert!(iteration >= acked, "rank {rank} read {iteration}, {acked} was acknowledged");
+        let recovered = lines.iter().position(|l| l == "global recovery");
+        let wrote = lines.iter().position(|l| l.starts_with("wrote "));
+        assert!(wrote.is_some(), "rank {rank} did not end its writes:\n{}", out.transcript());
+        assert!(recovered.is_none() || recovered > wrote, "rank {rank} recovered globally");
+        let counters = lines.iter().find_map(|l| l.strip_prefix("counters ")).expect("counters");
+        moved += counter(counters, "keys_moved");
+        assert!(counter(counters, "puts") >= 1, "rank {rank}: {counters}");
+    }
+    assert!(moved >= 1, "nobody moved the victim's copies:\n{}", out.transcript());
+}
+
+/// The value of `name=` in a `counters ...` line.
+fn counter(line: &str, name: &str) -> u64 {
+    let prefix = format!("{name}=");
+    let field = line.split_whitespace().find_map(|f| f.strip_prefix(prefix.as_str()));
+    field.and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("no {name} in {line:?}"))
+}
+
 #[test]
-fn the_c_example_reads_a_killed_ranks_last_checkpoint_back() {
-    let exe = build_example();
-    let out = Launch::new(&exe, 4)
-        .args(["1", "10"])
-        .timeout(Duration::from_secs(90))
-        .transport_from_env()
-        .run()
-        .expect("mpirun starts");
-    eprintln!("TRANSCRIPT\n{}", out.transcript());
-    assert!(!out.timed_out, "the C example hung:\n{}", out.transcript());
-    let verdict = out.rank_lines(0).iter().find(|l| l.starts_with("failed ranks")).cloned();
-    let verdict =
-        verdict.unwrap_or_else(|| panic!("rank 0 printed no verdict:\n{}", out.transcript()));
-    assert!(verdict.contains("rank 1 iteration 10 -> MATCH"), "{verdict}\n{}", out.transcript());
-    assert!(verdict.starts_with("failed ranks: 1;"), "{verdict}\n{}", out.transcript());
-    assert!(!out.stderr.contains("checkpoint: "), "a survivor failed:\n{}", out.transcript());
+fn the_c_checkpoint_loop_reads_a_rank_killed_from_outside_back_whole() {
+    let (ranks, victim) = (6, 4);
+    let out = run_with_a_kill(&build_example("c/checkpoint.c"), ranks, victim);
+    assert_checkpoint_loop(&out, ranks, victim);
+}
+
+#[test]
+fn the_cpp_checkpoint_loop_reads_a_rank_killed_from_outside_back_whole() {
+    let (ranks, victim) = (6, 1);
+    let out = run_with_a_kill(&build_example("cpp/checkpoint.cpp"), ranks, victim);
+    assert_checkpoint_loop(&out, ranks, victim);
+}
+
+/// Every rank coordinates transfers between accounts while one coordinator is SIGKILLed from
+/// outside: the first survivor's total over every account, the dead one's too, is exactly
+/// what the accounts opened with, and transfers committed on every rank.
+#[test]
+fn c_transactions_keep_the_total_when_a_coordinator_is_killed_from_outside() {
+    let (ranks, victim) = (5, 2);
+    let out = run_with_a_kill(&build_example("c/transaction.c"), ranks, victim);
+    let verdict = out.rank_lines(0).iter().find(|l| l.starts_with("total ")).cloned();
+    let verdict = verdict.unwrap_or_else(|| panic!("no total:\n{}", out.transcript()));
+    assert_eq!(verdict, format!("total {} of {ranks} accounts -> MATCH", 100 * ranks));
+    for rank in (0..ranks).filter(|&r| r != victim) {
+        let lines = out.rank_lines(rank);
+        let counters = lines.iter().find_map(|l| l.strip_prefix("counters ")).expect("counters");
+        assert!(counter(counters, "committed") > 1, "rank {rank}: {counters}");
+        let noticed = format!("noticed failure of worker {victim}");
+        assert!(lines.contains(&noticed), "rank {rank}: {noticed}?\n{}", out.transcript());
+    }
 }

@@ -15,6 +15,8 @@
 //! value must be the last acknowledged write or one tried after it (in flight at a death),
 //! never older, never torn; a dead owner's key may be lost only when a recovery reported it.
 
+#![forbid(unsafe_code)]
+
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 

@@ -2,6 +2,8 @@
 //! failure, and how events are rendered. The launcher, the benchmarks and the chaos campaign
 //! live in their own crates and are re-exported under their old names.
 
+#![forbid(unsafe_code)]
+
 pub use ftkv_bench::{bench, bench_recovery, bench_scale, bench_store, peers, stats};
 pub use ftkv_chaos as chaos;
 pub use ftkv_launch::rank_println;

@@ -1,5 +1,7 @@
 //! The `ftkv` command.
 
+#![forbid(unsafe_code)]
+
 use std::path::PathBuf;
 use std::time::Duration;
 

@@ -940,6 +940,58 @@ pub fn with_start_retries<T>(
     attempt().map(|(value, _)| value)
 }
 
+/// Runs `launch`, whose ranks each print `ready pid=<pid>` once ready, SIGKILLs the ranks
+/// `victims` from outside by PID `delay` after the last of the `ranks` ranks said so, then
+/// reads the job to its end. A job whose `mpirun` could not start at all is started again, as
+/// [`Launch::run`] does.
+///
+/// Fails when the ranks did not all get ready (the job's transcript in the error) or a victim
+/// had ended before its kill; a job that timed out is returned (`timed_out`).
+pub fn run_with_outside_kills(
+    launch: &Launch,
+    ranks: usize,
+    victims: &[usize],
+    delay: Duration,
+) -> Result<JobOutput> {
+    let started = with_start_retries("outside kills", || {
+        let mut running = launch.spawn()?;
+        match ready_pids(&mut running, ranks) {
+            Some(pids) => Ok((Ok((running, pids)), None)),
+            None => {
+                let out = running.finish()?;
+                let again = out.never_started().then(|| "mpirun could not start".to_owned());
+                Ok((Err(out), again))
+            }
+        }
+    })?;
+    let (mut running, pids) = match started {
+        Ok(ready) => ready,
+        Err(out) => bail!("the ranks did not get ready:\n{}", out.transcript()),
+    };
+    std::thread::sleep(delay);
+    for victim in victims {
+        ensure!(kill_pid(pids[victim])?, "rank {victim} ended before its kill");
+    }
+    while running.next_line(Duration::from_millis(50)).is_some() || running.is_running() {}
+    running.finish()
+}
+
+/// Each rank's pid from its `ready pid=<pid>` line (at most 60 s of waiting for a line);
+/// `None` when the job's output ended first.
+fn ready_pids(
+    running: &mut RunningJob,
+    ranks: usize,
+) -> Option<std::collections::HashMap<usize, u32>> {
+    let mut pids = std::collections::HashMap::new();
+    while pids.len() < ranks {
+        let (Some(rank), line) = running.next_line(Duration::from_secs(60))? else { continue };
+        if let Some(pid) = line.strip_prefix("ready pid=").and_then(|p| p.trim().parse().ok()) {
+            pids.insert(rank, pid);
+        }
+    }
+    Some(pids)
+}
+
 /// What `mpirun` prints when its PMIx server cannot start: a sporadic start-up failure of
 /// Open MPI's runtime, before any rank exists.
 const START_FAILURE: &str = "The PMIx server's listener thread failed to start";

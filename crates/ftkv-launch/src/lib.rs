@@ -4,6 +4,8 @@
 //! fit; one interrupt handler. Used by the `ftkv` command, the benchmarks, the chaos campaign
 //! and the multi-rank tests. No MPI is linked here: jobs are separate processes.
 
+#![forbid(unsafe_code)]
+
 pub mod args;
 pub mod cluster;
 pub mod env;

@@ -1,12 +1,11 @@
 //! The C boundary of `ftkv-capi`: pointers a C program passed in, turned into references.
 //!
-//! These functions are safe to call although they dereference raw pointers: the pointers come
-//! from C, which cannot be checked, and each C API function states its pointer contract in its
-//! documentation and in the generated header (a handle is NULL or live and used by one thread
-//! at a time; a buffer has the bytes its length says; a string is NUL-terminated). Keeping
-//! them here keeps every `unsafe` of the project in this crate. NULL is never dereferenced:
-//! each returns `None` (or `false`) for it, except for empty slices.
-#![allow(clippy::not_unsafe_ptr_arg_deref)]
+//! Each function that dereferences a pointer is an `unsafe fn`: the pointers come from C,
+//! which cannot be checked, so the caller (a C API function, itself `unsafe` to call) passes
+//! on the contract that C API function states in its documentation and in the generated
+//! header (a handle is NULL or live and used by one thread at a time; a buffer has the bytes
+//! its length says; a string is NUL-terminated). NULL is never dereferenced: each returns
+//! `None` (or `false`) for it, except for empty slices.
 
 use std::ffi::{c_char, CStr};
 
@@ -16,14 +15,22 @@ use crate::ffi;
 use crate::runtime::Mpi;
 
 /// The value behind a C handle, mutably; `None` for NULL.
-pub fn handle_mut<'a, T>(handle: *mut T) -> Option<&'a mut T> {
+///
+/// # Safety
+/// `handle` is NULL or a live handle made by [`into_handle`], not used elsewhere while the
+/// reference lives.
+pub unsafe fn handle_mut<'a, T>(handle: *mut T) -> Option<&'a mut T> {
     // SAFETY: the C API's contract: NULL (handled by `as_mut`) or a live handle it returned,
     // used by one thread at a time.
     unsafe { handle.as_mut() }
 }
 
 /// The value behind a C handle; `None` for NULL.
-pub fn handle_ref<'a, T>(handle: *const T) -> Option<&'a T> {
+///
+/// # Safety
+/// `handle` is NULL or a live handle made by [`into_handle`], not changed while the reference
+/// lives.
+pub unsafe fn handle_ref<'a, T>(handle: *const T) -> Option<&'a T> {
     // SAFETY: as `handle_mut`.
     unsafe { handle.as_ref() }
 }
@@ -35,13 +42,20 @@ pub fn into_handle<T>(value: T) -> *mut T {
 
 /// Takes back the value of a handle made by [`into_handle`]; `None` for NULL. The handle must
 /// not be used afterwards (the C API's contract: freed once).
-pub fn take_handle<T>(handle: *mut T) -> Option<Box<T>> {
+///
+/// # Safety
+/// `handle` is NULL or a live handle made by [`into_handle`] for a `T`, taken back once.
+pub unsafe fn take_handle<T>(handle: *mut T) -> Option<Box<T>> {
     // SAFETY: the pointer came from `into_handle` (Box::into_raw) and is taken back once.
     (!handle.is_null()).then(|| unsafe { Box::from_raw(handle) })
 }
 
 /// `len` values at `data`; empty when `len` is 0 whatever `data` is, `None` for NULL.
-pub fn slice<'a, T>(data: *const T, len: usize) -> Option<&'a [T]> {
+///
+/// # Safety
+/// Unless NULL or `len` is 0, `data` points to `len` initialised values that stay unchanged
+/// while the slice lives.
+pub unsafe fn slice<'a, T>(data: *const T, len: usize) -> Option<&'a [T]> {
     if len == 0 {
         return Some(&[]);
     }
@@ -51,7 +65,11 @@ pub fn slice<'a, T>(data: *const T, len: usize) -> Option<&'a [T]> {
 }
 
 /// Room for `len` values at `data`; empty when `len` is 0, `None` for NULL.
-pub fn slice_mut<'a, T>(data: *mut T, len: usize) -> Option<&'a mut [T]> {
+///
+/// # Safety
+/// Unless NULL or `len` is 0, `data` points to room for `len` values that nothing else uses
+/// while the slice lives.
+pub unsafe fn slice_mut<'a, T>(data: *mut T, len: usize) -> Option<&'a mut [T]> {
     if len == 0 {
         return Some(&mut []);
     }
@@ -61,7 +79,10 @@ pub fn slice_mut<'a, T>(data: *mut T, len: usize) -> Option<&'a mut [T]> {
 }
 
 /// Writes `value` through `out`; `false` for NULL.
-pub fn write_out<T>(out: *mut T, value: T) -> bool {
+///
+/// # Safety
+/// `out` is NULL or points to writable memory for one `T`.
+pub unsafe fn write_out<T>(out: *mut T, value: T) -> bool {
     if out.is_null() {
         return false;
     }
@@ -71,15 +92,21 @@ pub fn write_out<T>(out: *mut T, value: T) -> bool {
 }
 
 /// The NUL-terminated string at `text`; `None` for NULL.
-pub fn c_str<'a>(text: *const c_char) -> Option<&'a CStr> {
+///
+/// # Safety
+/// `text` is NULL or points to a NUL-terminated string that stays unchanged while the
+/// reference lives.
+pub unsafe fn c_str<'a>(text: *const c_char) -> Option<&'a CStr> {
     // SAFETY: the caller's contract: a NUL-terminated string at non-NULL `text`.
     (!text.is_null()).then(|| unsafe { CStr::from_ptr(text) })
 }
 
 /// A duplicate of the C program's communicator `raw` (collective, like `MPI_Comm_dup`) that
 /// returns errors instead of aborting; freed when dropped, while `raw` stays the program's.
-/// `raw` must be a valid communicator of this process's MPI library (the C API's contract).
-pub fn duplicate_comm(mpi: &Mpi, raw: *mut std::ffi::c_void) -> Result<Comm> {
+///
+/// # Safety
+/// `raw` is a valid communicator of this process's MPI library.
+pub unsafe fn duplicate_comm(mpi: &Mpi, raw: *mut std::ffi::c_void) -> Result<Comm> {
     let mut dup: ffi::MPI_Comm = std::ptr::null_mut();
     // SAFETY: `raw` is valid (the contract); `dup` is a valid out-pointer.
     check(unsafe { ffi::MPI_Comm_dup(raw, &mut dup) }, "MPI_Comm_dup")?;

@@ -2,6 +2,8 @@
 //! N-Queens) on a work-stealing pool whose workers checkpoint into the store and survive
 //! SIGKILLed workers with the exact result ([`pool`]).
 
+#![forbid(unsafe_code)]
+
 pub mod events;
 pub mod nqueens;
 pub mod pool;

@@ -20,6 +20,8 @@ pub enum Error {
     UnknownOwner(i32),
     #[error("value of {len} bytes exceeds the maximum of {max} bytes")]
     ValueTooLarge { len: usize, max: usize },
+    #[error("the value given is {given} bytes long, the asynchronous put's was {expected}")]
+    ValueMismatch { expected: usize, given: usize },
     #[error("key {key} belongs to worker {}, not to this worker {me}; use put_handed for a key handed to it", key.owner)]
     ForeignOwner { key: Key, me: i32 },
     #[error("invalid configuration: {0}")]

@@ -44,6 +44,8 @@
 //!   threads, killable at named points) for protocol tests; without the `mpi` feature the
 //!   crate builds and tests on a machine without MPI.
 
+#![forbid(unsafe_code)]
+
 pub mod attempt;
 pub mod codec;
 mod detector;
@@ -71,5 +73,6 @@ pub use key::{
 };
 pub use recovery::keeps_quorum;
 pub use store::{
-    DefaultFabric, PendingPut, RecoveryReport, RepairReport, Store, WRITE_THROUGH_BYTES,
+    DefaultFabric, DetachedPut, PendingPut, RecoveryReport, RepairReport, Store,
+    WRITE_THROUGH_BYTES,
 };

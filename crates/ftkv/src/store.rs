@@ -70,7 +70,7 @@ mod threads;
 mod transactions;
 mod windows;
 
-pub use asynchronous::{PendingPut, WRITE_THROUGH_BYTES};
+pub use asynchronous::{DetachedPut, PendingPut, WRITE_THROUGH_BYTES};
 use windows::Windows;
 
 /// A resilient, replicated key-value store over the members of a communicator.

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use std::collections::HashMap;
 
-use ftkv_cli::launch::{kill_pid, with_start_retries, JobOutput, Launch, RunningJob};
+use ftkv_cli::launch::{run_with_outside_kills, JobOutput, Launch};
 
 const TEST_PROGRAM: &str = env!("CARGO_BIN_EXE_ftkv-mpitest");
 
@@ -72,45 +72,13 @@ pub fn assert_left_behind_while_stopped(
     assert!(own || open_mpis, "the stopped rank says why it ends:\n{all}");
 }
 
-/// Runs `launch` (its ranks print `ready pid=<pid>`), SIGKILLs `victims` from outside 0.8 s after every
-/// rank is ready, and returns the job's output.
-/// A job whose `mpirun` could not start at all is started again, as [`Launch::run`] does.
+/// Runs `launch` (its ranks print `ready pid=<pid>`), SIGKILLs `victims` from outside 0.8 s
+/// after every rank is ready, and returns the job's output; fails the test if it hung.
 pub fn job_with_outside_kills(launch: Launch, ranks: usize, victims: &[usize]) -> JobOutput {
-    let started = with_start_retries("outside kills", || {
-        let mut running = launch.spawn()?;
-        match ready_pids(&mut running, ranks) {
-            Some(pids) => Ok((Ok((running, pids)), None)),
-            None => {
-                let out = running.finish()?;
-                let again = out.never_started().then(|| "mpirun could not start".to_owned());
-                Ok((Err(out), again))
-            }
-        }
-    });
-    let (mut running, pids) = started.expect("mpirun starts").unwrap_or_else(|out| {
-        panic!("the ranks did not get ready:\n{}", out.transcript());
-    });
-    std::thread::sleep(Duration::from_millis(800));
-    for victim in victims {
-        assert!(kill_pid(pids[victim]).expect("kill"), "rank {victim} ended before its kill");
-    }
-    while running.next_line(Duration::from_millis(50)).is_some() || running.is_running() {}
-    let out = running.finish().expect("the job's output");
+    let delay = Duration::from_millis(800);
+    let out = run_with_outside_kills(&launch, ranks, victims, delay).expect("the job runs");
     assert!(!out.timed_out, "job hung:\n{}", out.transcript());
     out
-}
-
-/// Each rank's pid from its `ready pid=<pid>` line (at most 60 s of waiting for a line);
-/// `None` when the job's output ended first.
-fn ready_pids(running: &mut RunningJob, ranks: usize) -> Option<HashMap<usize, u32>> {
-    let mut pids = HashMap::new();
-    while pids.len() < ranks {
-        let (Some(rank), line) = running.next_line(Duration::from_secs(60))? else { continue };
-        if let Some(pid) = line.strip_prefix("ready pid=").and_then(|p| p.trim().parse().ok()) {
-            pids.insert(rank, pid);
-        }
-    }
-    Some(pids)
 }
 
 /// The MPI world rank of process `pid` (`PMIX_RANK` in the environment the runtime started it

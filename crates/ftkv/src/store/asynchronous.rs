@@ -239,6 +239,14 @@ impl<F: Fabric> PendingPut<'_, F> {
         self.finish()
     }
 
+    /// This put without its borrows, for a caller that cannot hold them (the C API keeps the
+    /// caller's pointer instead): nothing is waited for, and the store's next write,
+    /// asynchronous put, barrier or recovery completes the copies as for a leaked handle.
+    /// [`Store::wait_detached`] waits for it with the same value.
+    pub fn detach(mut self) -> DetachedPut {
+        DetachedPut { key: self.key, header: self.header.take() }
+    }
+
     fn finish(&mut self) -> Result<()> {
         let Some(header) = self.header.take() else { return Ok(()) };
         let (store, key, value) = (&mut *self.store, self.key, self.value);
@@ -258,6 +266,31 @@ impl<F: Fabric> PendingPut<'_, F> {
             store.lost.retain(|&k| k != key);
         }
         Ok(())
+    }
+}
+
+/// A [`PendingPut`] detached from the store and the value ([`PendingPut::detach`]).
+#[must_use = "wait for it with Store::wait_detached"]
+#[derive(Debug)]
+pub struct DetachedPut {
+    key: Key,
+    header: Option<Header>,
+}
+
+impl DetachedPut {
+    /// The key the put writes.
+    pub fn key(&self) -> Key {
+        self.key
+    }
+
+    /// The length of the value the put writes.
+    pub fn len(&self) -> usize {
+        self.header.map_or(0, |h| h.len as usize)
+    }
+
+    /// Whether the put writes an empty value.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 
@@ -322,6 +355,20 @@ impl<F: Fabric> Store<F> {
             started => started?,
         }
         Ok(PendingPut { store: self, key, value, header: Some(header) })
+    }
+
+    /// Waits for a detached asynchronous put ([`PendingPut::detach`]) as [`PendingPut::wait`]
+    /// does. `value` must hold the bytes the put was given, unchanged: a copy the replicator
+    /// has not started is written from it.
+    ///
+    /// Completion and failure as [`PendingPut::wait`]. A value of another length than the
+    /// put's is refused with [`Error::ValueMismatch`] before anything is written; the put then
+    /// stays pending, completed by the store's next write as for a leaked handle.
+    pub fn wait_detached(&mut self, put: DetachedPut, value: &[u8]) -> Result<()> {
+        if put.header.is_some() && value.len() != put.len() {
+            return Err(Error::ValueMismatch { expected: put.len(), given: value.len() });
+        }
+        PendingPut { store: self, key: put.key, value, header: put.header }.wait()
     }
 
     /// Whether [`Store::put_async`] writes every copy of `key` itself: when it has one copy

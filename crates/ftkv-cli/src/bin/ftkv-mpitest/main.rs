@@ -2,6 +2,8 @@
 //! JSON reports (`kind {json}` lines, the types in `ftkv_cli::reports`) that the tests read back
 //! rank by rank; `ready pid=<pid>` lines are read while the job runs.
 
+#![forbid(unsafe_code)]
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;

@@ -48,18 +48,23 @@ fn build_shared_library(libs: &Path) {
 /// Compiles `examples/<source>` against the headers and the shared library, warnings as
 /// errors; the executable's path.
 fn build_example(source: &str) -> PathBuf {
+    build(&workspace().join("examples").join(source))
+}
+
+/// Compiles the C or C++ file `source` as [`build_example`] does.
+fn build(source: &Path) -> PathBuf {
     let libs = profile_dir();
     build_shared_library(&libs);
-    let cpp = source.ends_with(".cpp");
+    let cpp = source.extension().is_some_and(|e| e == "cpp");
     let (wrapper, standard) = if cpp {
         (compiler("MPICXX", "mpicxx"), "-std=c++17")
     } else {
         (compiler("MPICC", "mpicc"), "-std=c11")
     };
-    let stem = Path::new(source).file_stem().expect("a file name").to_string_lossy();
+    let stem = source.file_stem().expect("a file name").to_string_lossy();
     let exe = libs.join(format!("ftkv-example-{stem}{}", if cpp { "-cpp" } else { "" }));
     let status = Command::new(wrapper)
-        .arg(workspace().join("examples").join(source))
+        .arg(source)
         .args([standard, "-D_POSIX_C_SOURCE=200809L", "-D_DEFAULT_SOURCE", "-Wall", "-Wextra"])
         .arg("-Werror")
         .arg("-I")
@@ -71,7 +76,7 @@ fn build_example(source: &str) -> PathBuf {
         .arg(&exe)
         .status()
         .expect("the MPI compiler wrapper runs");
-    assert!(status.success(), "examples/{source} does not compile");
+    assert!(status.success(), "{} does not compile", source.display());
     exe
 }
 
@@ -169,5 +174,20 @@ fn c_transactions_keep_the_total_when_a_coordinator_is_killed_from_outside() {
         assert!(counter(counters, "committed") > 1, "rank {rank}: {counters}");
         let noticed = format!("noticed failure of worker {victim}");
         assert!(lines.contains(&noticed), "rank {rank}: {noticed}?\n{}", out.transcript());
+    }
+}
+
+/// `tests/c/api_checks.c` on 4 ranks without failures: every C function's documented result
+/// (argument errors, an asynchronous 1 MiB put, a handed write of another rank's key, exact
+/// counters, transactions committed, aborted on a named key, their reads).
+#[test]
+fn every_c_function_returns_what_its_comment_says() {
+    let exe = build(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/api_checks.c"));
+    let launch = Launch::new(&exe, 4).timeout(Duration::from_secs(60)).transport_from_env();
+    let out = launch.run().expect("mpirun starts");
+    assert!(!out.timed_out, "the checks hung:\n{}", out.transcript());
+    for rank in 0..4 {
+        let lines = out.rank_lines(rank);
+        assert!(lines.iter().any(|l| l == "checks passed"), "rank {rank}:\n{}", out.transcript());
     }
 }

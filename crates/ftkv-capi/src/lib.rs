@@ -96,8 +96,9 @@ pub struct ftkv_store {
 /// An asynchronous put whose other copies are not waited for yet.
 struct Pending {
     put: DetachedPut,
-    /// The program's value: it keeps the bytes unchanged until the put is completed.
+    /// The program's value: it keeps the `len` bytes unchanged until the put is completed.
     data: *const u8,
+    len: usize,
 }
 
 impl ftkv_store {
@@ -105,7 +106,7 @@ impl ftkv_store {
     /// program's bytes); its error is the error of the call that completes it.
     fn complete_pending(&mut self) -> Result<(), Failure> {
         let Some(pending) = self.pending.take() else { return Ok(()) };
-        let len = pending.put.len();
+        let len = pending.len;
         // SAFETY: `ftkv_put_async`'s contract: its `len` bytes at `data` stay valid and
         // unchanged until the put is completed, which is now.
         let value = unsafe { c_abi::slice(pending.data, len) }
@@ -485,7 +486,7 @@ pub unsafe extern "C" fn ftkv_put_async(
         handle.complete_pending()?;
         let me = handle.store.worker();
         let put = handle.store.put_async(key(me, kind), value)?.detach();
-        handle.pending = Some(Pending { put, data: value.as_ptr() });
+        handle.pending = Some(Pending { put, data: value.as_ptr(), len });
         Ok(FTKV_OK)
     })
 }

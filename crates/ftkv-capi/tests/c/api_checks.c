@@ -34,6 +34,8 @@ static void handles_and_arguments(ftkv_store *store) {
     CHECK(ftkv_store_worker(NULL) == -1);
     CHECK(ftkv_needs_recovery(store) == 0);
     CHECK(ftkv_wait(store) == FTKV_OK); /* nothing pending */
+    CHECK(ftkv_put_async(store, CHECKPOINT, "small", 5) == FTKV_OK); /* written through */
+    CHECK(ftkv_wait(store) == FTKV_OK);
     CHECK(strcmp(ftkv_status_message(FTKV_CONTENDED), "unknown status") != 0);
     CHECK(strcmp(ftkv_status_message(99), "unknown status") == 0);
     int worker;
@@ -146,8 +148,11 @@ int main(int argc, char **argv) {
     CHECK(ftkv_sync(store) == FTKV_OK);
     ftkv_counters counters;
     CHECK(ftkv_counters_get(store, &counters) == FTKV_OK);
-    int own_puts = 3 + (rank == 1) + (rank == 2);
+    int own_puts = 4 + (rank == 1) + (rank == 2);
     CHECK(counters.puts == (uint64_t)own_puts + (rank == 2));
+    uint64_t handed_bytes = sizeof "taken over by 2";
+    CHECK(counters.bytes_written ==
+          2 * (uint64_t)LARGE + 5 + (rank == 1 ? 4 : 0) + (rank == 2 ? 1 + handed_bytes : 0));
     CHECK(counters.deletes == (uint64_t)(rank == 2));
     CHECK(counters.failures_noticed == 0 && counters.global_recoveries == 0);
     CHECK(ftkv_store_free(store) == FTKV_OK);

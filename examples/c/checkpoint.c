@@ -1,7 +1,8 @@
 /* A C checkpointing loop on ftkv with localized recovery, under mpirun --with-ft ulfm.
  *
  * Every rank writes its checkpoint ("rank R iteration I" and a payload) every 2 ms for
- * SECONDS (argument 1, default 3) and prints "acked I" once each put returned. A rank may be
+ * SECONDS (argument 1, default 3), every other one asynchronously, and prints "acked I" once
+ * every copy holds it. A rank may be
  * SIGKILLed from outside at any moment: the survivors keep writing while the store moves the
  * copies the dead rank held to reserve holders, they learn of the failure from
  * ftkv_next_failure, and at the end each survivor reads every failed rank's checkpoint and
@@ -74,6 +75,12 @@ static void recover(ftkv_store *store) {
     if (status != FTKV_OK) fail("ftkv_recover", status);
 }
 
+/* An asynchronous put, completed at once: the program would compute in between. */
+static ftkv_status put_and_wait(ftkv_store *store, const char *buf, size_t len) {
+    ftkv_status status = ftkv_put_async(store, 0, buf, len);
+    return status == FTKV_OK ? ftkv_wait(store) : status;
+}
+
 /* Prints each failure the store noticed since the last look, once. */
 static void report_failures(ftkv_store *store) {
     int worker;
@@ -132,7 +139,10 @@ int main(int argc, char **argv) {
     int iteration = 1;
     for (; MPI_Wtime() - start < seconds; ++iteration) {
         size_t len = checkpoint(rank, iteration, buf);
-        while ((status = ftkv_put(store, 0, buf, len)) == FTKV_RECOVERY_NEEDED) recover(store);
+        /* Every other checkpoint asynchronously: buf stays unchanged until ftkv_wait returned. */
+        while ((status = iteration % 2 ? ftkv_put(store, 0, buf, len)
+                                        : put_and_wait(store, buf, len)) == FTKV_RECOVERY_NEEDED)
+            recover(store);
         if (status != FTKV_OK) fail("ftkv_put", status);
         printf("acked %d\n", iteration);
         fflush(stdout);

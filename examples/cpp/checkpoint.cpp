@@ -179,10 +179,13 @@ int run(ftkv::Store &store, double seconds) {
     }
     say("wrote %ld checkpoints\n", iteration - 1);
 
-    try {
-        store.follow();
-    } catch (const ftkv::RecoveryNeeded &) {
-        global_recovery(store);
+    for (;;) {
+        try {
+            store.follow();
+            break;
+        } catch (const ftkv::RecoveryNeeded &) {
+            global_recovery(store);
+        }
     }
     report_failures(store);
     bool all_matched = check_failed_workers(store);

@@ -175,7 +175,7 @@ using if_temporary_buffer =
  * the length it needs) into `out`, growing it until it fits. True: found; false: not found. */
 template <class Read>
 bool read_value(std::string &out, const char *call, Read read) {
-    std::size_t cap = std::max<std::size_t>(out.capacity(), 4096);
+    std::size_t cap = std::max<std::size_t>(out.capacity(), 64 << 10);
     for (;;) {
         out.resize(cap);
         std::uintptr_t len = 0;
@@ -387,7 +387,8 @@ inline void event_trampoline(ftkv_event_kind kind, const char *message, void *us
 
 /* Installs a C handler with its `user` pointer for the whole process (ftkv_set_event_handler);
  * `handler` NULL restores the default (a line on stderr). Replaces a std::function handler.
- * Completion: from the next event on. Failure: throws Error. */
+ * The handler must not let an exception out (declare it noexcept): it is called from ftkv's
+ * threads through C. Completion: from the next event on. Failure: throws Error. */
 inline void set_event_handler(ftkv_event_handler handler, void *user) {
     detail::check(ftkv_set_event_handler(handler, user), "ftkv_set_event_handler");
     detail::EventSlot &slot = detail::event_slot();
@@ -502,10 +503,10 @@ public:
      * abandoned or released); a failure is ignored. See the class comment. */
     ~Store() { reset(); }
 
-    /* Frees the store collectively over its live workers (ftkv_store_free), completing a
-     * pending put_async first. Completion: returns once freed; the Store is empty. Failure:
-     * throws the pending put's error; the handle is gone either way. No-op on an empty
-     * Store. */
+    /* Frees the store collectively over its live workers (ftkv_store_free; a pending
+     * put_async is completed from its first copy, unacknowledged; after a failure not yet
+     * recovered the store is abandoned instead). Completion: returns once freed; the Store is
+     * empty. Failure: throws Error; the handle is gone either way. No-op on an empty Store. */
     void free() {
         ftkv_store *handle = std::exchange(handle_, nullptr);
         if (handle != nullptr) detail::check(ftkv_store_free(handle), "ftkv_store_free");
@@ -531,8 +532,8 @@ public:
      * empty (ftkv_store_worker). */
     int worker() const noexcept { return ftkv_store_worker(handle_); }
 
-    /* Writes `value` under this worker's own key of kind `kind` (ftkv_put), completing a
-     * pending put first. Completion: returns once every copy holds it (with localized
+    /* Writes `value` under this worker's own key of kind `kind` (ftkv_put); refused while a
+     * put_async is pending. Completion: returns once every copy holds it (with localized
      * recovery a failed holder is replaced first). Failure: throws; RecoveryNeeded means a
      * process failed and the store needs global recovery: the new value may be on some
      * holders, the previous one is intact, and after recover() a get returns one of the two;
@@ -548,16 +549,17 @@ public:
 #endif
 
     /* Starts writing `value` under this worker's own key of kind `kind` (ftkv_put_async).
-     * Completion: returns once the first copy holds it (completing a pending put first); the
-     * other copies are written in the background until the put is completed by wait() or by
-     * the store's next call that is not a query (queries: worker, needs_recovery, failed,
-     * next_failure, counters). One pending put per store. Failure: throws as put(); until
-     * the put is completed, a failure of this worker leaves the new version or the previous
-     * one (never a mix).
+     * Completion: returns once the first copy holds it; the other copies are written in the
+     * background until wait() returns. One pending put per store: until wait(), the store
+     * takes only wait(), the queries (worker, needs_recovery, failed, next_failure, counters)
+     * and sync, recover, free, abandon (which complete the put from its first copy,
+     * unacknowledged); other calls throw Error (FTKV_INVALID_ARGUMENT). Failure: throws as
+     * put(); until wait() returned, a failure of this worker leaves the new version or the
+     * previous one (never a mix).
      *
-     * Buffer lifetime: the bytes of `value` must stay allocated and unchanged until the put
-     * is completed (wait() or the next non-query call returned). Passing a temporary string
-     * or vector does not compile (see the deleted overload). */
+     * Buffer lifetime: the bytes of `value` must stay allocated and unchanged until wait()
+     * returned. Passing a temporary string or vector does not compile (see the deleted
+     * overload). */
     void put_async(std::uint16_t kind, const void *data, std::size_t len) {
         detail::check(ftkv_put_async(handle_, kind, data, len), "ftkv_put_async");
     }
@@ -577,7 +579,8 @@ public:
      * the value (at once when none is pending), as put() would. Failure: throws as put(). */
     void wait() { detail::check(ftkv_wait(handle_), "ftkv_wait"); }
 
-    /* A collective barrier over the live workers (ftkv_sync); completes a pending put first.
+    /* A collective barrier over the live workers (ftkv_sync); a pending put_async is completed
+     * from its first copy first (unacknowledged: wait() before to have it acknowledged).
      * Completion: returns once every live worker called it; every put acknowledged before it
      * on any worker is visible to every get after it. Failure: throws RecoveryNeeded when a
      * worker failed, with localized recovery too (every survivor recovers, then calls it
@@ -611,7 +614,7 @@ public:
 
     /* Reads the newest value of key (`owner`, `kind`) from its live holders (ftkv_get), any
      * owner's, also a failed one's (after recover(), or at once with localized recovery);
-     * completes a pending put first. Completion: the value, or std::nullopt
+     * refused while a put_async is pending. Completion: the value, or std::nullopt
      * when the key holds none (never written, or deleted); the buffer grows to the length
      * FTKV_BUFFER_TOO_SMALL reports. Failure: throws RecoveryNeeded after a failure not yet
      * recovered, KeyLost when no copy survived. */
@@ -633,15 +636,15 @@ public:
 
     /* Localized recovery: brings this worker's routes up to every failure noticed, waiting
      * for the repairer thread that moves the failed workers' copies (ftkv_follow); call it
-     * before reading a failed worker's keys. Completes a pending put first. With global
+     * before reading a failed worker's keys. Refused while a put_async is pending. With global
      * recovery it only reports a failure not yet recovered. Completion: returns once
      * followed. Failure: throws RecoveryNeeded when the store fell back to global recovery
      * (recover()). */
     void follow() { detail::check(ftkv_follow(handle_), "ftkv_follow"); }
 
     /* The next failed worker this call has not returned before (ftkv_next_failure; the
-     * smallest new one), so each failure is learnt once. A query: never waits, never
-     * completes a pending put. Completion: the worker, or std::nullopt when no failure is
+     * smallest new one), so each failure is learnt once. A query: never waits, and
+     * may be called while a put_async is pending. Completion: the worker, or std::nullopt when no failure is
      * new. Failure: throws Error (an empty Store). */
     std::optional<int> next_failure() {
         int worker = -1;

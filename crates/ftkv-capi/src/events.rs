@@ -26,21 +26,27 @@ pub enum ftkv_event_kind {
 }
 
 /// A handler of the store's events: the kind, the event as one line of text (valid during
-/// the call), and the `user` pointer given to `ftkv_set_event_handler`.
+/// the call), and the `user` pointer given to `ftkv_set_event_handler`. It must return
+/// normally (from C++: `noexcept`; an exception must not leave it).
 pub type ftkv_event_handler =
-    Option<extern "C" fn(kind: ftkv_event_kind, message: *const c_char, user: *mut c_void)>;
+    Option<unsafe extern "C" fn(kind: ftkv_event_kind, message: *const c_char, user: *mut c_void)>;
+
+/// The function behind a non-NULL [`ftkv_event_handler`].
+type EventHandler = unsafe extern "C" fn(ftkv_event_kind, *const c_char, *mut c_void);
 
 /// The installed handler and its `user` pointer (kept as an address: the program owns it).
-static HANDLER: RwLock<
-    Option<(extern "C" fn(ftkv_event_kind, *const c_char, *mut c_void), usize)>,
-> = RwLock::new(None);
+static HANDLER: RwLock<Option<(EventHandler, usize)>> = RwLock::new(None);
 
 /// Installs `handler` for every store of this process (`NULL`: the default, a line on
 /// stderr), replacing the one before; `user` is passed back to it. It runs on whichever thread
 /// raised the event (the program's or one of ftkv's): it must be thread-safe and return
-/// quickly, and must not call ftkv. Completion: `FTKV_OK`; never fails.
+/// quickly, must not call ftkv, and must return normally (from C++: `noexcept`).
+/// Completion: `FTKV_OK`; never fails.
+///
+/// # Safety
+/// `handler` is NULL or a function of this signature that keeps the rules above.
 #[no_mangle]
-pub extern "C" fn ftkv_set_event_handler(
+pub unsafe extern "C" fn ftkv_set_event_handler(
     handler: ftkv_event_handler,
     user: *mut c_void,
 ) -> ftkv_status {
@@ -65,7 +71,9 @@ pub(crate) fn forward(event: &Event) {
         Event::RecoveryWaiting { .. } => ftkv_event_kind::FTKV_EVENT_RECOVERY_WAITING,
     };
     let line = CString::new(event.to_string().replace('\0', " ")).unwrap_or_default();
-    handler(kind, line.as_ptr(), user as *mut c_void);
+    // SAFETY: `ftkv_set_event_handler`'s contract: a function of this signature that returns
+    // normally; `line` lives across the call, `user` is the program's.
+    unsafe { handler(kind, line.as_ptr(), user as *mut c_void) };
 }
 
 /// Sets `*worker` to a failed worker that this call has not returned before on this store
@@ -74,7 +82,7 @@ pub(crate) fn forward(event: &Event) {
 /// store repairs the copies by itself.
 ///
 /// Completion: `FTKV_OK` with `*worker` set; `FTKV_NOT_FOUND` when no failure is new. Never
-/// waits, never completes a pending asynchronous put.
+/// waits, and may be called while an asynchronous put is pending.
 ///
 /// # Safety
 /// `store` is NULL or a live handle used by one thread at a time; `worker` is NULL or
@@ -129,7 +137,7 @@ pub struct ftkv_counters {
 /// Copies the store handle's counters into `*out`.
 ///
 /// Completion: `FTKV_OK`. Failure: `FTKV_INVALID_ARGUMENT` for a NULL pointer. Never waits,
-/// never completes a pending asynchronous put.
+/// and may be called while an asynchronous put is pending.
 ///
 /// # Safety
 /// `store` is NULL or a live handle used by one thread at a time; `out` is NULL or writable.

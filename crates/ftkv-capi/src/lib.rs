@@ -84,6 +84,9 @@ use ftkv_status::*;
 /// A store handle (opaque).
 pub struct ftkv_store {
     store: Store,
+    /// How many kinds the program named: the kinds after them are the store's own (the
+    /// transaction records), which the program's writes must not touch.
+    kinds: usize,
     /// The asynchronous put not yet waited for, and where the program keeps its value.
     pending: Option<Pending>,
     /// The failed workers `ftkv_next_failure` returned.
@@ -96,24 +99,48 @@ pub struct ftkv_store {
 /// An asynchronous put whose other copies are not waited for yet.
 struct Pending {
     put: DetachedPut,
-    /// The program's value: it keeps the `len` bytes unchanged until the put is completed.
+    /// The program's value: it keeps the `len` bytes unchanged until `ftkv_wait` returns.
     data: *const u8,
     len: usize,
 }
 
 impl ftkv_store {
-    /// Completes the pending asynchronous put, if any ([`Store::wait_detached`] from the
-    /// program's bytes); its error is the error of the call that completes it.
-    fn complete_pending(&mut self) -> Result<(), Failure> {
+    /// Waits for the pending asynchronous put, if any ([`Store::wait_detached`] from the
+    /// program's bytes): `Ok` once every copy holds it.
+    fn wait_pending(&mut self) -> Result<(), Failure> {
         let Some(pending) = self.pending.take() else { return Ok(()) };
-        let len = pending.len;
         // SAFETY: `ftkv_put_async`'s contract: its `len` bytes at `data` stay valid and
-        // unchanged until the put is completed, which is now.
-        let value = unsafe { c_abi::slice(pending.data, len) }
+        // unchanged until `ftkv_wait` returns, and this is `ftkv_wait`.
+        let value = unsafe { c_abi::slice(pending.data, pending.len) }
             .ok_or_else(|| invalid("the pending put's data pointer is NULL"))?;
         self.store.wait_detached(pending.put, value)?;
-        self.count_put(len);
+        self.count_put(pending.len);
         Ok(())
+    }
+
+    /// Completes the pending asynchronous put, if any, without its value (the store copies
+    /// the first copy; the put is not acknowledged): for the collective and final calls.
+    fn release_pending(&mut self) {
+        if let Some(pending) = self.pending.take() {
+            self.store.release_detached(pending.put);
+        }
+    }
+
+    /// Refuses a call while an asynchronous put is pending: its value must be waited for
+    /// first (the program may not have kept it for longer).
+    fn ensure_nothing_pending(&self) -> Result<(), Failure> {
+        match self.pending {
+            Some(_) => Err(invalid("an asynchronous put is pending: call ftkv_wait first")),
+            None => Ok(()),
+        }
+    }
+
+    /// Refuses a write of one of the store's own kinds (the transaction records).
+    fn check_writable(&self, kind: u16) -> Result<(), Failure> {
+        match usize::from(kind) < self.kinds {
+            true => Ok(()),
+            false => Err(invalid(&format!("kind {kind} is not one of the program's kinds"))),
+        }
     }
 
     fn count_put(&mut self, len: usize) {
@@ -231,6 +258,32 @@ unsafe fn put_out<T>(out: *mut T, value: T) -> Result<(), Failure> {
     written.then_some(()).ok_or_else(|| invalid("an output pointer is NULL"))
 }
 
+/// Hands a value read to C: `*len` its length, the bytes into `buf` when they fit
+/// (`FTKV_BUFFER_TOO_SMALL` otherwise, nothing copied), `FTKV_NOT_FOUND` (`*len` = 0) for none.
+///
+/// # Safety
+/// `buf` has room for `cap` bytes; `len` is NULL or writable.
+unsafe fn copy_out(
+    value: Option<&[u8]>,
+    buf: *mut c_void,
+    cap: usize,
+    len: *mut usize,
+) -> Result<ftkv_status, Failure> {
+    let Some(value) = value else {
+        // SAFETY: the caller's contract (above).
+        unsafe { put_out(len, 0) }?;
+        return Ok(FTKV_NOT_FOUND);
+    };
+    // SAFETY: the caller's contract (above).
+    unsafe { put_out(len, value.len()) }?;
+    if value.len() > cap {
+        return Ok(FTKV_BUFFER_TOO_SMALL);
+    }
+    // SAFETY: the caller's contract (above): `buf` has room for `cap` ≥ `value.len()` bytes.
+    unsafe { room(buf, value.len()) }?.copy_from_slice(value);
+    Ok(FTKV_OK)
+}
+
 /// The kind names `kinds[0..n]`.
 ///
 /// # Safety
@@ -310,10 +363,12 @@ pub unsafe extern "C" fn ftkv_store_open(
     guarded(|| {
         // SAFETY: the caller's contract (above).
         let settings = unsafe { c_abi::handle_ref(config) };
-        let settings = settings.ok_or_else(|| invalid("the configuration pointer is NULL"))?;
-        // SAFETY: the caller's contract (above).
-        let names = unsafe { kind_names(settings.kinds, settings.n_kinds) }?;
-        let config = settings.to_config(names)?;
+        let settings = settings.ok_or_else(|| invalid("the configuration pointer is NULL"));
+        let config = settings.and_then(|c| {
+            // SAFETY: the caller's contract (above).
+            let names = unsafe { kind_names(c.kinds, c.n_kinds) }?;
+            c.to_config(names)
+        });
         // SAFETY: the caller's contract (above).
         unsafe { open(comm, config, out) }
     })
@@ -338,36 +393,50 @@ pub unsafe extern "C" fn ftkv_store_create(
 ) -> ftkv_status {
     guarded(|| {
         // SAFETY: the caller's contract (above).
-        let names = unsafe { kind_names(kinds, n_kinds) }?;
-        let mut config = Config::new(names, copies);
-        if max_value > 0 {
-            config.max_value = max_value;
-            config.initial_capacity = config.initial_capacity.min(max_value);
-        }
+        let config = unsafe { kind_names(kinds, n_kinds) }.map(|names| {
+            let mut config = Config::new(names, copies);
+            if max_value > 0 {
+                config.max_value = max_value;
+                config.initial_capacity = config.initial_capacity.min(max_value);
+            }
+            config
+        });
         // SAFETY: the caller's contract (above).
         unsafe { open(comm, config, out) }
     })
 }
 
-/// Creates the store on a duplicate of `comm` and hands it to C through `out`.
+/// Creates the store on a duplicate of `comm` and hands it to C through `out`. A rank whose
+/// own arguments were refused (`config` is its error) still takes part in the collective
+/// creation, with a configuration every rank refuses, so that no rank waits for it.
 ///
 /// # Safety
 /// `comm` is a valid communicator of this process's MPI library; `out` is NULL or writable.
 unsafe fn open(
     comm: MPI_Comm,
-    config: Config,
+    config: Result<Config, Failure>,
     out: *mut *mut ftkv_store,
 ) -> Result<ftkv_status, Failure> {
-    if out.is_null() {
-        return Err(invalid("the output pointer is NULL"));
-    }
+    let config = config.and_then(|config| match out.is_null() {
+        true => Err(invalid("the output pointer is NULL")),
+        false => Ok(config),
+    });
     ftkv::events::set_sink(events::forward);
     let mpi = Mpi::attach()?;
     // SAFETY: the caller's contract (above).
     let comm = unsafe { c_abi::duplicate_comm(&mpi, comm) }?;
-    let store = Store::create(&comm, config)?;
+    let (config, refused) = match config {
+        Ok(config) => (config, None),
+        Err(refused) => (Config::new(Vec::<String>::new(), 0), Some(refused)),
+    };
+    let kinds = config.kinds.iter().filter(|k| k.as_str() != ftkv::TX_RECORD_KIND).count();
+    let created = Store::create(&comm, config);
+    if let Some(refused) = refused {
+        return Err(refused);
+    }
     let handle = ftkv_store {
-        store,
+        store: created?,
+        kinds,
         pending: None,
         reported: Vec::new(),
         counters: ftkv_counters::default(),
@@ -378,12 +447,12 @@ unsafe fn open(
     Ok(FTKV_OK)
 }
 
-/// Frees `store` collectively over its live workers (its windows are freed with them), after
-/// completing a pending asynchronous put. After a failure that was not recovered, use
-/// `ftkv_store_abandon` instead. NULL is a no-op.
+/// Frees `store` collectively over its live workers (its windows are freed with them). A
+/// pending asynchronous put is completed from its first copy first (unacknowledged; its
+/// bytes are not read). After a failure that was not recovered the store is abandoned instead
+/// (as `ftkv_store_abandon`: a collective free would wait for the dead). NULL is a no-op.
 ///
-/// Completion: `FTKV_OK`; the handle is gone whatever the status. Failure: the pending put's
-/// error, if it had one.
+/// Completion: `FTKV_OK`; the handle is gone. Never fails.
 ///
 /// # Safety
 /// `store` is NULL or a live handle, not used by another thread and not used afterwards.
@@ -392,9 +461,11 @@ pub unsafe extern "C" fn ftkv_store_free(store: *mut ftkv_store) -> ftkv_status 
     guarded(|| {
         // SAFETY: the caller's contract (above).
         let Some(mut handle) = (unsafe { c_abi::take_handle(store) }) else { return Ok(FTKV_OK) };
-        let completed = handle.complete_pending();
-        drop(handle);
-        completed.map(|()| FTKV_OK)
+        handle.release_pending();
+        if handle.store.needs_recovery() {
+            handle.store.abandon();
+        }
+        Ok(FTKV_OK)
     })
 }
 
@@ -416,7 +487,7 @@ pub unsafe extern "C" fn ftkv_store_abandon(store: *mut ftkv_store) -> ftkv_stat
 }
 
 /// This rank's worker id (its rank in the communicator the store was created on), or -1 for
-/// a NULL handle.
+/// a NULL handle. Never waits, never fails otherwise.
 ///
 /// # Safety
 /// `store` is NULL or a live handle.
@@ -427,10 +498,11 @@ pub unsafe extern "C" fn ftkv_store_worker(store: *const ftkv_store) -> c_int {
 }
 
 /// Writes `len` bytes at `data` under this rank's own key of kind `kind` and returns once
-/// every copy holds them (completing a pending asynchronous put first).
+/// every copy holds them.
 ///
 /// Completion: `FTKV_OK` once the new value is on every holder. Failure:
-/// `FTKV_INVALID_ARGUMENT` changes nothing; `FTKV_RECOVERY_NEEDED` means a process failed: the
+/// `FTKV_INVALID_ARGUMENT` (a NULL pointer, an unknown kind, a value above the maximum, an
+/// asynchronous put pending: `ftkv_wait` first) changes nothing; `FTKV_RECOVERY_NEEDED` means a process failed: the
 /// new value may be on some holders, all or none, the previous one is intact, and after
 /// `ftkv_recover` a get returns one of the two. With localized recovery a holder that failed
 /// is replaced in the background and the put goes to the new holders: `FTKV_RECOVERY_NEEDED`
@@ -449,7 +521,8 @@ pub unsafe extern "C" fn ftkv_put(
     guarded(|| {
         // SAFETY: the caller's contract (above).
         let (handle, value) = unsafe { (store_mut(store)?, bytes(data, len)?) };
-        handle.complete_pending()?;
+        handle.ensure_nothing_pending()?;
+        handle.check_writable(kind)?;
         let me = handle.store.worker();
         handle.store.put(key(me, kind), value)?;
         handle.count_put(len);
@@ -460,16 +533,20 @@ pub unsafe extern "C" fn ftkv_put(
 /// Writes `len` bytes at `data` under this rank's own key of kind `kind` like `ftkv_put`, but
 /// returns once the first copy (on this host when a holder is here) holds them; a replicator
 /// thread writes the others. The program computes meanwhile, then completes the put with
-/// `ftkv_wait`. **The `len` bytes at `data` must stay allocated and unchanged until the put is
-/// completed**: by `ftkv_wait`, or by the store's next call that is not a query (any call but
-/// `ftkv_store_worker`, `ftkv_needs_recovery`, `ftkv_failed`, `ftkv_next_failure` and
-/// `ftkv_counters_get`), which completes it first. Small values whose holders all share this
-/// host, and keys with one copy, are written to every copy before this returns.
+/// `ftkv_wait`. **The `len` bytes at `data` must stay allocated and unchanged until
+/// `ftkv_wait` returns**: a wait that finds the other copies not started writes them from
+/// them. Until then the store takes only `ftkv_wait`, the queries (`ftkv_store_worker`,
+/// `ftkv_needs_recovery`, `ftkv_failed`, `ftkv_next_failure`, `ftkv_counters_get`) and the
+/// collective and final calls (`ftkv_sync`, `ftkv_recover`, `ftkv_store_free`,
+/// `ftkv_store_abandon`); those complete the put from its first copy without reading the
+/// bytes, and the put is then not acknowledged. Any other call returns
+/// `FTKV_INVALID_ARGUMENT`. Small values whose holders all share this host, and keys with one
+/// copy, are written to every copy before this returns.
 ///
-/// Completion: `FTKV_OK` means the first holder has the new version (completing a pending put
-/// first). Failure: as `ftkv_put`; until the put is completed, the new version may be on the
-/// first holder only: if this rank dies then, a recovery reads it back when that holder
-/// survives, the previous version otherwise (never a mix).
+/// Completion: `FTKV_OK` means the first holder has the new version. Failure: as `ftkv_put`;
+/// until `ftkv_wait` returned, the new version may be on the first holder only: if this rank
+/// dies then, a recovery reads it back when that holder survives, the previous version
+/// otherwise (never a mix).
 ///
 /// # Safety
 /// As `ftkv_put`, and the bytes stay as said above.
@@ -483,7 +560,8 @@ pub unsafe extern "C" fn ftkv_put_async(
     guarded(|| {
         // SAFETY: the caller's contract (above).
         let (handle, value) = unsafe { (store_mut(store)?, bytes(data, len)?) };
-        handle.complete_pending()?;
+        handle.ensure_nothing_pending()?;
+        handle.check_writable(kind)?;
         let me = handle.store.worker();
         let put = handle.store.put_async(key(me, kind), value)?.detach();
         handle.pending = Some(Pending { put, data: value.as_ptr(), len });
@@ -492,7 +570,7 @@ pub unsafe extern "C" fn ftkv_put_async(
 }
 
 /// Completes the pending asynchronous put: returns once every copy holds its value (at once
-/// when no put is pending).
+/// when no put is pending). The put's bytes may change once it returned.
 ///
 /// Completion and failure as `ftkv_put` for that put's value. With localized recovery a holder
 /// that failed meanwhile is replaced and the whole write goes again to the new holders before
@@ -504,14 +582,14 @@ pub unsafe extern "C" fn ftkv_put_async(
 pub unsafe extern "C" fn ftkv_wait(store: *mut ftkv_store) -> ftkv_status {
     guarded(|| {
         // SAFETY: the caller's contract (above).
-        unsafe { store_mut(store) }?.complete_pending()?;
+        unsafe { store_mut(store) }?.wait_pending()?;
         Ok(FTKV_OK)
     })
 }
 
-/// A barrier over the store's live workers (collective), after completing a pending
-/// asynchronous put: every put acknowledged before it on any worker is visible to every get
-/// after it.
+/// A barrier over the store's live workers (collective): every put acknowledged before it on
+/// any worker is visible to every get after it. A pending asynchronous put is completed from
+/// its first copy first (unacknowledged; call `ftkv_wait` before to have it acknowledged).
 ///
 /// Completion: `FTKV_OK` on every live worker. Failure: `FTKV_RECOVERY_NEEDED` when a worker
 /// failed (with localized recovery too: recover globally, then call it again).
@@ -523,7 +601,7 @@ pub unsafe extern "C" fn ftkv_sync(store: *mut ftkv_store) -> ftkv_status {
     guarded(|| {
         // SAFETY: the caller's contract (above).
         let handle = unsafe { store_mut(store) }?;
-        handle.complete_pending()?;
+        handle.release_pending();
         handle.store.sync()?;
         Ok(FTKV_OK)
     })
@@ -538,7 +616,8 @@ pub unsafe extern "C" fn ftkv_delete(store: *mut ftkv_store, kind: u16) -> ftkv_
     guarded(|| {
         // SAFETY: the caller's contract (above).
         let handle = unsafe { store_mut(store) }?;
-        handle.complete_pending()?;
+        handle.ensure_nothing_pending()?;
+        handle.check_writable(kind)?;
         let me = handle.store.worker();
         handle.store.delete(key(me, kind))?;
         handle.counters.deletes += 1;
@@ -567,7 +646,8 @@ pub unsafe extern "C" fn ftkv_put_handed(
     guarded(|| {
         // SAFETY: the caller's contract (above).
         let (handle, value) = unsafe { (store_mut(store)?, bytes(data, len)?) };
-        handle.complete_pending()?;
+        handle.ensure_nothing_pending()?;
+        handle.check_writable(kind)?;
         handle.store.put_handed(key(owner, kind), value)?;
         handle.count_put(len);
         Ok(FTKV_OK)
@@ -588,7 +668,8 @@ pub unsafe extern "C" fn ftkv_delete_handed(
     guarded(|| {
         // SAFETY: the caller's contract (above).
         let handle = unsafe { store_mut(store) }?;
-        handle.complete_pending()?;
+        handle.ensure_nothing_pending()?;
+        handle.check_writable(kind)?;
         handle.store.delete_handed(key(owner, kind))?;
         handle.counters.deletes += 1;
         Ok(FTKV_OK)
@@ -598,7 +679,7 @@ pub unsafe extern "C" fn ftkv_delete_handed(
 /// Reads the newest value of key (`owner`, `kind`) from its live holders into `buf` (room for
 /// `cap` bytes) and sets `*len` to its length. Works for any owner, also a failed one (after
 /// `ftkv_recover`, or at once with localized recovery): the value is its last acknowledged put
-/// (or a later one that was in flight). Completes a pending asynchronous put first.
+/// (or a later one that was in flight). Refused while an asynchronous put is pending.
 ///
 /// Completion: `FTKV_OK` with the value in `buf`; `FTKV_NOT_FOUND` (`*len` = 0) when the key
 /// holds no value; `FTKV_BUFFER_TOO_SMALL` with `*len` the length needed (nothing copied).
@@ -620,27 +701,23 @@ pub unsafe extern "C" fn ftkv_get(
     guarded(|| {
         // SAFETY: the caller's contract (above).
         let handle = unsafe { store_mut(store) }?;
-        handle.complete_pending()?;
-        let value = handle.store.get(key(owner, kind))?;
-        handle.counters.gets += 1;
-        let Some(value) = value else {
-            // SAFETY: the caller's contract (above).
-            unsafe { put_out(len, 0) }?;
-            return Ok(FTKV_NOT_FOUND);
-        };
-        // SAFETY: the caller's contract (above).
-        unsafe { put_out(len, value.len()) }?;
-        if value.len() > cap {
-            return Ok(FTKV_BUFFER_TOO_SMALL);
+        if len.is_null() {
+            return Err(invalid("the length pointer is NULL"));
         }
+        handle.ensure_nothing_pending()?;
+        let value = handle.store.get(key(owner, kind))?;
         // SAFETY: the caller's contract (above).
-        unsafe { room(buf, cap) }?[..value.len()].copy_from_slice(&value);
-        Ok(FTKV_OK)
+        let status = unsafe { copy_out(value.as_deref(), buf, cap, len) }?;
+        if status != FTKV_BUFFER_TOO_SMALL {
+            handle.counters.gets += 1;
+        }
+        Ok(status)
     })
 }
 
 /// Whether a failure was noticed that needs `ftkv_recover` (1) or not (0); -1 for a NULL
 /// handle. With localized recovery it is 1 only once the store fell back to global recovery.
+/// Never waits.
 ///
 /// # Safety
 /// `store` is NULL or a live handle.
@@ -667,8 +744,8 @@ pub unsafe extern "C" fn ftkv_needs_recovery(store: *const ftkv_store) -> c_int 
 /// survivor stuck alone in a step the others left ends itself while they recover without it.
 /// A late survivor never makes the others end themselves.
 ///
-/// Completion: `FTKV_OK` on every survivor (a pending asynchronous put is completed first;
-/// its failure does not stop the recovery). Failure: another failure during the recovery
+/// Completion: `FTKV_OK` on every survivor (a pending asynchronous put is completed from its
+/// first copy first, unacknowledged). Failure: another failure during the recovery
 /// restarts it inside the call; `FTKV_RECOVERY_FAILED` when too few ranks are left.
 ///
 /// # Safety
@@ -678,10 +755,7 @@ pub unsafe extern "C" fn ftkv_recover(store: *mut ftkv_store) -> ftkv_status {
     guarded(|| {
         // SAFETY: the caller's contract (above).
         let handle = unsafe { store_mut(store) }?;
-        match handle.complete_pending() {
-            Err(Failure(FTKV_RECOVERY_NEEDED, _)) | Ok(()) => {}
-            Err(other) => return Err(other),
-        }
+        handle.release_pending();
         let report = handle.store.recover()?;
         handle.counters.global_recoveries += 1;
         handle.counters.keys_lost += report.keys_lost.len() as u64;
@@ -692,8 +766,9 @@ pub unsafe extern "C" fn ftkv_recover(store: *mut ftkv_store) -> ftkv_status {
 /// With localized recovery: brings this worker's routes up to every failure noticed so far,
 /// waiting until the repairer thread (which moves the copies that lived on failed workers in
 /// the background) has followed them. Every put, delete and get that notices a new failure
-/// does the same first; call it before reading a failed worker's keys. Completes a pending
-/// asynchronous put first. With global recovery it only reports a failure not yet recovered.
+/// does the same first; call it before reading a failed worker's keys. Refused while an
+/// asynchronous put is pending. With global recovery it only reports a failure not yet
+/// recovered.
 ///
 /// Completion: `FTKV_OK`. Failure: `FTKV_RECOVERY_NEEDED` when the repair fell back to global
 /// recovery (or a further failure interrupted it: call again).
@@ -705,7 +780,7 @@ pub unsafe extern "C" fn ftkv_follow(store: *mut ftkv_store) -> ftkv_status {
     guarded(|| {
         // SAFETY: the caller's contract (above).
         let handle = unsafe { store_mut(store) }?;
-        handle.complete_pending()?;
+        handle.ensure_nothing_pending()?;
         handle.store.follow()?;
         handle.collect_repairs();
         Ok(FTKV_OK)
@@ -714,7 +789,9 @@ pub unsafe extern "C" fn ftkv_follow(store: *mut ftkv_store) -> ftkv_status {
 
 /// Copies the failed workers this rank knows of (ascending) into `out` (room for `cap`) and
 /// sets `*count` to how many there are (it may exceed `cap`: then only `cap` are copied).
-/// Never waits.
+///
+/// Completion: `FTKV_OK`. Failure: `FTKV_INVALID_ARGUMENT` for a NULL handle or `count`, or a
+/// NULL `out` with room for failures. Never waits.
 ///
 /// # Safety
 /// `store` is NULL or a live handle used by one thread at a time; `out` has room for `cap`

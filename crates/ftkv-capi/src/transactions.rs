@@ -7,7 +7,9 @@ use std::ffi::{c_int, c_void};
 use ftkv::txn::{Decision, Expect, Outcome, Txn};
 use ftkv::Key;
 
-use crate::{bytes, ftkv_status, ftkv_store, guarded, invalid, put_out, room, store_mut, Failure};
+use crate::{
+    bytes, copy_out, ftkv_status, ftkv_store, guarded, invalid, put_out, store_mut, Failure,
+};
 use ftkv_status::*;
 
 /// A transaction being built, and once run, how it ended (opaque).
@@ -197,8 +199,8 @@ pub unsafe extern "C" fn ftkv_txn_delete(
 /// Runs `txn` as this worker's next transaction: every key it names is locked on every live
 /// holder, read, its conditions checked, its writes recorded in this worker's transaction
 /// record on the record's holders, then written, then unlocked. Needs a store opened with
-/// `transactions` and localized recovery. A transaction runs once; completes a pending
-/// asynchronous put first.
+/// `transactions` and localized recovery. A transaction runs once. Refused while an
+/// asynchronous put is pending, and for writes of kinds that are not the program's.
 ///
 /// Completion: `FTKV_OK` with `*outcome` `FTKV_TXN_COMMITTED` (every write on every live holder
 /// of its key, the locks released; `ftkv_txn_result` gives the reads) or `FTKV_TXN_ABORTED`
@@ -227,7 +229,10 @@ pub unsafe extern "C" fn ftkv_transaction(
         if txn.outcome.is_some() {
             return Err(invalid("the transaction has run; build a new one"));
         }
-        handle.complete_pending()?;
+        handle.ensure_nothing_pending()?;
+        for (key, _) in &txn.txn.writes {
+            handle.check_writable(key.kind)?;
+        }
         let ended = handle.store.transaction(&txn.txn, |_| Vec::new())?;
         let result = match ended {
             Outcome::Committed { .. } => {
@@ -278,19 +283,8 @@ pub unsafe extern "C" fn ftkv_txn_result(
             // SAFETY: the caller's contract (above); not NULL.
             unsafe { put_out(version, *read_version) }?;
         }
-        let Some(value) = value else {
-            // SAFETY: the caller's contract (above).
-            unsafe { put_out(len, 0) }?;
-            return Ok(FTKV_NOT_FOUND);
-        };
         // SAFETY: the caller's contract (above).
-        unsafe { put_out(len, value.len()) }?;
-        if value.len() > cap {
-            return Ok(FTKV_BUFFER_TOO_SMALL);
-        }
-        // SAFETY: the caller's contract (above).
-        unsafe { room(buf, cap) }?[..value.len()].copy_from_slice(value);
-        Ok(FTKV_OK)
+        unsafe { copy_out(value.as_deref(), buf, cap, len) }
     })
 }
 
@@ -323,7 +317,7 @@ pub unsafe extern "C" fn ftkv_txn_aborted_on(
 /// rolls a committed one forward, aborts one that was still locking, releases its locks, and
 /// sets `*resolved` (unless NULL) to how many. Transactions do it before every lock attempt;
 /// a worker that runs none calls it after a failure so that others' transactions do not wait
-/// for it. Completes a pending asynchronous put first.
+/// for it. Refused while an asynchronous put is pending.
 ///
 /// Completion: `FTKV_OK`. Failure: `FTKV_RECOVERY_NEEDED` when the store fell back to global
 /// recovery.
@@ -339,7 +333,7 @@ pub unsafe extern "C" fn ftkv_resolve_transactions(
     guarded(|| {
         // SAFETY: the caller's contract (above).
         let handle = unsafe { store_mut(store) }?;
-        handle.complete_pending()?;
+        handle.ensure_nothing_pending()?;
         let count = handle.store.resolve_transactions()?;
         if !resolved.is_null() {
             // SAFETY: the caller's contract (above); not NULL.
@@ -372,7 +366,7 @@ pub unsafe extern "C" fn ftkv_finish_transactions(
         if decision.is_null() {
             return Err(invalid("the decision pointer is NULL"));
         }
-        handle.complete_pending()?;
+        handle.ensure_nothing_pending()?;
         let decided = match handle.store.finish_transactions()? {
             None => ftkv_txn_decision::FTKV_TXN_NONE,
             Some(Decision::Committed) => ftkv_txn_decision::FTKV_TXN_DECIDED_COMMIT,

@@ -22,6 +22,8 @@ pub enum Error {
     ValueTooLarge { len: usize, max: usize },
     #[error("the value given is {given} bytes long, the asynchronous put's was {expected}")]
     ValueMismatch { expected: usize, given: usize },
+    #[error("the asynchronous put of key {key} is not this store's pending one: a later write completed it")]
+    NotPending { key: Key },
     #[error("key {key} belongs to worker {}, not to this worker {me}; use put_handed for a key handed to it", key.owner)]
     ForeignOwner { key: Key, me: i32 },
     #[error("invalid configuration: {0}")]

@@ -132,6 +132,8 @@ pub struct Store<F: Fabric = DefaultFabric> {
     async_buffer: Option<Vec<u8>>,
     /// The copies of the last asynchronous put, while they are not known complete.
     handoff: Option<asynchronous::Handoff>,
+    /// The (key, version) of the asynchronous put last detached and not completed since.
+    detached: Option<(Key, u64)>,
     /// The thread that repairs copies after failures
     /// ([`Recovery::Localized`](crate::Recovery::Localized) only).
     repairer: Option<follow::Repairer<F>>,

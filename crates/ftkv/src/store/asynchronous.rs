@@ -240,11 +240,16 @@ impl<F: Fabric> PendingPut<'_, F> {
     }
 
     /// This put without its borrows, for a caller that cannot hold them (the C API keeps the
-    /// caller's pointer instead): nothing is waited for, and the store's next write,
-    /// asynchronous put, barrier or recovery completes the copies as for a leaked handle.
-    /// [`Store::wait_detached`] waits for it with the same value.
+    /// caller's pointer instead): nothing is waited for. [`Store::wait_detached`] waits for it
+    /// with the same value, as [`PendingPut::wait`] would; [`Store::release_detached`] and the
+    /// store's next write, asynchronous put, barrier or recovery complete its copies from the
+    /// first copy instead, as for a leaked handle, and a later `wait_detached` is refused.
     pub fn detach(mut self) -> DetachedPut {
-        DetachedPut { key: self.key, header: self.header.take() }
+        let header = self.header.take();
+        if let Some(header) = header {
+            self.store.detached = Some((self.key, header.version));
+        }
+        DetachedPut { key: self.key, header, len: self.value.len() }
     }
 
     fn finish(&mut self) -> Result<()> {
@@ -274,7 +279,9 @@ impl<F: Fabric> PendingPut<'_, F> {
 #[derive(Debug)]
 pub struct DetachedPut {
     key: Key,
+    /// The version written, `None` when every copy was written before `put_async` returned.
     header: Option<Header>,
+    len: usize,
 }
 
 impl DetachedPut {
@@ -285,7 +292,7 @@ impl DetachedPut {
 
     /// The length of the value the put writes.
     pub fn len(&self) -> usize {
-        self.header.map_or(0, |h| h.len as usize)
+        self.len
     }
 
     /// Whether the put writes an empty value.
@@ -361,14 +368,30 @@ impl<F: Fabric> Store<F> {
     /// does. `value` must hold the bytes the put was given, unchanged: a copy the replicator
     /// has not started is written from it.
     ///
-    /// Completion and failure as [`PendingPut::wait`]. A value of another length than the
-    /// put's is refused with [`Error::ValueMismatch`] before anything is written; the put then
-    /// stays pending, completed by the store's next write as for a leaked handle.
+    /// Completion and failure as [`PendingPut::wait`]. Refused before anything is written:
+    /// a value of another length than the put's ([`Error::ValueMismatch`]; the put stays
+    /// pending), and a put that is not this store's pending one ([`Error::NotPending`]: a
+    /// later write or [`Store::release_detached`] completed it, or another store made it).
     pub fn wait_detached(&mut self, put: DetachedPut, value: &[u8]) -> Result<()> {
-        if put.header.is_some() && value.len() != put.len() {
-            return Err(Error::ValueMismatch { expected: put.len(), given: value.len() });
+        let Some(header) = put.header else { return Ok(()) };
+        if self.detached != Some((put.key, header.version)) {
+            return Err(Error::NotPending { key: put.key });
         }
+        if value.len() != put.len {
+            return Err(Error::ValueMismatch { expected: put.len, given: value.len() });
+        }
+        self.detached = None;
         PendingPut { store: self, key: put.key, value, header: put.header }.wait()
+    }
+
+    /// Completes a detached asynchronous put without its value: the replicator writes its
+    /// copies from the first copy, as for a leaked handle, and this waits for it. The put is
+    /// not acknowledged: a failure it met is left to the detector and the store's next call.
+    /// A put that is not this store's pending one is left alone.
+    pub fn release_detached(&mut self, put: DetachedPut) {
+        if put.header.is_some_and(|h| self.detached == Some((put.key, h.version))) {
+            let _ = self.complete_handoff(None);
+        }
     }
 
     /// Whether [`Store::put_async`] writes every copy of `key` itself: when it has one copy
@@ -472,6 +495,9 @@ impl<F: Fabric> Store<F> {
     /// changed before the replicator copied it makes the owner write every copy again from
     /// `value`.
     pub(super) fn complete_handoff(&mut self, value: Option<&[u8]>) -> Result<()> {
+        if value.is_none() {
+            self.detached = None;
+        }
         let Some(handoff) = self.handoff.take() else { return Ok(()) };
         let Some(value) = value else {
             if let Ok(Err(e)) = handoff.done.recv() {

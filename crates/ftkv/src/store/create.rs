@@ -91,6 +91,7 @@ impl<F: Fabric> Store<F> {
             replicator: None,
             async_buffer: None,
             handoff: None,
+            detached: None,
             repairer: None,
         };
         store.start_detector()?;

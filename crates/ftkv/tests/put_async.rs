@@ -126,3 +126,44 @@ fn an_owner_killed_before_waiting_leaves_its_new_value_on_the_first_holder() {
         assert_eq!(outcome.as_ref().unwrap().as_deref(), Some(&value(1, 2)[..]), "worker {worker}");
     }
 }
+
+/// A detached put (the C API's form) is waited for with its value, or released without it
+/// (its copies then come from the first copy); a wait for a put that a later write completed
+/// is refused and changes nothing.
+#[test]
+fn a_detached_put_is_waited_for_once_and_never_after_a_later_write() {
+    let outcomes = within(60, "detached puts".into(), || {
+        LocalCluster::new(4).run(|fabric| {
+            let mut store = Store::create(&fabric, Config::new(["checkpoint"], 3)).unwrap();
+            let me = store.worker();
+            let key = Key::new(me, 0);
+            let all_hold = |store: &mut Store<_>, expected: &[u8]| {
+                let copies = store.read_copies(key).unwrap();
+                copies.len() == 3 && copies.iter().all(|(_, v)| v.as_deref() == Some(expected))
+            };
+            let first = big(me, 1);
+            let put = store.put_async(key, &first).unwrap().detach();
+            assert_eq!(put.len(), first.len());
+            let short = store.wait_detached(put, &first[..10]);
+            assert!(matches!(short, Err(ftkv::Error::ValueMismatch { .. })), "{short:?}");
+            // The first put stayed pending: the second completes it before it starts.
+            let second = big(me, 2);
+            let put = store.put_async(key, &second).unwrap().detach();
+            let waited = store.wait_detached(put, &second);
+            let mut held = waited.is_ok() && all_hold(&mut store, &second);
+            let third = big(me, 3);
+            let stale = store.put_async(key, &third).unwrap().detach();
+            store.put(key, &value(me, 4)).unwrap();
+            let late = store.wait_detached(stale, &third);
+            held &= matches!(late, Err(ftkv::Error::NotPending { .. }));
+            held &= all_hold(&mut store, &value(me, 4));
+            let fifth = big(me, 5);
+            let released = store.put_async(key, &fifth).unwrap().detach();
+            store.release_detached(released);
+            held &= all_hold(&mut store, &fifth);
+            store.sync().unwrap();
+            held
+        })
+    });
+    assert_eq!(outcomes, vec![Some(true); 4], "every copy held each completed value");
+}

@@ -80,8 +80,8 @@ across_hosts 300 target/release/ftkv chaos --nodes 2 --kill-host --runs 2 --rank
 across_hosts 300 target/release/ftkv chaos --nodes 3 --map-by node --kill-host --runs 2 --ranks 6 \
   --copies 2 --kills 0 --recovery localized --seed 1
 # Campaigns with a second kill during recovery (`--kills 2`) are run by hand: a kill that lands
-# inside MPIX_Comm_shrink can leave Open MPI 5.0.11's shrink stuck on every survivor (see the
-# README), which no store design can prevent and which would make CI flaky.
+# inside MPIX_Comm_shrink can leave Open MPI 5.0.11's shrink stuck on every survivor (see
+# docs/limits.md), which no store design can prevent and which would make CI flaky.
 step "bench store --quick (ftkv, raw RMA, Redis, etcd: runs and verifies every copy)"
 target/release/ftkv bench store --quick --out results/ci
 step "all tests passed"

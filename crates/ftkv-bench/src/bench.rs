@@ -9,12 +9,11 @@ use ftkv::{placement, Config, Detection, Key, Store};
 use ftkv_mpi::{failpoint, Comm, LockedWindow, Mpi, Window};
 use plotters::style::RGBColor;
 
-use crate::bench_store::System;
+use crate::machine::unix_us;
 use crate::plot::{self, Chart, Series};
-use crate::reports::{
-    GlobalRecoveryReport, GrowthReport, LocalizedRecoveryReport, Report, StoreRunReport,
-};
+use crate::reports::{GlobalRecoveryReport, GrowthReport, LocalizedRecoveryReport, Report, System};
 use crate::stats::Histogram;
+use crate::workload::{checkpoint_workload, WorkloadResult};
 
 /// One mode's latencies at one size (a row of `ftkv bench put`'s results file).
 #[derive(Debug, Clone, serde::Serialize)]
@@ -393,90 +392,6 @@ pub fn detect_rank_main() -> Result<()> {
     failpoint::exit_now(0)
 }
 
-/// The checkpoint workload of `ftkv bench store` on one writer: overwrite the checkpoint with
-/// `size` bytes until `until`; every 10th write also puts the loot, and 5 writes later deletes
-/// it. `write(kind, value)` (`None`: delete) is the system's blocking write. The first
-/// [`warm_up`] of the time is not recorded (connections, page faults, replication start-up).
-pub fn checkpoint_workload(
-    size: usize,
-    until: Instant,
-    mut write: impl FnMut(u16, Option<&[u8]>) -> Result<()>,
-) -> Result<WorkloadResult> {
-    let record_from = Instant::now() + warm_up(until.saturating_duration_since(Instant::now()));
-    let mut value = vec![0u8; size];
-    let mut result = WorkloadResult::default();
-    let mut started = Instant::now();
-    let mut seq = 0u64;
-    let mut warming = true;
-    while Instant::now() < until {
-        if warming && Instant::now() >= record_from {
-            warming = false;
-            result.histogram = crate::stats::Histogram::default();
-            (result.writes, result.bytes, started) = (0, 0, Instant::now());
-        }
-        seq += 1;
-        stamp(&mut value, seq);
-        result.timed(|| write(0, Some(&value)), size)?;
-        if seq.is_multiple_of(10) {
-            result.timed(|| write(1, Some(&value)), size)?;
-            result.loot_present = true;
-        } else if seq % 10 == 5 && result.loot_present {
-            result.timed(|| write(1, None), 0)?;
-            result.loot_present = false;
-        }
-    }
-    result.secs = started.elapsed().as_secs_f64();
-    result.last_checkpoint = value;
-    Ok(result)
-}
-
-/// The unrecorded start of a run of `length`: a fifth of it, at most 300 ms.
-pub fn warm_up(length: Duration) -> Duration {
-    (length / 5).min(Duration::from_millis(300))
-}
-
-/// Puts `seq` into the first bytes of `value` so that every write differs.
-fn stamp(value: &mut [u8], seq: u64) {
-    let bytes = seq.to_le_bytes();
-    let n = value.len().min(8);
-    value[..n].copy_from_slice(&bytes[..n]);
-}
-
-/// What one writer measured.
-#[derive(Debug, Default)]
-pub struct WorkloadResult {
-    pub histogram: crate::stats::Histogram,
-    pub writes: u64,
-    pub bytes: u64,
-    pub secs: f64,
-    pub last_checkpoint: Vec<u8>,
-    /// Whether the loot key holds a value at the end (its last write was a put).
-    pub loot_present: bool,
-}
-
-impl WorkloadResult {
-    fn timed(&mut self, write: impl FnOnce() -> Result<()>, bytes: usize) -> Result<()> {
-        let start = Instant::now();
-        write()?;
-        self.histogram.record(start.elapsed());
-        self.writes += 1;
-        self.bytes += bytes as u64;
-        Ok(())
-    }
-
-    /// The report of `system`'s run at `size` by the writer of rank `writer` for the driver.
-    pub fn into_report(
-        self,
-        system: System,
-        size: usize,
-        writer: usize,
-        verified: bool,
-    ) -> StoreRunReport {
-        let WorkloadResult { histogram, writes, bytes, secs, .. } = self;
-        StoreRunReport { system, size, writer, writes, bytes, secs, verified, histogram }
-    }
-}
-
 /// The rank side of `ftkv bench store` for ftkv and raw MPI RMA: for each size, the raw run then
 /// the ftkv run (those of them in `systems`), `writers` ranks writing for `millis` each, then
 /// every copy verified.
@@ -602,12 +517,6 @@ fn verify_store(store: &mut Store, me: i32, result: &WorkloadResult) -> Result<b
         checkpoint.iter().all(|(_, v)| v.as_deref() == Some(&result.last_checkpoint[..]));
     let loot_ok = loot.iter().all(|(_, v)| v.is_some() == result.loot_present);
     Ok(checkpoints_ok && loot_ok && !checkpoint.is_empty())
-}
-
-/// Microseconds since the Unix epoch: a clock the driver and every rank on this machine share.
-pub fn unix_us() -> u64 {
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
-    now.map_or(0, |d| d.as_micros() as u64)
 }
 
 /// The rank side of `ftkv bench recovery`: every rank stores `bytes` in its checkpoint (2
@@ -866,7 +775,7 @@ pub fn growth_rank_main(copies: usize, stored: usize, millis: u64) -> Result<()>
 
 /// The machine's shared memory in KiB (`Shmem:` of /proc/meminfo): MPI windows live there.
 fn shmem_kib() -> Result<u64> {
-    crate::bench_scale::meminfo_kib("Shmem:")
+    crate::machine::meminfo_kib("Shmem:")
 }
 
 /// Writes `text` to `path`, creating its directory.

@@ -7,9 +7,8 @@ use std::time::Duration;
 use anyhow::{ensure, Context, Result};
 use serde::Serialize;
 
-use crate::bench::unix_us;
-use crate::bench_store::size_name;
-use crate::plot::{self, Chart, Series};
+use crate::machine::unix_us;
+use crate::plot::{self, size_name, Chart, Series};
 use crate::reports::{GlobalRecoveryReport, GrowthReport, LocalizedRecoveryReport, Report};
 use ftkv_launch::cluster::Hosts;
 use ftkv_launch::launch::{kill_pid, union_of_failed, JobOutput, Launch};

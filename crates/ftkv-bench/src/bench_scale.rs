@@ -21,6 +21,7 @@ use serde::Serialize;
 use crate::bench_recovery::{
     measure_recovery_on, reports_by_rank, write_json, RecoveryMode, RecoveryRow, FLAT_OUT_PACE_US,
 };
+use crate::machine::{field_of, meminfo_kib};
 use crate::plot;
 use crate::reports::{Report, ScaleReport};
 use crate::stats::Histogram;
@@ -146,17 +147,6 @@ fn host_ranks(world: &ftkv_mpi::Comm) -> Result<usize> {
 /// A `Name: value` line of /proc/self/status (KiB for memory, a count for `Threads:`).
 fn status_kib(field: &str) -> Result<u64> {
     field_of(&std::fs::read_to_string("/proc/self/status")?, field)
-}
-
-/// A `Name: value` line of /proc/meminfo, in KiB.
-pub(crate) fn meminfo_kib(field: &str) -> Result<u64> {
-    field_of(&std::fs::read_to_string("/proc/meminfo")?, field)
-}
-
-fn field_of(text: &str, field: &str) -> Result<u64> {
-    let line = text.lines().find(|l| l.starts_with(field));
-    let value = line.and_then(|l| l.split_whitespace().nth(1)?.parse().ok());
-    value.with_context(|| format!("no {field} line"))
 }
 
 /// Open sockets of this process.

@@ -5,49 +5,17 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
-use crate::bench::{checkpoint_workload, WorkloadResult};
+use crate::workload::{checkpoint_workload, WorkloadResult};
 use plotters::style::RGBColor;
 
-use crate::plot::{self, Chart, Series};
+use crate::plot::{self, size_name, Chart, Series};
 
 use crate::peers::{self, EtcdClient, RedisClient, ETCD_PORTS, REDIS_PORTS};
-use crate::reports::{Report, StoreRunReport};
+use crate::reports::{Report, StoreRunReport, System};
 use crate::stats::Histogram;
 use ftkv_launch::launch::{JobOutput, Launch};
-
-/// The systems measured.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum System {
-    Ftkv,
-    RawRma,
-    Redis,
-    Etcd,
-}
-
-impl System {
-    pub const ALL: [System; 4] = [System::Ftkv, System::RawRma, System::Redis, System::Etcd];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            System::Ftkv => "ftkv",
-            System::RawRma => "raw_rma",
-            System::Redis => "redis",
-            System::Etcd => "etcd",
-        }
-    }
-
-    fn rgb(self) -> RGBColor {
-        match self {
-            System::Ftkv => RGBColor(0xd6, 0x27, 0x28),
-            System::RawRma => RGBColor(0x7f, 0x7f, 0x7f),
-            System::Redis => RGBColor(0x1f, 0x77, 0xb4),
-            System::Etcd => RGBColor(0x2c, 0xa0, 0x2c),
-        }
-    }
-}
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -154,14 +122,6 @@ impl Progress {
             row.p50_us,
             if row.verified { "" } else { "  NOT VERIFIED" }
         );
-    }
-}
-
-pub fn size_name(size: usize) -> String {
-    match size {
-        s if s >= 1 << 20 && s % (1 << 20) == 0 => format!("{} MiB", s >> 20),
-        s if s >= 1 << 10 && s % (1 << 10) == 0 => format!("{} KiB", s >> 10),
-        s => format!("{s} B"),
     }
 }
 
@@ -469,7 +429,7 @@ pub fn svg_plot(
         .into_iter()
         .map(|system| Series {
             name: system.name().to_owned(),
-            color: system.rgb(),
+            color: color(system),
             points: rows
                 .iter()
                 .filter(|r| r.system == system && r.writers == writers)
@@ -479,6 +439,16 @@ pub fn svg_plot(
         .collect();
     let caption = format!("{label} vs value size ({writers} writers, 3 copies)");
     plot::by_size(&Chart::against_size(&caption, label), &series)
+}
+
+/// The line colour of `system` in the plots.
+fn color(system: System) -> RGBColor {
+    match system {
+        System::Ftkv => RGBColor(0xd6, 0x27, 0x28),
+        System::RawRma => RGBColor(0x7f, 0x7f, 0x7f),
+        System::Redis => RGBColor(0x1f, 0x77, 0xb4),
+        System::Etcd => RGBColor(0x2c, 0xa0, 0x2c),
+    }
 }
 
 #[cfg(test)]
@@ -512,7 +482,7 @@ mod tests {
         let svg = svg_plot(&rows, 2, "writes/s", |r| r.writes_per_s).expect("a plot");
         assert!(svg.starts_with("<svg"), "{svg}");
         let line_of = |system: System| {
-            let RGBColor(r, g, b) = system.rgb();
+            let RGBColor(r, g, b) = color(system);
             format!("stroke=\"#{r:02X}{g:02X}{b:02X}\" stroke-width=\"2\" points=")
         };
         assert!(svg.contains(&line_of(System::Ftkv)), "ftkv's line: {svg}");

@@ -4,8 +4,6 @@
 use anyhow::Result;
 use plotters::prelude::*;
 
-use crate::bench_store::size_name;
-
 /// A chart's texts, size and legend position.
 pub struct Chart<'a> {
     pub caption: &'a str,
@@ -104,4 +102,13 @@ fn bounds(values: impl Iterator<Item = f64>) -> (f64, f64) {
 
 pub(crate) fn plot_error(e: impl std::fmt::Display) -> anyhow::Error {
     anyhow::anyhow!("drawing the plot: {e}")
+}
+
+/// A size as people write it: `64 KiB`, `1 MiB`, `100 B`.
+pub fn size_name(size: usize) -> String {
+    match size {
+        s if s >= 1 << 20 && s % (1 << 20) == 0 => format!("{} MiB", s >> 20),
+        s if s >= 1 << 10 && s % (1 << 10) == 0 => format!("{} KiB", s >> 10),
+        s => format!("{s} B"),
+    }
 }

@@ -8,7 +8,6 @@ use ftkv_launch::launch::{report_line, JobOutput};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::bench_store::System;
 use crate::stats::Histogram;
 
 /// A report a rank prints on one line and a driver reads back by its kind.
@@ -150,6 +149,29 @@ impl Report for StoreRunReport {
 
 /// `line` as rank 0 of a job printed it, read back by the drivers' own path
 /// ([`Report::first_of`]).
+/// The systems `ftkv bench store` measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum System {
+    Ftkv,
+    RawRma,
+    Redis,
+    Etcd,
+}
+
+impl System {
+    pub const ALL: [System; 4] = [System::Ftkv, System::RawRma, System::Redis, System::Etcd];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            System::Ftkv => "ftkv",
+            System::RawRma => "raw_rma",
+            System::Redis => "redis",
+            System::Etcd => "etcd",
+        }
+    }
+}
+
 #[cfg(test)]
 pub(crate) fn read_back<T: Report>(line: &str) -> T {
     let out = JobOutput::from_stdout(&format!("[1,0]<stdout>: {line}\n"));

@@ -4,7 +4,7 @@
 
 #![forbid(unsafe_code)]
 
-pub use ftkv_bench::{bench, bench_recovery, bench_scale, bench_store, peers, stats};
+pub use ftkv_bench::{bench, bench_recovery, bench_scale, bench_store, machine, peers, stats};
 pub use ftkv_chaos as chaos;
 pub use ftkv_launch::rank_println;
 pub use ftkv_launch::{args, cluster, env, interrupt, launch, progress, rank_errors, records};

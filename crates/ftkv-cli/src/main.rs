@@ -555,7 +555,7 @@ fn run(command: Command) -> Result<()> {
             let systems = systems
                 .iter()
                 .map(|s| {
-                    bench_store::System::ALL
+                    ftkv_bench::reports::System::ALL
                         .into_iter()
                         .find(|x| x.name() == s.trim())
                         .with_context(|| {

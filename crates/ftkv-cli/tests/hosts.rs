@@ -89,7 +89,7 @@ struct Ended {
 }
 
 /// Open MPI's runtime ended the job because it lost a host's daemon: the one failure ftkv
-/// cannot survive (README, "A host's daemon dying ends the whole job").
+/// cannot survive (`docs/hosts.md`, "A host's daemon dying ends the whole job").
 const DAEMON_LOST: &str = "PRTE has lost communication with a remote daemon";
 
 /// 6 ranks over `hosts` simulated hosts (by slot: 0–1, 2–3, 4–5 on 3 hosts; 0–2, 3–5 on 2),

@@ -1,4 +1,5 @@
-//! Every environment variable ftkv reads, with its default. The README's table mirrors this.
+//! Every environment variable ftkv reads, with its default. `docs/environment.md` mirrors this
+//! table.
 //!
 //! | variable | default | meaning |
 //! |---|---|---|

@@ -1,6 +1,7 @@
-//! One handler for SIGINT, SIGTERM and SIGHUP of a driver process: it ends every job this
-//! process launched (SIGKILL to `mpirun` and its ranks, their shared-memory files removed),
-//! runs the cleanups other parts registered (the benchmarks' peer servers), then exits with 130.
+//! One handler for SIGINT, SIGTERM and SIGHUP of a driver process: it runs the cleanups the
+//! other parts registered, in registration order (the launcher's: end every job this process
+//! launched and remove its simulated hosts; the benchmarks': stop their peer servers), then
+//! exits with 130.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
@@ -30,8 +31,6 @@ pub fn install() -> Result<()> {
     INSTALLED.call_once(|| {
         result = ctrlc::set_handler(|| {
             INTERRUPTED.store(true, Ordering::Release);
-            crate::launch::end_running_jobs();
-            crate::cluster::remove_live_clusters();
             let cleanups = CLEANUPS.lock().unwrap_or_else(|p| p.into_inner()).clone();
             cleanups.iter().for_each(|cleanup| cleanup());
             eprintln!("ftkv: interrupted; jobs and peer servers stopped");

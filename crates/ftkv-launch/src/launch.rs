@@ -203,7 +203,7 @@ impl Launch {
     /// Starts the job; its output can be read line by line while it runs.
     pub fn spawn(&self) -> Result<RunningJob> {
         let slot = job_slot();
-        crate::interrupt::install()?;
+        install_interrupt_handler()?;
         ensure!(!crate::interrupt::interrupted(), "interrupted; no new job is started");
         remove_unused_segments(&[]);
         let hosts = match &self.hosts {
@@ -725,6 +725,17 @@ impl JobProcesses {
         let mut running = RUNNING_JOBS.lock().unwrap_or_else(|p| p.into_inner());
         running.retain(|(id, _, _)| *id != self.registered);
     }
+}
+
+/// Installs the interrupt handler ([`crate::interrupt`]) with the launcher's cleanups: end
+/// every job this process launched, then remove its simulated hosts.
+fn install_interrupt_handler() -> Result<()> {
+    static REGISTERED: std::sync::Once = std::sync::Once::new();
+    REGISTERED.call_once(|| {
+        crate::interrupt::on_interrupt(end_running_jobs);
+        crate::interrupt::on_interrupt(crate::cluster::remove_live_clusters);
+    });
+    crate::interrupt::install()
 }
 
 /// Ends every running job of this process (for SIGINT/SIGTERM of a driver): SIGKILL, wait,

@@ -6,8 +6,9 @@ use std::time::{Duration, Instant};
 
 use crate::error::{check, MpiError, Result};
 use crate::ffi;
-use crate::request::{RecvRequest, SendRequest};
-use crate::runtime::{other, Runtime};
+pub use crate::request::Status;
+use crate::request::{byte_count, status_from, RecvRequest, SendRequest};
+use crate::runtime::{Mpi, Runtime};
 
 /// Matches a message from any source (`MPI_ANY_SOURCE`).
 pub const ANY_SOURCE: i32 = -1;
@@ -15,14 +16,6 @@ pub const ANY_SOURCE: i32 = -1;
 pub const ANY_TAG: i32 = -1;
 /// Tag of [`Comm::connect_pairs`]'s messages (on a private duplicate, so no user tag clashes).
 const CONNECT_TAG: i32 = 15;
-
-/// What a completed receive or a probe reports: sender, tag and payload length in bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Status {
-    pub source: i32,
-    pub tag: i32,
-    pub len: usize,
-}
 
 /// The outcome of [`Comm::agree`]: the bitwise AND of all survivors' flags, and whether some
 /// process failed that this rank had not acknowledged (ULFM reports that, yet the value is
@@ -469,16 +462,12 @@ fn null_group() -> ffi::MPI_Group {
     unsafe { ffi::ftkv_group_null }
 }
 
-pub(crate) fn byte_count(len: usize, op: &'static str) -> Result<c_int> {
-    c_int::try_from(len).map_err(|_| other(op, "buffer longer than 2^31 - 1 elements"))
-}
-
-pub(crate) fn status_from(status: &ffi::MPI_Status) -> Result<Status> {
-    let mut count: c_int = 0;
-    // SAFETY: `status` was filled by MPI; `count` a valid out-pointer.
-    let rc = unsafe { ffi::MPI_Get_count(status, ffi::ftkv_type_byte, &mut count) };
-    check(rc, "MPI_Get_count")?;
-    Ok(Status { source: status.source, tag: status.tag, len: count.max(0) as usize })
+impl Mpi {
+    /// `MPI_COMM_WORLD` (not freed when dropped).
+    pub fn world(&self) -> Result<Comm> {
+        // SAFETY: reading an immutable handle exported by the C shim.
+        Comm::predefined(unsafe { ffi::ftkv_comm_world }, self.runtime())
+    }
 }
 
 #[cfg(test)]

@@ -105,3 +105,9 @@ fn error_string(code: c_int) -> String {
     let bytes: Vec<u8> = buf[..len.max(0) as usize].iter().map(|&c| c as u8).collect();
     String::from_utf8_lossy(&bytes).into_owned()
 }
+
+/// An error of `op` that is not an MPI return code (a size MPI cannot take, a state ftkv
+/// refuses), with `msg` saying why.
+pub(crate) fn other(op: &'static str, msg: &str) -> MpiError {
+    MpiError::Other { op, class: -1, msg: msg.to_owned() }
+}

@@ -18,10 +18,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::comm::Comm;
-use crate::error::{MpiError, Result};
+use crate::error::{other, MpiError, Result};
 use crate::extent::Extents;
 use crate::remote::{Links, Memory, Remote};
-use crate::runtime::other;
 use crate::window::{LockedWindow, SharedSegments, Window};
 
 /// A window over every member of a communicator whose operations use shared memory to members

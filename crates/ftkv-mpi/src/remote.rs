@@ -70,9 +70,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::comm::Comm;
-use crate::error::{MpiError, Result};
+use crate::error::{other, MpiError, Result};
 use crate::extent::Extents;
-use crate::runtime::other;
 use crate::window::{compare_and_swap_word, copy_from_shared, copy_into_shared};
 
 const OP_PUT: u8 = 1;

@@ -6,8 +6,7 @@
 use std::ffi::c_int;
 use std::time::{Duration, Instant};
 
-use crate::comm::{byte_count, status_from, Status};
-use crate::error::{check, MpiError, Result};
+use crate::error::{check, other, MpiError, Result};
 use crate::ffi;
 
 /// Polls `MPI_Test` until `done` reports completion or `deadline` passes. Yields the core between
@@ -188,4 +187,24 @@ impl Drop for RecvRequest {
             std::mem::forget(self.buf.take());
         }
     }
+}
+
+/// What a completed receive or a probe reports: sender, tag and payload length in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Status {
+    pub source: i32,
+    pub tag: i32,
+    pub len: usize,
+}
+
+pub(crate) fn byte_count(len: usize, op: &'static str) -> Result<c_int> {
+    c_int::try_from(len).map_err(|_| other(op, "buffer longer than 2^31 - 1 elements"))
+}
+
+pub(crate) fn status_from(status: &ffi::MPI_Status) -> Result<Status> {
+    let mut count: c_int = 0;
+    // SAFETY: `status` was filled by MPI; `count` a valid out-pointer.
+    let rc = unsafe { ffi::MPI_Get_count(status, ffi::ftkv_type_byte, &mut count) };
+    check(rc, "MPI_Get_count")?;
+    Ok(Status { source: status.source, tag: status.tag, len: count.max(0) as usize })
 }

@@ -5,8 +5,7 @@ use std::ptr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use crate::comm::Comm;
-use crate::error::{check, MpiError, Result};
+use crate::error::{check, other, Result};
 use crate::ffi;
 
 static INITIALISED: AtomicBool = AtomicBool::new(false);
@@ -144,12 +143,6 @@ impl Mpi {
         self.runtime.clone()
     }
 
-    /// `MPI_COMM_WORLD` (not freed when dropped).
-    pub fn world(&self) -> Result<Comm> {
-        // SAFETY: reading an immutable handle exported by the C shim.
-        Comm::predefined(unsafe { ffi::ftkv_comm_world }, self.runtime.clone())
-    }
-
     /// Like [`Mpi::finalize`], but leaves the process with exit code 0 if `MPI_Finalize` has not
     /// returned after `bound`: after process failures Open MPI's ULFM finalisation (an internal
     /// shrink and agreement) sometimes never returns, although every survivor called it. Call
@@ -161,7 +154,7 @@ impl Mpi {
         self.finalize()
     }
 
-    /// Finalises MPI now and reports its return code. Fails without finalising if a [`Comm`] or
+    /// Finalises MPI now and reports its return code. Fails without finalising if a [`Comm`](crate::Comm) or
     /// window created from this runtime is still alive.
     pub fn finalize(self) -> Result<()> {
         if Arc::strong_count(&self.runtime) > 1 {
@@ -329,10 +322,6 @@ fn check_abi() -> Result<()> {
         return Err(other("ABI check", "MPI_Status or MPI_Aint layout differs from mpi.h"));
     }
     Ok(())
-}
-
-pub(crate) fn other(op: &'static str, msg: &str) -> MpiError {
-    MpiError::Other { op, class: -1, msg: msg.to_owned() }
 }
 
 /// Open MPI's `MPI_MAX_PROCESSOR_NAME`.

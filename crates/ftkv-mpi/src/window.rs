@@ -15,10 +15,11 @@ use std::ptr;
 use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::sync::Arc;
 
-use crate::comm::{byte_count, Comm};
-use crate::error::{check, MpiError, Result};
+use crate::comm::Comm;
+use crate::error::{check, other, MpiError, Result};
 use crate::ffi;
-use crate::runtime::{other, Runtime};
+use crate::request::byte_count;
+use crate::runtime::Runtime;
 
 /// How a window's memory was created; it decides what a target displacement means.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -5,7 +5,17 @@
 use std::fmt;
 use std::sync::OnceLock;
 
-use crate::pool::RecoveryInfo;
+/// A recovery as one worker saw it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct RecoveryInfo {
+    /// Whether only this worker's part was done while the others worked on (localized) or
+    /// every survivor stopped for the store's global recovery.
+    pub localized: bool,
+    pub failed: Vec<i32>,
+    pub adopted: Vec<i32>,
+    pub store_ms: f64,
+    pub total_ms: f64,
+}
 
 /// One pool event. `Display` gives the line ftkv's command prints for it.
 #[derive(Debug, Clone, PartialEq)]

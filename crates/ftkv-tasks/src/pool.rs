@@ -40,6 +40,7 @@
 
 use std::time::{Duration, Instant};
 
+pub use crate::events::RecoveryInfo;
 use crate::events::{self, PoolEvent};
 use ftkv::codec;
 use ftkv::fabric::{Fabric, FabricError};
@@ -48,7 +49,8 @@ use ftkv::{Key, Recovery, Store};
 
 use crate::problem::Problem;
 pub use crate::protocol::Interval;
-use crate::protocol::{self, Command, Settings, Settle, Slot, Stored};
+pub use crate::protocol::Sums;
+use crate::protocol::{self, sum_contributions, Command, Settings, Settle, Slot, Stored};
 use crate::state::{Checkpoint, Loot};
 use crate::uts::Counts;
 
@@ -135,18 +137,6 @@ impl PoolError {
 }
 
 type Result<T> = std::result::Result<T, PoolError>;
-
-/// A recovery as one worker saw it.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct RecoveryInfo {
-    /// Whether only this worker's part was done while the others worked on (localized) or
-    /// every survivor stopped for the store's global recovery.
-    pub localized: bool,
-    pub failed: Vec<i32>,
-    pub adopted: Vec<i32>,
-    pub store_ms: f64,
-    pub total_ms: f64,
-}
 
 /// Per-worker counters.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -276,9 +266,6 @@ pub fn run<P: Problem, F: Fabric>(world: &F, problem: &P, config: &PoolConfig) -
         elapsed: started.elapsed(),
     })
 }
-
-/// The final sums: the whole result, and the survivors' tasks, checkpoints and store bytes.
-pub type Sums = (Counts, [u64; 3]);
 
 impl<P: Problem, F: Fabric> Driver<'_, P, F> {
     fn now(&self) -> Duration {
@@ -667,17 +654,6 @@ impl<P: Problem, F: Fabric> Driver<'_, P, F> {
         }
         Stored::decode(&checkpoints, &loots).map_err(PoolError::Corrupt)
     }
-}
-
-/// Adds up the survivors' contributions ([`protocol::Worker::contribution`], six words each).
-pub fn sum_contributions(words: &[u64]) -> Sums {
-    let mut total = Counts::default();
-    let mut sums = [0u64; 3];
-    for w in words.chunks(6) {
-        total.add(&Counts { nodes: w[0], leaves: w[1], max_depth: w[2] as u32 });
-        sums.iter_mut().zip(&w[3..]).for_each(|(s, v)| *s += v);
-    }
-    (total, sums)
 }
 
 /// A failed victim's stored loot: its bytes, decoded, and the stored checkpoint of its thief

@@ -580,7 +580,7 @@ impl<'p, P: Problem> Worker<'p, P> {
 
     fn end_collection(&mut self) -> Commands<P::Task> {
         let collection = self.collection.take().expect("a collection in flight");
-        let (total, sums) = crate::pool::sum_contributions(&collection.words);
+        let (total, sums) = sum_contributions(&collection.words);
         let words = [total.nodes, total.leaves, total.max_depth as u64, sums[0], sums[1], sums[2]];
         let failed = self.failed();
         let mut commands = self.to_others(PoolMessage::Total(words, failed.clone()));
@@ -821,6 +821,20 @@ impl<'p, P: Problem> Worker<'p, P> {
         self.state.counts.add(&theirs.counts);
         self.state.adopted.push(dead);
     }
+}
+
+/// The final sums: the whole result, and the survivors' tasks, checkpoints and store bytes.
+pub type Sums = (Counts, [u64; 3]);
+
+/// Adds up the survivors' contributions ([`Worker::contribution`], six words each).
+pub fn sum_contributions(words: &[u64]) -> Sums {
+    let mut total = Counts::default();
+    let mut sums = [0u64; 3];
+    for w in words.chunks(6) {
+        total.add(&Counts { nodes: w[0], leaves: w[1], max_depth: w[2] as u32 });
+        sums.iter_mut().zip(&w[3..]).for_each(|(s, v)| *s += v);
+    }
+    (total, sums)
 }
 
 #[cfg(test)]

@@ -35,9 +35,9 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use crate::nqueens::NQueens;
-use crate::pool::{sum_contributions, Sums};
 use crate::problem::{check_exact, solve_sequential, Problem, Reference};
 use crate::protocol::{self, Command, Interval, PoolMessage, Settings, Settle, Slot, Stored};
+use crate::protocol::{sum_contributions, Sums};
 use crate::state::{Checkpoint, Loot};
 use crate::uts::{self, Counts};
 

@@ -24,9 +24,10 @@
 //!   ([`slot`]); a reader takes the newest half whose value is whole: by the value's hash, or,
 //!   for the owner's own puts, which hash nothing, by the half's header reading the same before
 //!   and after the value (the owner invalidates it before writing the value).
-//! - **Value growth**: every slot reserves the configured maximum as address space; memory
-//!   becomes resident only as values grow into it, so no window enlargement (and no dynamic
-//!   window, whose flush hangs against a dead target) is needed.
+//! - **Value growth**: a slot holds values up to its inline capacity in the window; a larger
+//!   value goes to its half's *extent*, a segment of the holder's own sized to the value, so no
+//!   slot reserves the largest value and no window enlargement (and no dynamic window, whose
+//!   flush hangs against a dead target) is needed (`docs/store.md`, "Values that grow").
 //! - **Failure detection** never hangs: a detector thread publishes ULFM's failed set to the put
 //!   path, and a watchdog turns a one-sided call that never returns into a fail-stop exit.
 //!   [`Detection::Ping`] adds the reference paper's per-put ping.
@@ -48,6 +49,7 @@
 
 pub mod attempt;
 pub mod codec;
+mod config;
 mod detector;
 mod error;
 pub mod events;
@@ -66,11 +68,12 @@ mod store;
 pub mod txn;
 pub mod txn_log;
 
-pub use error::{Error, Result};
-pub use key::{
-    suspicion_from_environment, Config, Detection, Key, Recovery, CROSS_HOST_WATCHDOG,
+pub use config::{
+    suspicion_from_environment, Config, Detection, Recovery, CROSS_HOST_WATCHDOG,
     DEFAULT_SUSPICION, DETECTOR_TIMEOUT_VAR, SUSPICION_MARGIN, TX_RECORD_KIND,
 };
+pub use error::{Error, Result};
+pub use key::Key;
 pub use recovery::keeps_quorum;
 pub use store::{
     DefaultFabric, DetachedPut, PendingPut, RecoveryReport, RepairReport, Store,

@@ -8,11 +8,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::config::Config;
 use crate::detector::{Detector, Health};
 use crate::error::{Error, Result};
 use crate::fabric::{Fabric, FabricWindow};
 use crate::halves;
-use crate::key::{Config, Key};
+use crate::key::Key;
 use crate::layout::Layout;
 
 /// The fabric a plain `Store` runs on: MPI when built with it.

@@ -14,11 +14,12 @@ use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 
 use super::{Store, Windows};
+use crate::config::Recovery;
 use crate::detector::{Health, Lane};
 use crate::error::{Error, Result};
 use crate::fabric::{Fabric, FabricError, FabricResult, FabricWindow};
 use crate::halves;
-use crate::key::{Key, Recovery};
+use crate::key::Key;
 use crate::layout::Copy;
 use crate::slot::{Header, HEADER_LEN};
 

@@ -5,11 +5,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::{follow, Store, Windows};
+use crate::config::{Config, Recovery};
 use crate::detector::Health;
 use crate::error::{Error, Result};
 use crate::fabric::Fabric;
 use crate::halves;
-use crate::key::{Config, Recovery};
 use crate::layout::Layout;
 use crate::slot::SlotGeometry;
 

@@ -2,12 +2,13 @@
 //! checks before them, and how a fabric error of one of them is classified.
 
 use super::Store;
+use crate::config::{Detection, Recovery};
 use crate::detector::read_allowance;
 use crate::error::{Error, Result};
 use crate::fabric::{Fabric, FabricError, FabricWindow};
 use crate::fence::read_copy;
 use crate::halves;
-use crate::key::{Detection, Key, Recovery};
+use crate::key::Key;
 use crate::layout::Copy;
 use crate::slot::{Committed, Header, State};
 

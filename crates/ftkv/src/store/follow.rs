@@ -20,12 +20,13 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::{RepairReport, Store, Windows, LOCALIZED_ATTEMPTS};
+use crate::config::Recovery;
 use crate::detector::{read_allowance, Health, Lane};
 use crate::error::{Error, Result};
 use crate::fabric::{Fabric, FabricError};
 use crate::fence::{newest_header_version, newest_unfenced_header, read_copy};
 use crate::halves;
-use crate::key::{Key, Recovery};
+use crate::key::Key;
 use crate::layout::{Copy, Layout};
 use crate::recovery;
 use crate::slot::{Committed, Header, HEADER_LEN};

@@ -5,10 +5,10 @@
 use std::sync::Arc;
 
 use super::{follow, Store};
+use crate::config::{Detection, Recovery};
 use crate::detector::{Detector, Watch};
 use crate::error::{Error, Result};
 use crate::fabric::Fabric;
-use crate::key::{Detection, Recovery};
 
 impl<F: Fabric> Store<F> {
     /// Starts the detector thread on the current windows and routes, and with localized

@@ -10,9 +10,9 @@ use ftkv::history::{check_value, value};
 use ftkv::txn::{Expect, Outcome, TxId, Txn};
 use ftkv::txn_log;
 use ftkv::{Config, Error, Key, Store};
-use ftkv_cli::bench::unix_us;
 use ftkv_cli::chaos;
 use ftkv_cli::launch::report_line;
+use ftkv_cli::machine::unix_us;
 use ftkv_cli::reports::{
     AckedRound, CheckpointRead, DeclaredReport, FencedReport, IdleObserverReport, IdleOwnerReport,
     LocalizedReport, RejectedReport, RoundRead, TxnReport,

@@ -5,15 +5,21 @@
 #   PREFIX/lib/libftkv.so, PREFIX/lib/libftkv.a        the shared and the static library
 #   PREFIX/include/ftkv.h (and every other *.h, *.hpp of crates/ftkv-capi/include)
 #   PREFIX/lib/pkgconfig/ftkv.pc                        for `pkg-config --cflags --libs ftkv`
+#   PREFIX/lib/pkgconfig/ftkv-static.pc                 for `pkg-config --static --cflags --libs
+#                                                       ftkv-static`: libftkv.a, no libftkv.so
 #   PREFIX/lib/cmake/ftkv/ftkvConfig.cmake, ftkvConfigVersion.cmake
-#                                                       for `find_package(ftkv)`: ftkv::ftkv
+#                                                       for `find_package(ftkv)`: ftkv::ftkv,
+#                                                       ftkv::ftkv_static
 #   PREFIX/share/doc/ftkv/LICENSE
 #
 # ftkv.h includes <mpi.h> and the library is linked against the Open MPI that `mpicc` belongs to
 # (MPICC when set, else FTKV_VENV/bin/mpicc, default <workspace>/.venv, as the build uses). Open
-# MPI's PyPI build ships no pkg-config file, so ftkv.pc and ftkvConfig.cmake record that Open
-# MPI's include and library directories (asked of its mpicc here) and, as mpicc does, an rpath to
-# them and to PREFIX/lib: programs built with them start without LD_LIBRARY_PATH.
+# MPI's PyPI build ships no pkg-config file, so ftkv.pc, ftkv-static.pc and ftkvConfig.cmake
+# record that Open MPI's include and library directories (asked of its mpicc here) and, as mpicc
+# does, an rpath to them and to PREFIX/lib: programs built with them start without
+# LD_LIBRARY_PATH. A static link of libftkv.a also needs the system libraries the Rust standard
+# library and ftkv's dependencies use; rustc names them (--print native-static-libs) and the
+# three files record its list.
 #
 # Running it again replaces the files. DESTDIR, when set, is put before every path written
 # (staged installs); the files still refer to PREFIX. When PREFIX cannot be written by this user,
@@ -38,12 +44,36 @@ die() { log "error: $*"; exit 1; }
 
 [ -x "$mpicc" ] || die "no mpicc at $mpicc: run scripts/setup.sh (or set MPICC to Open MPI 5's mpicc)"
 
+command -v python3 >/dev/null || die "no python3 (needed to read cargo metadata's JSON)"
+
+# Files written into a private directory first, then installed like the others.
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
+
 cargo=${CARGO:-cargo} # the cargo running this script, if any
 log "building the C API: cargo build --release -p ftkv-capi"
 (cd "$root" && "$cargo" build --release -p ftkv-capi)
 
+# The system libraries a static link of libftkv.a needs, as rustc names them when it links the
+# staticlib. `cargo rustc --crate-type staticlib` is a build unit of its own (the crate's
+# staticlib alone), so it does not make the build above stale; when it is up to date cargo
+# replays rustc's cached messages, this note included, so the list is there on every run.
+# Whichever of the two units was compiled last has its archive in target/release: both are
+# built from the same sources and are up to date once both commands have run.
+log "asking rustc for libftkv.a's system libraries (--print native-static-libs)"
+(cd "$root" && "$cargo" rustc --color never --release -p ftkv-capi --lib --crate-type staticlib \
+  -- --print native-static-libs) 2>&1 | tee "$stage/rustc.log" >&2
+native_static_libs=$(sed -n 's/^note: native-static-libs: *//p' "$stage/rustc.log" | tail -n 1)
+if [ -z "$native_static_libs" ]; then
+  # What rustc names on Linux (glibc) for ftkv's staticlib; -lmpi comes with MPI's flags anyway.
+  native_static_libs="-lgcc_s -lutil -lrt -lpthread -lm -ldl -lc"
+  log "warning: rustc printed no native-static-libs; using $native_static_libs"
+fi
+read -r -a static_libs <<<"$native_static_libs"
+
 target_dir=$(cd "$root" && "$cargo" metadata --format-version 1 --no-deps |
-  sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
+  python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])') ||
+  die "cargo metadata failed or gave no target directory"
 [ -n "$target_dir" ] || die "cargo metadata names no target directory"
 pkgid=$(cd "$root" && "$cargo" pkgid -p ftkv-capi)
 version=${pkgid##*[#@]}
@@ -67,13 +97,6 @@ for flag in "${mpi_compile[@]}"; do [[ "$flag" == -I* ]] || mpi_cflags_other+=("
 mpi_threads=""
 for flag in "${mpi_link[@]}"; do [ "$flag" != "-pthread" ] || mpi_threads="-pthread"; done
 mpirun="$(dirname "$mpicc")/mpirun"
-# What a static link of libftkv.a needs besides MPI: the Rust standard library's system
-# libraries on Linux (rustc's --print native-static-libs).
-static_libs=(gcc_s util rt pthread m dl c)
-
-# Files written into a private directory first, then installed like the others.
-stage=$(mktemp -d)
-trap 'rm -rf "$stage"' EXIT
 
 pc_mpi_cflags="" pc_mpi_libs=""
 for dir in "${mpi_incdirs[@]}"; do pc_mpi_cflags+=" -I$dir"; done
@@ -82,11 +105,15 @@ for dir in "${mpi_libdirs[@]}"; do pc_mpi_libs+=" -L$dir -Wl,-rpath,$dir"; done
 for lib in "${mpi_libs[@]}"; do pc_mpi_libs+=" -l$lib"; done
 [ -z "$mpi_threads" ] || pc_mpi_libs+=" $mpi_threads"
 pc_static=""
-for lib in "${static_libs[@]}"; do pc_static+=" -l$lib"; done
+for flag in "${static_libs[@]}"; do pc_static+=" $flag"; done
 cat >"$stage/ftkv.pc" <<EOF
 # ftkv's C and C++ API. Its headers include <mpi.h> and the library is linked against the Open
 # MPI whose flags are recorded below (from $mpicc); programs also get an rpath to
 # ftkv's and that Open MPI's libraries, as mpicc gives. Run them with mpirun_path.
+# Libs links the shared library libftkv.so. Libs.private lists the system libraries libftkv.a
+# needs (rustc's native-static-libs), but --static cannot make -lftkv pick libftkv.a: the
+# linker takes libftkv.so, which sits next to it. Static linking is the module ftkv-static:
+#   pkg-config --static --cflags --libs ftkv-static
 prefix=$prefix
 exec_prefix=\${prefix}
 libdir=\${exec_prefix}/lib
@@ -101,6 +128,26 @@ Libs: -L\${libdir} -Wl,-rpath,\${libdir} -lftkv$pc_mpi_libs
 Libs.private:$pc_static
 EOF
 
+cat >"$stage/ftkv-static.pc" <<EOF
+# ftkv's C and C++ API linked statically: the archive libftkv.a by its path, so that no linker
+# picks libftkv.so instead (ftkv.pc's -lftkv does), then the Open MPI ftkv is linked against
+# (a shared library, with an rpath to it, as mpicc gives) and the system libraries libftkv.a
+# needs (rustc's native-static-libs). The archive is only ever linked statically, so Libs is
+# the whole link line: \`pkg-config --libs ftkv-static\` and --static give the same.
+# Programs need no libftkv.so at run time. Run them with mpirun_path.
+prefix=$prefix
+exec_prefix=\${prefix}
+libdir=\${exec_prefix}/lib
+includedir=\${prefix}/include
+mpirun_path=$mpirun
+
+Name: ftkv-static
+Description: A resilient in-memory key-value store on MPI with ULFM (the C and C++ API, static)
+Version: $version
+Cflags: -I\${includedir}$pc_mpi_cflags
+Libs: \${libdir}/libftkv.a$pc_mpi_libs$pc_static
+EOF
+
 # CMake lists: the elements joined with ';', each quoted as a whole in the file.
 join() { local IFS=';'; echo "$*"; }
 cm_link_options=()
@@ -110,13 +157,17 @@ pointer_bytes=$(($(getconf LONG_BIT) / 8))
 cat >"$stage/ftkvConfig.cmake" <<EOF
 # ftkv's CMake package (ftkv $version). After find_package(ftkv):
 #   ftkv::ftkv         the shared library libftkv.so and the headers (ftkv.h, ftkv.hpp)
-#   ftkv::ftkv_static  the static library libftkv.a and the headers
+#   ftkv::ftkv_static  the static library libftkv.a and the headers, with the system
+#                      libraries it needs (rustc's native-static-libs); no libftkv.so
 #   ftkv::mpi          the Open MPI ftkv is linked against (both targets bring it)
 #   ftkv_MPIEXEC       that Open MPI's mpirun, to run the programs with
 # ftkv's headers include <mpi.h>: ftkv::mpi carries the include and library directories,
 # libraries and flags of that Open MPI, recorded from $mpicc,
-# and an rpath to its libraries, as mpicc gives. The installation prefix is found from this
-# file's location (PREFIX/lib/cmake/ftkv), so the installed tree can be moved as a whole.
+# and an rpath to its libraries, as mpicc gives. ftkv's prefix is found from this file's
+# location (PREFIX/lib/cmake/ftkv), so this package still works when ftkv's installed tree is
+# moved as a whole. Only ftkv's prefix is relocatable: the Open MPI paths below (directories,
+# rpaths, ftkv_MPIEXEC) are absolute and libftkv is linked against that Open MPI, which must
+# stay where it was.
 if(CMAKE_VERSION VERSION_LESS 3.13)
   set(ftkv_FOUND FALSE)
   set(ftkv_NOT_FOUND_MESSAGE "ftkv's CMake package needs CMake 3.13 or newer")
@@ -224,12 +275,14 @@ shopt -s nullglob
 headers=("$include_src"/*.h "$include_src"/*.hpp)
 shopt -u nullglob
 put -m 0644 "${headers[@]}" "$dest/include/"
-put -m 0644 "$stage/ftkv.pc" "$dest/lib/pkgconfig/ftkv.pc"
+put -m 0644 "$stage/ftkv.pc" "$stage/ftkv-static.pc" "$dest/lib/pkgconfig/"
 put -m 0644 "$stage/ftkvConfig.cmake" "$stage/ftkvConfigVersion.cmake" "$dest/lib/cmake/ftkv/"
 put -m 0644 "$root/LICENSE" "$dest/share/doc/ftkv/LICENSE"
 
 log "installed: lib/libftkv.so, lib/libftkv.a, $(printf 'include/%s ' "${headers[@]##*/}")"
-log "  lib/pkgconfig/ftkv.pc, lib/cmake/ftkv/, share/doc/ftkv/LICENSE"
+log "  lib/pkgconfig/ftkv.pc, lib/pkgconfig/ftkv-static.pc, lib/cmake/ftkv/, share/doc/ftkv/LICENSE"
 log "pkg-config: PKG_CONFIG_PATH=$prefix/lib/pkgconfig pkg-config --cflags --libs ftkv"
+log "  static:   PKG_CONFIG_PATH=$prefix/lib/pkgconfig pkg-config --static --cflags --libs ftkv-static"
 log "CMake:      find_package(ftkv REQUIRED) with -DCMAKE_PREFIX_PATH=$prefix; link ftkv::ftkv"
+log "  static:   link ftkv::ftkv_static"
 log "run with:   $mpirun --with-ft ulfm -n <ranks> ./program"

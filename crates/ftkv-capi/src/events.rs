@@ -4,7 +4,10 @@
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::sync::RwLock;
 
-use ftkv::events::Event;
+use ftkv::events::field_text;
+use tracing::{Level, Metadata, Subscriber};
+use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
+use tracing_subscriber::util::SubscriberInitExt;
 
 use crate::{ftkv_status, ftkv_store, guarded, put_out, store_mut};
 use ftkv_status::*;
@@ -57,23 +60,49 @@ pub unsafe extern "C" fn ftkv_set_event_handler(
     })
 }
 
-/// The sink every store of the C API reports to: the program's handler, or stderr.
-pub(crate) fn forward(event: &Event) {
-    let installed = *HANDLER.read().unwrap_or_else(|e| e.into_inner());
-    let Some((handler, user)) = installed else {
-        eprintln!("{event}");
-        return;
+/// Installs the C API's subscriber for this process, unless the program installed one of its
+/// own: every store event, and every warning of ftkv's libraries, goes to the program's handler
+/// ([`ftkv_set_event_handler`]) or, by default, to stderr as one line.
+pub(crate) fn install_forwarding() {
+    let _ = tracing_subscriber::registry().with(Forward).try_init();
+}
+
+/// The layer that hands events to the program's handler.
+struct Forward;
+
+impl<S: Subscriber> Layer<S> for Forward {
+    fn enabled(&self, metadata: &Metadata<'_>, _: Context<'_, S>) -> bool {
+        *metadata.level() <= Level::INFO
+    }
+
+    fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
+        let Some(kind) = kind_of(event) else { return };
+        let message = field_text(event, "message").unwrap_or_default();
+        let installed = *HANDLER.read().unwrap_or_else(|e| e.into_inner());
+        let Some((handler, user)) = installed else {
+            eprintln!("{message}");
+            return;
+        };
+        let line = CString::new(message.replace('\0', " ")).unwrap_or_default();
+        // SAFETY: `ftkv_set_event_handler`'s contract: a function of this signature that
+        // returns normally; `line` lives across the call, `user` is the program's.
+        unsafe { handler(kind, line.as_ptr(), user as *mut c_void) };
+    }
+}
+
+/// What the program is told an event is: the store's `kind` field, or a warning for the
+/// warnings and errors of ftkv's other layers; `None` for what is neither (information of
+/// the libraries that has no `kind`).
+fn kind_of(event: &tracing::Event<'_>) -> Option<ftkv_event_kind> {
+    let kind = match field_text(event, "kind").as_deref() {
+        Some("ending_process") => ftkv_event_kind::FTKV_EVENT_ENDING_PROCESS,
+        Some("recovery_step") => ftkv_event_kind::FTKV_EVENT_RECOVERY_STEP,
+        Some("recovery_waiting") => ftkv_event_kind::FTKV_EVENT_RECOVERY_WAITING,
+        Some(_) => ftkv_event_kind::FTKV_EVENT_WARNING,
+        None if *event.metadata().level() <= Level::WARN => ftkv_event_kind::FTKV_EVENT_WARNING,
+        None => return None,
     };
-    let kind = match event {
-        Event::EndingProcess(_) => ftkv_event_kind::FTKV_EVENT_ENDING_PROCESS,
-        Event::Warning(_) => ftkv_event_kind::FTKV_EVENT_WARNING,
-        Event::RecoveryStep { .. } => ftkv_event_kind::FTKV_EVENT_RECOVERY_STEP,
-        Event::RecoveryWaiting { .. } => ftkv_event_kind::FTKV_EVENT_RECOVERY_WAITING,
-    };
-    let line = CString::new(event.to_string().replace('\0', " ")).unwrap_or_default();
-    // SAFETY: `ftkv_set_event_handler`'s contract: a function of this signature that returns
-    // normally; `line` lives across the call, `user` is the program's.
-    unsafe { handler(kind, line.as_ptr(), user as *mut c_void) };
+    Some(kind)
 }
 
 /// Sets `*worker` to a failed worker that this call has not returned before on this store

@@ -421,7 +421,7 @@ unsafe fn open(
         true => Err(invalid("the output pointer is NULL")),
         false => Ok(config),
     });
-    ftkv::events::set_sink(events::forward);
+    events::install_forwarding();
     let mpi = Mpi::attach()?;
     // SAFETY: the caller's contract (above).
     let comm = unsafe { c_abi::duplicate_comm(&mpi, comm) }?;

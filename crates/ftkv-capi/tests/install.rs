@@ -1,9 +1,11 @@
 //! `scripts/install.sh` into a fresh prefix under the target directory (twice: it is
 //! repeatable), then what a user of the installed C and C++ API does with it: compile and link
 //! with plain `cc` and `c++` and the flags of `pkg-config --cflags --libs ftkv`, build every
-//! example of `examples/` with CMake through `find_package(ftkv)`, and run the programs under
-//! `mpirun`. Every tool runs under a hard timeout; a missing `cmake`, `pkg-config`, `cc` or
-//! `c++` fails the tests with a pointer to `scripts/setup.sh`.
+//! example of `examples/` with CMake through `find_package(ftkv)`, link the C example
+//! statically against `libftkv.a` (through `pkg-config --static ... ftkv-static` and through
+//! CMake's `ftkv::ftkv_static`) and check that it needs no `libftkv.so`, and run the programs
+//! under `mpirun`. Every tool runs under a hard timeout; a missing `cmake`, `pkg-config`, `cc`,
+//! `c++` or `ldd` fails the tests with a pointer to `scripts/setup.sh`.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -121,10 +123,16 @@ fn installed() -> &'static Path {
 
 /// `pkg-config ARGS ftkv` with the installed prefix's `lib/pkgconfig` on the search path.
 fn pkg_config(prefix: &Path, args: &[&str]) -> String {
+    pkg_config_of(prefix, "ftkv", args)
+}
+
+/// `pkg-config ARGS MODULE` with the installed prefix's `lib/pkgconfig` on the search path.
+fn pkg_config_of(prefix: &Path, module: &str, args: &[&str]) -> String {
     require("pkg-config");
     let mut cmd = Command::new("pkg-config");
-    cmd.env("PKG_CONFIG_PATH", prefix.join("lib/pkgconfig")).args(args).arg("ftkv");
-    succeed(cmd, &format!("pkg-config {} ftkv", args.join(" ")), bound(30)).trim().to_owned()
+    cmd.env("PKG_CONFIG_PATH", prefix.join("lib/pkgconfig")).args(args).arg(module);
+    let what = format!("pkg-config {} {module}", args.join(" "));
+    succeed(cmd, &what, bound(30)).trim().to_owned()
 }
 
 /// The files directly in `dir` whose name ends with `suffix`, sorted.
@@ -149,6 +157,35 @@ fn assert_loads_from(exe: &Path, prefix: &Path) {
     let from = format!("=> {}", prefix.join("lib/libftkv.so").display());
     assert!(ftkv.contains(&from), "{} loads another libftkv.so:\n{libs}", exe.display());
     assert!(libs.contains("libmpi.so"), "{} needs no libmpi:\n{libs}", exe.display());
+}
+
+/// Asserts that `exe`, linked against `libftkv.a`, needs no `libftkv.so` (neither itself nor
+/// through another library) and that every library it needs, Open MPI's among them, is found.
+fn assert_needs_no_libftkv_so(exe: &Path) {
+    require("ldd");
+    let mut ldd = Command::new("ldd");
+    ldd.arg(exe);
+    let libs = succeed(ldd, &format!("ldd {}", exe.display()), bound(30));
+    assert!(!libs.contains("not found"), "{} misses libraries:\n{libs}", exe.display());
+    let ftkv = libs.lines().find(|l| l.trim_start().starts_with("libftkv"));
+    assert!(ftkv.is_none(), "{} needs a shared libftkv:\n{libs}", exe.display());
+    assert!(libs.contains("libmpi.so"), "{} needs no libmpi:\n{libs}", exe.display());
+}
+
+/// Runs the C checkpoint example `exe` on 4 ranks for half a second without failures: every
+/// rank starts (its libraries load), writes, reads and prints `done`, and the job succeeds.
+fn assert_checkpoint_runs(exe: &Path) {
+    let ranks = 4;
+    let job = Launch::new(exe, ranks).args(["0.5"]).timeout(bound(120));
+    let job = job.transport_from_env().run().expect("mpirun starts");
+    let name = exe.display();
+    assert!(!job.timed_out, "{name} hung:\n{}", job.transcript());
+    assert!(!job.stderr.contains("error while loading shared libraries"), "{}", job.transcript());
+    for rank in 0..ranks {
+        let done = job.rank_lines(rank).iter().any(|l| l == "done");
+        assert!(done, "rank {rank} of {name} did not print done:\n{}", job.transcript());
+    }
+    assert_eq!(job.status.map(|s| s.success()), Some(true), "{}", job.transcript());
 }
 
 #[test]
@@ -199,6 +236,28 @@ fn the_install_puts_each_file_in_place_and_records_the_version() {
     let libs = pkg_config(prefix, &["--libs"]);
     for lib in ["-lftkv", "-lmpi"] {
         assert!(libs.split_whitespace().any(|f| f == lib), "no {lib} in {libs}");
+    }
+
+    // ftkv-static names the archive by its path, never -lftkv, and carries the system
+    // libraries that ftkv.pc lists as private (rustc's native-static-libs).
+    assert_eq!(pkg_config_of(prefix, "ftkv-static", &["--modversion"]), VERSION);
+    let static_libs = pkg_config_of(prefix, "ftkv-static", &["--static", "--libs"]);
+    let static_flags: Vec<&str> = static_libs.split_whitespace().collect();
+    let archive = prefix.join("lib/libftkv.a").display().to_string();
+    assert!(static_flags.contains(&archive.as_str()), "no {archive} in {static_libs}");
+    assert!(!static_flags.contains(&"-lftkv"), "-lftkv in {static_libs}");
+    assert!(static_flags.contains(&"-lmpi"), "no -lmpi in {static_libs}");
+    let private = pc.lines().find_map(|l| l.strip_prefix("Libs.private:"));
+    let private: Vec<&str> = private.unwrap_or_default().split_whitespace().collect();
+    assert!(private.iter().any(|f| f.starts_with("-l")), "no Libs.private in ftkv.pc:\n{pc}");
+    for flag in &private {
+        assert!(static_flags.contains(flag), "{flag} of ftkv.pc not in {static_libs}");
+    }
+    let config = std::fs::read_to_string(cmake.join("ftkvConfig.cmake")).expect("config");
+    let static_target = config.split("add_library(ftkv::ftkv_static").nth(1);
+    let static_target = static_target.expect("ftkv::ftkv_static in ftkvConfig.cmake");
+    for flag in &private {
+        assert!(static_target.contains(flag), "{flag} not in ftkv::ftkv_static:\n{config}");
     }
 }
 
@@ -286,6 +345,46 @@ fn cmake_builds_every_example_with_find_package() {
         assert!(exe.is_file(), "cmake built no {name} in {}", build.display());
         assert_loads_from(&exe, prefix);
     }
+}
+
+#[test]
+fn the_c_example_linked_with_ftkv_static_pc_needs_no_libftkv_so_and_runs() {
+    require("cc");
+    let prefix = installed();
+    let flags = pkg_config_of(prefix, "ftkv-static", &["--static", "--cflags", "--libs"]);
+    let flags: Vec<&str> = flags.split_whitespace().collect();
+    let out = scratch().join("pkg-config-static");
+    std::fs::create_dir_all(&out).expect("the output directory");
+    let checkpoint = out.join("checkpoint");
+    let mut cc = Command::new("cc");
+    cc.arg("-Wall").arg(workspace().join("examples/c/checkpoint.c")).args(&flags);
+    cc.arg("-o").arg(&checkpoint);
+    let what = "cc examples/c/checkpoint.c $(pkg-config --static --cflags --libs ftkv-static)";
+    succeed(cc, what, bound(300));
+    assert!(checkpoint.is_file(), "cc built no {}", checkpoint.display());
+    assert_needs_no_libftkv_so(&checkpoint);
+    assert_checkpoint_runs(&checkpoint);
+}
+
+#[test]
+fn cmake_links_the_c_example_with_ftkv_static_and_it_needs_no_libftkv_so_and_runs() {
+    require("cmake");
+    let prefix = installed();
+    let build = scratch().join("examples-build-static");
+    let mut configure = Command::new("cmake");
+    configure.arg("-S").arg(workspace().join("examples")).arg("-B").arg(&build);
+    configure.arg(format!("-DCMAKE_PREFIX_PATH={}", prefix.display()));
+    configure.arg("-DFTKV_EXAMPLES_STATIC=ON");
+    let what = "cmake -DFTKV_EXAMPLES_STATIC=ON (configuring examples/)";
+    let said = succeed(configure, what, bound(180));
+    assert!(said.contains("linked with ftkv::ftkv_static"), "{said}");
+    let mut make = Command::new("cmake");
+    make.arg("--build").arg(&build).args(["--target", "ftkv-example-checkpoint"]);
+    succeed(make, "cmake --build --target ftkv-example-checkpoint (static)", bound(600));
+    let checkpoint = build.join("ftkv-example-checkpoint");
+    assert!(checkpoint.is_file(), "cmake built no {}", checkpoint.display());
+    assert_needs_no_libftkv_so(&checkpoint);
+    assert_checkpoint_runs(&checkpoint);
 }
 
 /// A C++ program that initialises MPI, calls into libftkv and prints one line per rank.

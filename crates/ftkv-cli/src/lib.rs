@@ -12,8 +12,8 @@ pub use ftkv_launch::{args, cluster, env, interrupt, launch, progress, rank_erro
 pub mod ping;
 pub mod probe;
 pub mod rank_failure;
-pub mod render;
 pub mod reports;
 pub mod sim_scale;
 pub mod sockets;
 pub mod tasks;
+pub mod trace;

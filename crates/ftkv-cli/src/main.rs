@@ -503,7 +503,7 @@ fn main() {
     }
     if env::running_under_mpirun() {
         rank_failure::end_job_on_panic();
-        ftkv_cli::render::install_event_sinks();
+        ftkv_cli::trace::install();
     }
     if let Err(e) = run(cli.command) {
         if env::running_under_mpirun() {

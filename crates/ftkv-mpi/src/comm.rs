@@ -401,7 +401,7 @@ impl Drop for Comm {
         }
         // SAFETY: the communicator was created by this value and is freed exactly once.
         if let Err(e) = check(unsafe { ffi::MPI_Comm_free(&mut self.raw) }, "MPI_Comm_free") {
-            eprintln!("ftkv-mpi: {e}");
+            tracing::warn!("ftkv-mpi: {e}");
         }
     }
 }
@@ -438,7 +438,7 @@ impl Drop for Group {
         }
         // SAFETY: the group was returned by MPI to this value and is freed exactly once.
         if let Err(e) = check(unsafe { ffi::MPI_Group_free(&mut self.0) }, "MPI_Group_free") {
-            eprintln!("ftkv-mpi: {e}");
+            tracing::warn!("ftkv-mpi: {e}");
         }
     }
 }

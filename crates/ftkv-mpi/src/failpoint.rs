@@ -60,7 +60,7 @@ pub fn hit(name: &str) {
 
 fn hit_armed(name: &str) {
     if fires(name) {
-        eprintln!("failpoint {name} fired on rank {}", rank());
+        tracing::warn!("failpoint {name} fired on rank {}", rank());
         kill_self();
     }
 }
@@ -76,7 +76,7 @@ pub fn stall(name: &str) {
 
 fn stall_armed(name: &str) {
     if fires(name) {
-        eprintln!("failpoint {name} stalls rank {}", rank());
+        tracing::warn!("failpoint {name} stalls rank {}", rank());
         loop {
             std::thread::park();
         }
@@ -95,11 +95,11 @@ pub fn stop(point: &str) {
 fn stop_armed(point: &str) {
     let name = format!("{point}:stop");
     if fires(&name) {
-        eprintln!("failpoint {name} stops rank {}", rank());
+        tracing::warn!("failpoint {name} stops rank {}", rank());
         // SAFETY: raise(3) has no memory-safety preconditions.
         let raised = unsafe { libc::raise(libc::SIGSTOP) };
         if raised != 0 {
-            eprintln!("failpoint {name}: raise(SIGSTOP) failed");
+            tracing::error!("failpoint {name}: raise(SIGSTOP) failed");
         }
     }
 }
@@ -170,7 +170,7 @@ pub fn exit_now(code: i32) -> ! {
     use std::io::Write;
     let flushed = std::io::stdout().flush().and(std::io::stderr().flush());
     if let Err(e) = flushed {
-        eprintln!("exit_now: cannot flush output: {e}");
+        tracing::error!("exit_now: cannot flush output: {e}");
     }
     // SAFETY: _exit(2) has no memory-safety preconditions.
     unsafe { libc::_exit(code) }

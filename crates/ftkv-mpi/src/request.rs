@@ -58,7 +58,7 @@ fn abandon(raw: &mut ffi::MPI_Request) -> bool {
     // SAFETY: as above; MPI_Request_free sets it to MPI_REQUEST_NULL.
     let free = check(unsafe { ffi::MPI_Request_free(raw) }, "MPI_Request_free");
     for e in [cancel.err(), free.err()].into_iter().flatten() {
-        eprintln!("ftkv-mpi: abandoning a request: {e}");
+        tracing::warn!("ftkv-mpi: abandoning a request: {e}");
     }
     true
 }

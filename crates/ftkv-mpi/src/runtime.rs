@@ -149,7 +149,7 @@ impl Mpi {
     /// it when all results are out.
     pub fn finalize_bounded(self, bound: std::time::Duration) -> Result<()> {
         let _bounded = crate::failpoint::exit_unless_done(bound, move || {
-            eprintln!("ftkv-mpi: MPI_Finalize has not returned after {bound:?}; exiting")
+            tracing::error!("ftkv-mpi: MPI_Finalize has not returned after {bound:?}; exiting")
         });
         self.finalize()
     }

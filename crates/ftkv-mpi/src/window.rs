@@ -457,7 +457,7 @@ impl Window {
 impl Drop for Window {
     fn drop(&mut self) {
         if let Err(e) = self.free_inner() {
-            eprintln!("ftkv-mpi: {e}");
+            tracing::warn!("ftkv-mpi: {e}");
         }
     }
 }
@@ -533,7 +533,7 @@ impl Drop for LockedWindow {
         let Some(win) = self.win.take() else { return };
         // SAFETY: the window is valid and in a lock_all epoch opened by `lock_all`.
         if let Err(e) = check(unsafe { ffi::MPI_Win_unlock_all(win.raw) }, "MPI_Win_unlock_all") {
-            eprintln!("ftkv-mpi: {e}");
+            tracing::warn!("ftkv-mpi: {e}");
         }
     }
 }
@@ -571,7 +571,7 @@ impl Drop for TargetLock<'_> {
         // SAFETY: the window is valid and locked at `target` by this value.
         let rc = unsafe { ffi::MPI_Win_unlock(self.target, self.win.raw) };
         if let Err(e) = check(rc, "MPI_Win_unlock") {
-            eprintln!("ftkv-mpi: {e}");
+            tracing::warn!("ftkv-mpi: {e}");
         }
     }
 }

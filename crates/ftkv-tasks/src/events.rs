@@ -1,9 +1,10 @@
-//! What the pool reports while it runs: typed events handed to a sink the application installs
-//! once per process ([`set_sink`]); the library never prints. Without a sink, events are
-//! dropped. The sink runs on the worker's own thread.
+//! What the pool reports while it runs: typed events raised through `tracing` (the library
+//! prints nothing). Reports (progress and recoveries, [`PoolEvent::is_report`]) have the target
+//! [`REPORT_TARGET`]: ftkv's programs print them on stdout, where their drivers read them; the
+//! pool's warnings are ordinary warnings. Each event's message is its `Display`. An event runs
+//! the subscriber on the worker's own thread.
 
 use std::fmt;
-use std::sync::OnceLock;
 
 /// A recovery as one worker saw it.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -63,15 +64,14 @@ impl fmt::Display for PoolEvent {
     }
 }
 
-static SINK: OnceLock<fn(&PoolEvent)> = OnceLock::new();
+/// The target of the pool's reports (progress and recoveries).
+pub const REPORT_TARGET: &str = "ftkv_tasks::report";
 
-/// Installs this process's sink; `false` if one was installed already (the first one stays).
-pub fn set_sink(sink: fn(&PoolEvent)) -> bool {
-    SINK.set(sink).is_ok()
-}
-
+/// Raises `event`: a report at information level with [`REPORT_TARGET`], a warning otherwise.
 pub(crate) fn emit(event: PoolEvent) {
-    if let Some(sink) = SINK.get() {
-        sink(&event);
+    if event.is_report() {
+        tracing::info!(target: REPORT_TARGET, "{event}");
+    } else {
+        tracing::warn!("{event}");
     }
 }

@@ -15,7 +15,7 @@ use ftkv_mpi::{failpoint, Mpi};
 const VICTIM: i32 = 3;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    ftkv::events::set_sink(|event| eprintln!("{event}"));
+    tracing_subscriber::fmt().without_time().with_target(false).init();
     let mpi = Mpi::init()?;
     let world = mpi.world()?;
     let mut store = Store::create(&world, Config::new(["checkpoint", "loot"], 2))?;

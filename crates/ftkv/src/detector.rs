@@ -432,6 +432,7 @@ fn publish_failures<F: Fabric>(watch: &Watch<F>, workers: impl Iterator<Item = i
     if let Err(e) = (watch.fence)(&failed) {
         crate::events::warn(format!("detector: fencing failed workers: {e}"));
     }
+    tracing::debug!(failed = ?newly, "failure published");
     newly.into_iter().for_each(|w| watch.health.mark_failed(w));
 }
 

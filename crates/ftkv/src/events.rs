@@ -1,11 +1,13 @@
-//! What the store reports besides return values: typed events handed to a sink that the
-//! application installs once per process ([`set_sink`]); the library never prints. Without a
-//! sink, events are dropped. The sink runs on the thread that raised the event (the
-//! application's, the detector's or the deadline thread), so it must be cheap and thread-safe;
-//! for [`Event::EndingProcess`] it runs right before the process SIGKILLs itself.
+//! What the store reports besides return values: typed events, raised through `tracing` (the
+//! library prints nothing; a program shows them by installing a subscriber, as ftkv's own
+//! programs and the C API do). Each event's message is the line ftkv's command prints for it
+//! (its `Display`), and its `kind` field names the variant ([`Event::kind`]). An event runs the
+//! subscriber on the thread that raised it (the application's, the detector's or the deadline
+//! thread); for [`Event::EndingProcess`] right before the process SIGKILLs itself. Spans name
+//! what the store is doing: `recovery` (a global recovery), `repair` (a localized one, on the
+//! repairer thread), `transaction`.
 
 use std::fmt;
-use std::sync::OnceLock;
 
 /// One store event. `Display` gives the line ftkv's command prints for it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,21 +45,60 @@ impl fmt::Display for Event {
     }
 }
 
-static SINK: OnceLock<fn(&Event)> = OnceLock::new();
-
-/// Installs this process's sink; `false` if one was installed already (the first one stays).
-pub fn set_sink(sink: fn(&Event)) -> bool {
-    SINK.set(sink).is_ok()
+impl Event {
+    /// The event's `kind` field: `ending_process`, `warning`, `recovery_step` or
+    /// `recovery_waiting`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Event::EndingProcess(_) => "ending_process",
+            Event::Warning(_) => "warning",
+            Event::RecoveryStep { .. } => "recovery_step",
+            Event::RecoveryWaiting { .. } => "recovery_waiting",
+        }
+    }
 }
 
+/// Raises `event`: an error for a process that ends itself, a warning for what the store works
+/// around or waits for, information for a traced recovery step.
 pub(crate) fn emit(event: Event) {
-    if let Some(sink) = SINK.get() {
-        sink(&event);
+    let kind = event.kind();
+    match &event {
+        Event::EndingProcess(_) => tracing::error!(kind, "{event}"),
+        Event::Warning(_) | Event::RecoveryWaiting { .. } => tracing::warn!(kind, "{event}"),
+        Event::RecoveryStep { .. } => tracing::info!(kind, "{event}"),
     }
 }
 
 pub(crate) fn warn(what: impl Into<String>) {
     emit(Event::Warning(what.into()));
+}
+
+/// The field `name` of a `tracing` event, as text: for a subscriber that shows ftkv's events
+/// (`message` is the line, `kind` the [`Event::kind`]); `None` when the event has no such field.
+pub fn field_text(event: &tracing::Event<'_>, name: &'static str) -> Option<String> {
+    let mut visitor = FieldText { name, text: None };
+    event.record(&mut visitor);
+    visitor.text
+}
+
+/// Keeps one field's value as text.
+struct FieldText {
+    name: &'static str,
+    text: Option<String>,
+}
+
+impl tracing::field::Visit for FieldText {
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        if field.name() == self.name {
+            self.text = Some(value.to_owned());
+        }
+    }
+
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn fmt::Debug) {
+        if field.name() == self.name {
+            self.text = Some(format!("{value:?}"));
+        }
+    }
 }
 
 #[cfg(test)]

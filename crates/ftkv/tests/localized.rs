@@ -221,7 +221,7 @@ impl Scenario {
 
     fn run(&self, seed: u64) -> Vec<Option<Seen>> {
         println!("{}", self.what);
-        ftkv::events::set_sink(|event| eprintln!("{event}"));
+        let _ = tracing_subscriber::fmt().without_time().with_target(false).try_init();
         let cluster = LocalCluster::new(self.ranks);
         for &(victim, point, nth) in &self.victims {
             cluster.arm(victim, point, nth);

@@ -215,6 +215,7 @@ impl<F: Fabric> Follower<F> {
     fn follow(&self, routes: &mut Routes, generation: u64) -> Result<()> {
         let started = Instant::now();
         let failed = self.parts.health.failed_workers(self.parts.workers);
+        let _span = tracing::info_span!("repair", worker = self.parts.me, ?failed).entered();
         let current = &routes.layout;
         self.parts.windows.fence(&failed).map_err(|e| self.failure(current, e))?;
         let (next, orphaned) = self.relocated_layout(current, &failed)?;
@@ -224,6 +225,11 @@ impl<F: Fabric> Follower<F> {
         routes.layout = next;
         routes.followed = Some(generation);
         if moved {
+            tracing::debug!(
+                keys = own_keys + orphan_keys,
+                bytes = own_bytes + orphan_bytes,
+                "repaired"
+            );
             routes.repairs.push(RepairReport {
                 failed,
                 keys_moved: own_keys + orphan_keys,

@@ -76,6 +76,7 @@ impl<F: Fabric> Store<F> {
     /// assert_eq!(outcomes[0], Some(Some(b"last of 2".to_vec())));
     /// ```
     pub fn recover(&mut self) -> Result<RecoveryReport> {
+        let _span = tracing::info_span!("recovery", worker = self.me).entered();
         let started = Instant::now();
         let _ = self.complete_handoff(None);
         self.stop_repairer();

@@ -80,6 +80,7 @@ impl<F: Fabric> Store<F> {
         }
         self.transactions += 1;
         let id = TxId::new(self.me, self.transactions);
+        let _span = tracing::info_span!("transaction", id = id.0).entered();
         let mut backend = StoreBackend { store: self, record_kind };
         match txn::run(&mut backend, id, txn, update) {
             Ok(outcome) => Ok(outcome),

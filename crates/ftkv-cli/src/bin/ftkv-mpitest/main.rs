@@ -29,7 +29,7 @@ fn main() {
     if case == "intrude" {
         intrude::main();
     }
-    ftkv_cli::render::install_event_sinks();
+    ftkv_cli::trace::install();
     if let Err(e) = run(&case) {
         fail(&case, &e);
     }

@@ -9,6 +9,7 @@ pub mod nqueens;
 pub mod pool;
 pub mod problem;
 pub mod protocol;
+#[cfg(any(test, feature = "sim"))]
 pub mod sim;
 pub mod state;
 pub mod uts;

@@ -47,6 +47,9 @@
 
 #![forbid(unsafe_code)]
 
+#[cfg(not(any(feature = "mpi", feature = "sim", test)))]
+compile_error!("ftkv needs a fabric: the `mpi` feature (production) or `sim` (the in-process one)");
+
 pub mod attempt;
 pub mod codec;
 mod config;
@@ -61,7 +64,9 @@ mod key;
 pub mod layout;
 pub mod placement;
 mod recovery;
+#[cfg(any(test, feature = "sim"))]
 pub mod sim;
+#[cfg(any(test, feature = "sim"))]
 pub mod sim_txn;
 pub mod slot;
 mod store;

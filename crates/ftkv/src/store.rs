@@ -20,7 +20,7 @@ use crate::layout::Layout;
 #[cfg(feature = "mpi")]
 pub type DefaultFabric = ftkv_mpi::Comm;
 /// The fabric a plain `Store` runs on: the in-process one when built without MPI.
-#[cfg(not(feature = "mpi"))]
+#[cfg(all(not(feature = "mpi"), any(test, feature = "sim")))]
 pub type DefaultFabric = crate::fabric::local::LocalFabric;
 
 /// What [`Store::recover`] did.

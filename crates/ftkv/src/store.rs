@@ -105,36 +105,21 @@ pub struct Store<F: Fabric = DefaultFabric> {
     /// The detector's communicator, on which its thread answers pings (and a recovery's
     /// deadline learns failures).
     watch_comm: Option<Arc<F>>,
-    /// Global recovery attempts begun since creation: the same count on every survivor, since
-    /// each attempt ends in an agreement (the recovery deadline's marks number attempts by it).
-    recovery_attempts: u64,
+    /// What the global recoveries so far leave for the next ([`Store::recover`]).
+    recoveries: recover::RecoveryState,
+    /// Keys of which the last recovery found no copy, until their owner writes them again.
     lost: Vec<Key>,
-    recovered_failed: Vec<i32>,
-    /// A failure noticed while the last recovery committed: the alarm stays raised after it.
-    pending_alarm: bool,
     /// The detector's failure generation the current routes follow
     /// ([`Recovery::Localized`](crate::Recovery::Localized)).
     followed: u64,
     /// Localized repairs not yet taken by [`Store::take_repairs`].
     repairs: Vec<RepairReport>,
-    /// Transactions this worker started (the next one's sequence number − 1).
-    transactions: u32,
-    /// This worker's transaction whose call failed before it knew the outcome (its record
-    /// decides it; [`Store::finish_transactions`] finishes it).
-    open_transaction: Option<crate::txn::TxId>,
-    /// Failed coordinators whose open transaction this worker resolved as their backup.
-    resolved_coordinators: Vec<i32>,
+    /// What this worker's transactions left behind ([`Store::transaction`]).
+    tx: transactions::TxState,
     /// Halves of keys this worker last wrote through an extent.
     spills: halves::Spills,
-    /// The thread that writes the other copies of [`Store::put_async`]s (started by the first).
-    replicator: Option<asynchronous::Replicator<F::Window>>,
-    /// The value buffer of the last asynchronous put that needed one, once waited for: the next
-    /// one copies its value into it.
-    async_buffer: Option<Vec<u8>>,
-    /// The copies of the last asynchronous put, while they are not known complete.
-    handoff: Option<asynchronous::Handoff>,
-    /// The (key, version) of the asynchronous put last detached and not completed since.
-    detached: Option<(Key, u64)>,
+    /// The replicator thread and the copies in its hands ([`Store::put_async`]).
+    asynchronous: asynchronous::AsyncState<F::Window>,
     /// The thread that repairs copies after failures
     /// ([`Recovery::Localized`](crate::Recovery::Localized) only).
     repairer: Option<follow::Repairer<F>>,

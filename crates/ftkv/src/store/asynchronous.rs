@@ -36,6 +36,26 @@ enum Source {
     Bytes(Arc<Vec<u8>>),
 }
 
+/// What the store keeps for [`Store::put_async`] between calls.
+pub(super) struct AsyncState<W> {
+    /// The thread that writes the other copies (started by the first asynchronous put that
+    /// hands copies off).
+    replicator: Option<Replicator<W>>,
+    /// The value buffer of the last asynchronous put that needed one, once waited for: the next
+    /// one copies its value into it.
+    buffer: Option<Vec<u8>>,
+    /// The copies of the last asynchronous put, while they are not known complete.
+    handoff: Option<Handoff>,
+    /// The (key, version) of the asynchronous put last detached and not completed since.
+    detached: Option<(Key, u64)>,
+}
+
+impl<W> Default for AsyncState<W> {
+    fn default() -> Self {
+        AsyncState { replicator: None, buffer: None, handoff: None, detached: None }
+    }
+}
+
 /// One version's other copies, for the replicator thread.
 struct Job<W> {
     /// The windows the copies go to, not kept alive by a job in the queue: a job the owner
@@ -248,7 +268,7 @@ impl<F: Fabric> PendingPut<'_, F> {
     pub fn detach(mut self) -> DetachedPut {
         let header = self.header.take();
         if let Some(header) = header {
-            self.store.detached = Some((self.key, header.version));
+            self.store.asynchronous.detached = Some((self.key, header.version));
         }
         DetachedPut { key: self.key, header, len: self.value.len() }
     }
@@ -375,13 +395,13 @@ impl<F: Fabric> Store<F> {
     /// later write or [`Store::release_detached`] completed it, or another store made it).
     pub fn wait_detached(&mut self, put: DetachedPut, value: &[u8]) -> Result<()> {
         let Some(header) = put.header else { return Ok(()) };
-        if self.detached != Some((put.key, header.version)) {
+        if self.asynchronous.detached != Some((put.key, header.version)) {
             return Err(Error::NotPending { key: put.key });
         }
         if value.len() != put.len {
             return Err(Error::ValueMismatch { expected: put.len, given: value.len() });
         }
-        self.detached = None;
+        self.asynchronous.detached = None;
         PendingPut { store: self, key: put.key, value, header: put.header }.wait()
     }
 
@@ -390,7 +410,7 @@ impl<F: Fabric> Store<F> {
     /// not acknowledged: a failure it met is left to the detector and the store's next call.
     /// A put that is not this store's pending one is left alone.
     pub fn release_detached(&mut self, put: DetachedPut) {
-        if put.header.is_some_and(|h| self.detached == Some((put.key, h.version))) {
+        if put.header.is_some_and(|h| self.asynchronous.detached == Some((put.key, h.version))) {
             let _ = self.complete_handoff(None);
         }
     }
@@ -442,7 +462,7 @@ impl<F: Fabric> Store<F> {
     /// A copy of `value` for the replicator, in the buffer the last such copy gave back when
     /// there is one: a fresh allocation of a large value costs its pages' faults on every put.
     fn staged(&mut self, value: &[u8]) -> Vec<u8> {
-        let mut buffer = self.async_buffer.take().unwrap_or_default();
+        let mut buffer = self.asynchronous.buffer.take().unwrap_or_default();
         buffer.clear();
         buffer.extend_from_slice(value);
         buffer
@@ -459,10 +479,15 @@ impl<F: Fabric> Store<F> {
         free_stale: bool,
     ) -> Result<()> {
         let windows = Arc::downgrade(self.windows.as_ref().ok_or(Error::Closed)?);
-        if self.replicator.is_none() {
-            self.replicator = Some(Replicator::start()?);
+        if self.asynchronous.replicator.is_none() {
+            self.asynchronous.replicator = Some(Replicator::start()?);
         }
-        let jobs = self.replicator.as_ref().and_then(|r| r.jobs.as_ref()).ok_or(Error::Closed)?;
+        let jobs = self
+            .asynchronous
+            .replicator
+            .as_ref()
+            .and_then(|r| r.jobs.as_ref())
+            .ok_or(Error::Closed)?;
         let (local, remote) = targets.iter().partition(|c| self.shares_host(c));
         let (done, finished) = mpsc::sync_channel(1);
         let claim = Arc::new(AtomicBool::new(false));
@@ -483,7 +508,7 @@ impl<F: Fabric> Store<F> {
             done,
         };
         jobs.send(job).map_err(|_| Error::RecoveryFailed("the replicator thread ended".into()))?;
-        self.handoff =
+        self.asynchronous.handoff =
             Some(Handoff { key, header, targets, free_stale, claim, done: finished, staged });
         Ok(())
     }
@@ -497,9 +522,9 @@ impl<F: Fabric> Store<F> {
     /// `value`.
     pub(super) fn complete_handoff(&mut self, value: Option<&[u8]>) -> Result<()> {
         if value.is_none() {
-            self.detached = None;
+            self.asynchronous.detached = None;
         }
-        let Some(handoff) = self.handoff.take() else { return Ok(()) };
+        let Some(handoff) = self.asynchronous.handoff.take() else { return Ok(()) };
         let Some(value) = value else {
             if let Ok(Err(e)) = handoff.done.recv() {
                 let _ = self.failure(e);
@@ -518,7 +543,7 @@ impl<F: Fabric> Store<F> {
             }
         };
         if let Some(staged) = handoff.staged {
-            self.async_buffer = Arc::try_unwrap(staged).ok();
+            self.asynchronous.buffer = Arc::try_unwrap(staged).ok();
         }
         if replicated? == Replicated::SourceChanged {
             self.write(handoff.key, handoff.header, value)?;

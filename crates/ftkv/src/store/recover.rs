@@ -16,6 +16,18 @@ use crate::key::Key;
 use crate::recovery;
 use crate::slot::Committed;
 
+/// What the global recoveries so far leave for the next.
+#[derive(Debug, Default)]
+pub(super) struct RecoveryState {
+    /// Attempts begun since creation: the same count on every survivor, since each attempt ends
+    /// in an agreement (the recovery deadline's marks number attempts by it).
+    attempts: u64,
+    /// The workers the recoveries so far removed.
+    failed: Vec<i32>,
+    /// A failure noticed while the last recovery committed: the alarm stays raised after it.
+    pending_alarm: bool,
+}
+
 impl<F: Fabric> Store<F> {
     /// Whether a failure (or another rank's recovery) was noticed since the last recovery.
     pub fn needs_recovery(&self) -> bool {
@@ -254,7 +266,7 @@ impl<F: Fabric> Store<F> {
         self.routes = windows.layout().clone();
         self.windows = Some(Arc::new(windows));
         if committed.alarm {
-            self.pending_alarm = true;
+            self.recoveries.pending_alarm = true;
         }
         // Every live member agreed: none is late for the free, and its marks go with it.
         if let Some(deadline) = &run.deadline {
@@ -309,15 +321,15 @@ impl<F: Fabric> Store<F> {
         started: Instant,
     ) -> Result<RecoveryReport> {
         let failed: Vec<i32> = (0..self.workers as i32)
-            .filter(|w| !self.routes.live.contains(w) && !self.recovered_failed.contains(w))
+            .filter(|w| !self.routes.live.contains(w) && !self.recoveries.failed.contains(w))
             .collect();
-        self.recovered_failed.extend(&failed);
+        self.recoveries.failed.extend(&failed);
         self.lost = recovered.lost.clone();
         self.handed.clear();
         // The new routes are fresh: the next call follows every failure known by then.
         self.followed = u64::MAX;
         self.health.clear_alarm();
-        if std::mem::take(&mut self.pending_alarm) {
+        if std::mem::take(&mut self.recoveries.pending_alarm) {
             self.health.raise_alarm();
         }
         self.start_detector()?;
@@ -368,7 +380,7 @@ impl<F: Fabric> Store<F> {
         retained: &Arc<Windows<F::Window>>,
         step: &Arc<StepMarker>,
     ) -> Deadline<F::Window> {
-        self.recovery_attempts += 1;
+        self.recoveries.attempts += 1;
         Deadline::start(DeadlineParts {
             comm: self.comm.clone(),
             failures: self.watch_comm.clone(),
@@ -377,7 +389,7 @@ impl<F: Fabric> Store<F> {
             worker: self.me,
             bound: self.config.recovery_watchdog,
             step: step.clone(),
-            attempt: self.recovery_attempts,
+            attempt: self.recoveries.attempts,
         })
     }
 

@@ -17,6 +17,18 @@ use crate::txn::{self, Backend, Decision, Outcome, Reads, TxError, TxId, TxRecor
 /// How long a transaction waits before it tries a held lock again.
 const LOCK_RETRY_PAUSE: Duration = Duration::from_micros(200);
 
+/// What a worker's transactions leave in its store between calls.
+#[derive(Debug, Default)]
+pub(super) struct TxState {
+    /// Transactions this worker started (the next one's sequence number − 1).
+    started: u32,
+    /// This worker's transaction whose call failed before it knew the outcome (its record
+    /// decides it; [`Store::finish_transactions`] finishes it).
+    open: Option<TxId>,
+    /// Failed coordinators whose open transaction this worker resolved as their backup.
+    resolved: Vec<i32>,
+}
+
 impl<F: Fabric> Store<F> {
     /// Runs `txn` atomically and isolated from other transactions: every key it names is
     /// locked on every live holder (in key order), read, its conditions checked, then every
@@ -78,14 +90,14 @@ impl<F: Fabric> Store<F> {
         for key in txn.keys() {
             self.check_key(key)?;
         }
-        self.transactions += 1;
-        let id = TxId::new(self.me, self.transactions);
+        self.tx.started += 1;
+        let id = TxId::new(self.me, self.tx.started);
         let _span = tracing::info_span!("transaction", id = id.0).entered();
         let mut backend = StoreBackend { store: self, record_kind };
         match txn::run(&mut backend, id, txn, update) {
             Ok(outcome) => Ok(outcome),
             Err(TxError::Backend(e)) => {
-                self.open_transaction = Some(id);
+                self.tx.open = Some(id);
                 Err(e)
             }
             Err(TxError::Contended { key, attempts }) => {
@@ -105,10 +117,10 @@ impl<F: Fabric> Store<F> {
     pub fn resolve_transactions(&mut self) -> Result<usize> {
         let Ok(record_kind) = self.transaction_record_kind() else { return Ok(0) };
         self.follow()?;
-        let before = self.resolved_coordinators.len();
+        let before = self.tx.resolved.len();
         let mut backend = StoreBackend { store: self, record_kind };
         txn::resolve_duties(&mut backend)?;
-        Ok(self.resolved_coordinators.len() - before)
+        Ok(self.tx.resolved.len() - before)
     }
 
     /// After every [`Store::recover`] (global recovery frees every lock but applies no
@@ -128,18 +140,18 @@ impl<F: Fabric> Store<F> {
     /// finish.
     pub fn finish_transactions(&mut self) -> Result<Option<Decision>> {
         let Ok(record_kind) = self.transaction_record_kind() else { return Ok(None) };
-        let open = self.open_transaction;
+        let open = self.tx.open;
         let mut backend = StoreBackend { store: self, record_kind };
         txn::resolve_duties(&mut backend)?;
         let decision = open.map(|id| txn::finish_own(&mut backend, id)).transpose()?;
-        self.open_transaction = None;
+        self.tx.open = None;
         Ok(decision)
     }
 
     /// The failed workers whose open transaction this worker resolved as their backup, in the
     /// order it did.
     pub fn resolved_coordinators(&self) -> &[i32] {
-        &self.resolved_coordinators
+        &self.tx.resolved
     }
 
     /// The kind of the transaction records, when this store runs transactions.
@@ -226,7 +238,7 @@ impl<F: Fabric> Store<F> {
         };
         failed
             .into_iter()
-            .filter(|c| *c != self.me && !self.resolved_coordinators.contains(c))
+            .filter(|c| *c != self.me && !self.tx.resolved.contains(c))
             .filter(|&c| first_live(c) == Some(self.me))
             .collect()
     }
@@ -292,7 +304,7 @@ impl<F: Fabric> Backend for StoreBackend<'_, F> {
     }
 
     fn resolved(&mut self, coordinator: i32) {
-        self.store.resolved_coordinators.push(coordinator);
+        self.store.tx.resolved.push(coordinator);
     }
 
     fn wait(&mut self) -> Result<()> {

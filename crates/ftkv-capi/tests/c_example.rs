@@ -108,8 +108,8 @@ fn last_acked(out: &JobOutput, rank: usize) -> u64 {
 
 /// The checkpoint loop's verdict: every survivor noticed the victim, read its checkpoint
 /// whole, at the last iteration the victim printed as acknowledged or later (the next put may
-/// have been in flight), and the copies the victim held were moved by someone, without a
-/// global recovery while they wrote (the barrier at the end asks for one).
+/// have been in flight), and the copies the victim held were moved by someone, without a fall
+/// back to global recovery (the barrier at the end asks for one).
 fn assert_checkpoint_loop(out: &JobOutput, ranks: usize, victim: usize) {
     let acked = last_acked(out, victim);
     assert!(acked >= 1, "the victim acknowledged nothing before its kill:\n{}", out.transcript());
@@ -126,16 +126,17 @@ fn assert_checkpoint_loop(out: &JobOutput, ranks: usize, victim: usize) {
         assert_eq!(verdict, "MATCH", "rank {rank}:\n{}", out.transcript());
         let iteration: u64 = iteration.parse().expect("an iteration");
         assert!(iteration >= acked, "rank {rank} read {iteration}, {acked} was acknowledged");
-        let recovered = lines.iter().position(|l| l == "global recovery");
-        let wrote = lines.iter().position(|l| l.starts_with("wrote "));
-        assert!(wrote.is_some(), "rank {rank} did not end its writes:\n{}", out.transcript());
-        let early = recovered.is_some() && recovered < wrote;
-        assert!(!early, "rank {rank} recovered globally while writing:\n{}", out.transcript());
+        let wrote = lines.iter().any(|l| l.starts_with("wrote "));
+        assert!(wrote, "rank {rank} did not end its writes:\n{}", out.transcript());
         let counters = lines.iter().find_map(|l| l.strip_prefix("counters ")).expect("counters");
         moved += counter(counters, "keys_moved");
         assert!(counter(counters, "puts") >= 1, "rank {rank}: {counters}");
     }
     assert!(moved >= 1, "nobody moved the victim's copies:\n{}", out.transcript());
+    // The barrier at the end asks for a global recovery after the kill, which a survivor still
+    // in its last writes meets there too; a fall back while writing says why on stderr.
+    let fell_back = out.stderr.lines().find(|l| l.contains("need global recovery"));
+    assert!(fell_back.is_none(), "localized recovery fell back: {fell_back:?}");
 }
 
 /// The value of `name=` in a `counters ...` line.

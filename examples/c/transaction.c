@@ -208,9 +208,10 @@ int main(int argc, char **argv) {
     check(status, "ftkv_sync");
     ftkv_counters counters;
     check(ftkv_counters_get(store, &counters), "ftkv_counters_get");
-    printf("counters committed=%llu aborted=%llu\n",
+    printf("counters committed=%llu aborted=%llu resolved=%llu\n",
            (unsigned long long)counters.transactions_committed,
-           (unsigned long long)counters.transactions_aborted);
+           (unsigned long long)counters.transactions_aborted,
+           (unsigned long long)counters.transactions_resolved);
     printf("done\n");
     fflush(stdout);
 

@@ -250,6 +250,10 @@ typedef struct ftkv_counters {
    */
   uint64_t transactions_committed;
   uint64_t transactions_aborted;
+  /**
+   * Failed coordinators whose open transaction this worker finished as their backup.
+   */
+  uint64_t transactions_resolved;
 } ftkv_counters;
 
 /**

@@ -161,6 +161,8 @@ pub struct ftkv_counters {
     /// This worker's transactions that committed, and that aborted on a condition.
     pub transactions_committed: u64,
     pub transactions_aborted: u64,
+    /// Failed coordinators whose open transaction this worker finished as their backup.
+    pub transactions_resolved: u64,
 }
 
 /// Copies the store handle's counters into `*out`.
@@ -179,8 +181,11 @@ pub unsafe extern "C" fn ftkv_counters_get(
         // SAFETY: the caller's contract (above).
         let handle = unsafe { store_mut(store) }?;
         handle.collect_repairs();
-        let counters =
-            ftkv_counters { failures_noticed: handle.store.failures_noticed(), ..handle.counters };
+        let counters = ftkv_counters {
+            failures_noticed: handle.store.failures_noticed(),
+            transactions_resolved: handle.store.resolved_coordinators().len() as u64,
+            ..handle.counters
+        };
         // SAFETY: the caller's contract (above).
         unsafe { put_out(out, counters) }?;
         Ok(FTKV_OK)

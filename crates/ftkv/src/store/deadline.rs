@@ -29,13 +29,13 @@
 //! in the next step) sees everyone at its step or beyond and ends itself; the others, in a
 //! later step it never entered, wait and recover without it.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::Windows;
-use crate::detector::{Health, Step, StepMarker};
+use crate::detector::{Health, SLOWEST_HEALTHY_RATE};
 use crate::events::{self, Event};
 use crate::fabric::{Fabric, FabricWindow};
 
@@ -385,6 +385,77 @@ impl<F: Fabric> Watcher<F> {
         if !std::mem::replace(&mut self.warned, true) {
             events::warn(format!("recovery deadline: {what}"));
         }
+    }
+}
+
+/// The steps of a recovery attempt, in the order an attempt takes them (the recovery deadline
+/// compares members' steps by it), named for the message of a deadline that expires inside
+/// one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(usize)]
+pub(crate) enum Step {
+    Revoke,
+    Shrink,
+    OpenWindow,
+    ExchangeRecords,
+    CopyOut,
+    Barrier,
+    Agree,
+    FreeWindow,
+}
+
+impl Step {
+    const ALL: [Step; 8] = [
+        Step::Revoke,
+        Step::Shrink,
+        Step::OpenWindow,
+        Step::ExchangeRecords,
+        Step::CopyOut,
+        Step::Barrier,
+        Step::Agree,
+        Step::FreeWindow,
+    ];
+
+    /// The step and the MPI call it waits in.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Step::Revoke => "revoke (MPIX_Comm_revoke)",
+            Step::Shrink => "shrink (MPIX_Comm_shrink)",
+            Step::OpenWindow => "open window (MPI_Win_allocate on the shrunk communicator)",
+            Step::ExchangeRecords => "exchange records (MPI_Allgather)",
+            Step::CopyOut => "copy to new holders (shared-memory copies, requests to other hosts)",
+            Step::Barrier => "barrier after the copies (MPI_Barrier)",
+            Step::Agree => "agree on the attempt (MPIX_Comm_agree)",
+            Step::FreeWindow => "free a window (MPI_Win_free)",
+        }
+    }
+}
+
+/// The step a recovery attempt is in, shared between the store and its deadline, and the
+/// bytes the attempt moves, which extend the deadline ([`SLOWEST_HEALTHY_RATE`]).
+#[derive(Debug, Default)]
+pub(crate) struct StepMarker {
+    step: std::sync::atomic::AtomicUsize,
+    bytes: AtomicU64,
+}
+
+impl StepMarker {
+    pub fn set(&self, step: Step) {
+        self.step.store(step as usize, Ordering::Release);
+    }
+
+    pub fn get(&self) -> Step {
+        Step::ALL[self.step.load(Ordering::Acquire).min(Step::ALL.len() - 1)]
+    }
+
+    /// Counts `bytes` more that the attempt reads or copies.
+    pub fn moves(&self, bytes: usize) {
+        self.bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+
+    /// How long the attempt's bytes take at [`SLOWEST_HEALTHY_RATE`].
+    pub fn allowance(&self) -> Duration {
+        Duration::from_secs_f64(self.bytes.load(Ordering::Relaxed) as f64 / SLOWEST_HEALTHY_RATE)
     }
 }
 

@@ -7,9 +7,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::deadline::{Deadline, DeadlineParts};
+use super::deadline::{Step, StepMarker};
 use super::{RecoveryReport, Store, Windows};
 use crate::attempt::{self, Command, Event, Fault};
-use crate::detector::{read_allowance, Step, StepMarker};
+use crate::detector::read_allowance;
 use crate::error::{Error, Result};
 use crate::fabric::{Fabric, FabricWindow};
 use crate::key::Key;

@@ -1,0 +1,134 @@
+//! Failure knowledge for the put path, kept fresh by a detector thread per rank, and the
+//! watchdogs beside it.
+//!
+//! - [`health`]: what the put path reads: the failed workers in an atomic bitmap (a few relaxed
+//!   loads per call, no system call), the alarm, the watchdog's call counters.
+//! - [`sources`]: where failures come from. The detector thread polls them every poll interval
+//!   (failures are noticed only while MPI makes progress), fences new failures out of this
+//!   rank's slots and publishes them in [`Health`].
+//! - [`watchdog`]: the put path marks the start and end of every data-path MPI call in a
+//!   counter (odd while inside); a call that stays inside longer than the watchdog bound, which
+//!   is what one-sided calls do against some dead targets, ends the process with SIGKILL after a
+//!   message: a fail-stop failure that the survivors recover from. The clock thread ends a
+//!   process that did not run for half the suspicion bound, and one whose detector is stuck.
+//!
+//! In [`Detection::Ping`](crate::Detection::Ping) mode the detector thread also answers the
+//! two-sided pings that writers send before every put, polling without sleeping (the
+//! reference paper's helper).
+
+mod health;
+mod sources;
+mod watchdog;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::fabric::{Fabric, FabricResult};
+use sources::{FailureSource, Revocation, UlfmFailedSet};
+use watchdog::StuckCall;
+
+use health::DetectorStep;
+pub(crate) use health::{read_allowance, Health, Lane, SLOWEST_HEALTHY_RATE};
+pub(crate) use watchdog::end_if_stopped;
+
+/// The running detector and clock threads; stopped and joined on drop.
+pub(crate) struct Detector {
+    stop: Arc<AtomicBool>,
+    stop_clock: Arc<AtomicBool>,
+    handle: Option<JoinHandle<()>>,
+    clock: Option<JoinHandle<()>>,
+    /// The fabric's test for a killed rank's unwinding ([`Fabric::is_kill`]).
+    is_kill: fn(&(dyn std::any::Any + Send)) -> bool,
+}
+
+/// What the detector thread needs.
+pub(crate) struct Watch<F> {
+    pub comm: Arc<F>,
+    /// The store's own communicator: a member that sends the store to global recovery revokes
+    /// it, and the others learn of it here.
+    pub store_comm: Arc<F>,
+    pub live: Vec<i32>,
+    pub health: Arc<Health>,
+    pub poll_interval: Duration,
+    pub watchdog: Duration,
+    /// [`crate::Config::suspicion`].
+    pub suspicion: Duration,
+    pub answer_pings: bool,
+    /// Fences newly failed workers out of this rank's slots (see [`crate::fence`]).
+    pub fence: FenceFailed,
+}
+
+/// What the detector calls with every failed worker once the failed set grew.
+pub(crate) type FenceFailed = Box<dyn Fn(&[i32]) -> FabricResult<usize> + Send>;
+
+impl Detector {
+    pub fn start<F: Fabric>(watch: Watch<F>) -> Detector {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (comm, health) = (watch.comm.clone(), watch.health.clone());
+        let bounds = [watch.suspicion, watch.watchdog];
+        let stop_clock = Arc::new(AtomicBool::new(false));
+        let flag = stop_clock.clone();
+        health.stamp_tick();
+        let clock = std::thread::Builder::new()
+            .name("ftkv-clock".into())
+            .spawn(move || watchdog::tick(&*comm, &health, bounds, &flag))
+            .expect("spawning the clock thread");
+        let flag = stop.clone();
+        let handle = std::thread::Builder::new()
+            .name("ftkv-detector".into())
+            .spawn(move || run(watch, &flag))
+            .expect("spawning the detector thread");
+        Detector { stop, stop_clock, handle: Some(handle), clock: Some(clock), is_kill: F::is_kill }
+    }
+}
+
+impl Drop for Detector {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(handle) = self.handle.take() {
+            match handle.join() {
+                Err(payload) if !(self.is_kill)(payload.as_ref()) => {
+                    crate::events::warn("the detector thread panicked")
+                }
+                _ => {}
+            }
+        }
+        // The clock goes on watching the detector until it has ended.
+        self.stop_clock.store(true, Ordering::Release);
+        if let Some(clock) = self.clock.take() {
+            clock.thread().unpark();
+            if clock.join().is_err() {
+                crate::events::warn("the clock thread panicked");
+            }
+        }
+    }
+}
+
+/// The detector thread: each round, MPI progress and every failure source, the fencing of new
+/// failures, the watchdog's look at every lane, then a pause.
+fn run<F: Fabric>(watch: Watch<F>, stop: &AtomicBool) {
+    let mut stuck = Lane::ALL.map(StuckCall::new);
+    let mut fenced_generation = 0;
+    let (mut ulfm, mut revocation) = (UlfmFailedSet, Revocation);
+    while !stop.load(Ordering::Acquire) {
+        watch.health.enter_detector_step(DetectorStep::Progress);
+        watch.comm.stall_point("detector_round");
+        watchdog::end_if_suspended(&watch);
+        let sources: [&mut dyn FailureSource<F>; 2] = [&mut ulfm, &mut revocation];
+        for source in sources {
+            let found = source.poll(&watch);
+            sources::act_on(&watch, found);
+        }
+        watch.health.enter_detector_step(DetectorStep::Fence);
+        fenced_generation = sources::fence_new_failures(&watch, fenced_generation);
+        stuck.iter_mut().for_each(|lane| lane.check(&watch));
+        watch.health.enter_detector_step(DetectorStep::Pause);
+        if watch.answer_pings {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(watch.poll_interval);
+        }
+    }
+}

@@ -302,6 +302,25 @@ unsafe fn kind_names(kinds: *const *const c_char, n: usize) -> Result<Vec<String
         .collect()
 }
 
+/// The checks of a write of `len` bytes at `data` to this rank's own key of kind `kind`: the
+/// store, this rank's key and the value, once nothing is pending and the kind is the program's.
+///
+/// # Safety
+/// As [`store_mut`] and [`bytes`].
+unsafe fn own_write<'a>(
+    store: *mut ftkv_store,
+    kind: u16,
+    data: *const c_void,
+    len: usize,
+) -> Result<(&'a mut ftkv_store, Key, &'a [u8]), Failure> {
+    // SAFETY: the caller's contract (above).
+    let (handle, value) = unsafe { (store_mut(store)?, bytes(data, len)?) };
+    handle.ensure_nothing_pending()?;
+    handle.check_writable(kind)?;
+    let own = key(handle.store.worker(), kind);
+    Ok((handle, own, value))
+}
+
 /// The kind index `kind` as a key of `store`'s worker `owner`.
 fn key(owner: c_int, kind: u16) -> Key {
     Key::new(owner, kind)
@@ -520,11 +539,8 @@ pub unsafe extern "C" fn ftkv_put(
 ) -> ftkv_status {
     guarded(|| {
         // SAFETY: the caller's contract (above).
-        let (handle, value) = unsafe { (store_mut(store)?, bytes(data, len)?) };
-        handle.ensure_nothing_pending()?;
-        handle.check_writable(kind)?;
-        let me = handle.store.worker();
-        handle.store.put(key(me, kind), value)?;
+        let (handle, own, value) = unsafe { own_write(store, kind, data, len) }?;
+        handle.store.put(own, value)?;
         handle.count_put(len);
         Ok(FTKV_OK)
     })
@@ -559,11 +575,8 @@ pub unsafe extern "C" fn ftkv_put_async(
 ) -> ftkv_status {
     guarded(|| {
         // SAFETY: the caller's contract (above).
-        let (handle, value) = unsafe { (store_mut(store)?, bytes(data, len)?) };
-        handle.ensure_nothing_pending()?;
-        handle.check_writable(kind)?;
-        let me = handle.store.worker();
-        let put = handle.store.put_async(key(me, kind), value)?.detach();
+        let (handle, own, value) = unsafe { own_write(store, kind, data, len) }?;
+        let put = handle.store.put_async(own, value)?.detach();
         handle.pending = Some(Pending { put, data: value.as_ptr(), len });
         Ok(FTKV_OK)
     })

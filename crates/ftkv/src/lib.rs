@@ -71,6 +71,7 @@ pub mod sim_txn;
 pub mod slot;
 mod store;
 pub mod txn;
+pub mod txn_engine;
 pub mod txn_log;
 
 pub use config::{

@@ -36,6 +36,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::key::Key;
+use crate::txn_engine::{Command, Coordinator, Event, Op, Refusal};
 
 /// A transaction's id, also the value of the lock words it holds: the coordinator's worker id
 /// + 1 in the high half (0 means "free"), its sequence number in the low half.
@@ -173,93 +174,67 @@ pub const LOCK_ATTEMPTS: usize = 10_000;
 /// The values a transaction read: key, version, value.
 pub type Reads = [(Key, u64, Option<Vec<u8>>)];
 
-/// Runs `txn` as transaction `id` on `backend` (see the module's protocol). Once the locks are
-/// held and the conditions hold, `update` computes further writes from every locked key's value
-/// (read-modify-write); they must go to keys of `txn` (others are refused with
-/// [`TxError::UnlockedWrite`] before anything is written).
+/// Runs `txn` as transaction `id` on `backend` (see the module's protocol): the runtime of the
+/// coordinator's engine ([`crate::txn_engine::Coordinator`]), which decides every step while
+/// this executes them. Once the locks are held and the conditions hold, `update` computes
+/// further writes from every locked key's value (read-modify-write); they must go to keys of
+/// `txn` (others are refused with [`TxError::UnlockedWrite`] before anything is written).
 pub fn run<B: Backend>(
     backend: &mut B,
     id: TxId,
     txn: &Txn,
     update: impl FnOnce(&Reads) -> Vec<(Key, Option<Vec<u8>>)>,
 ) -> Result<Outcome, TxError<B::Error>> {
-    let keys = txn.keys();
-    let mut record =
-        TxRecord { id, state: RecordState::Locking, keys: keys.clone(), writes: vec![] };
-    backend.step("tx_announce")?;
-    backend.write_record(id.coordinator(), &record)?;
-    for (locked, &key) in keys.iter().enumerate() {
-        match lock(backend, key, id) {
-            Ok(()) => {}
-            Err(TxError::Backend(e)) => return Err(TxError::Backend(e)),
-            Err(gave_up) => {
-                abandon(backend, &record, &keys[..locked])?;
-                return Err(gave_up);
+    let mut coordinator = Coordinator::new(id, txn, LOCK_ATTEMPTS);
+    let mut update = Some(update);
+    let mut event = Event::Start;
+    loop {
+        event = match coordinator.next(event) {
+            Command::Io { step, op } => {
+                if let Some(step) = step {
+                    backend.step(step)?;
+                }
+                perform(backend, id, op)?
             }
-        }
-    }
-    backend.step("tx_read")?;
-    let mut read = Vec::with_capacity(keys.len());
-    for &key in &keys {
-        read.push((key, backend.read(key)?));
-    }
-    let current = |key: Key| &read.iter().find(|(k, _)| *k == key).expect("locked key").1;
-    if let Some((key, _)) =
-        txn.conditions.iter().find(|(key, expect)| !holds(current(*key), expect))
-    {
-        abandon(backend, &record, &keys)?;
-        return Ok(Outcome::Aborted { condition: *key });
-    }
-    let locked: Vec<(Key, u64, Option<Vec<u8>>)> =
-        read.iter().map(|(key, (version, value))| (*key, *version, value.clone())).collect();
-    let mut wanted = txn.writes.clone();
-    wanted.extend(update(&locked));
-    if let Some((key, _)) = wanted.iter().find(|(key, _)| !keys.contains(key)) {
-        let key = *key;
-        abandon(backend, &record, &keys)?;
-        return Err(TxError::UnlockedWrite { key });
-    }
-    let writes = wanted.into_iter().map(|(key, value)| (key, current(key).0 + 1, value));
-    record.writes = writes.collect();
-    record.state = RecordState::Committed;
-    backend.step("tx_commit")?;
-    backend.write_record(id.coordinator(), &record)?;
-    apply(backend, &record)?;
-    let reads = txn.reads.iter().map(|&key| (key, current(key).0, current(key).1.clone()));
-    Ok(Outcome::Committed { reads: reads.collect() })
-}
-
-/// Ends a transaction that wrote nothing: its record becomes `Aborted`, then the `locked`
-/// keys are released. A coordinator that fails in between leaves an `Aborted` record, whose
-/// backup releases the locks.
-fn abandon<B: Backend>(backend: &mut B, record: &TxRecord, locked: &[Key]) -> Result<(), B::Error> {
-    backend.step("tx_abort")?;
-    let aborted = TxRecord { state: RecordState::Aborted, ..record.clone() };
-    backend.write_record(record.id.coordinator(), &aborted)?;
-    unlock(backend, locked, record.id)
-}
-
-fn holds(current: &(u64, Option<Vec<u8>>), expect: &Expect) -> bool {
-    match expect {
-        Expect::Version(version) => current.0 == *version,
-        Expect::Value(value) => current.1 == *value,
-    }
-}
-
-/// Takes `key`'s lock for `id`, waiting while another transaction holds it.
-fn lock<B: Backend>(backend: &mut B, key: Key, id: TxId) -> Result<(), TxError<B::Error>> {
-    for _ in 0..LOCK_ATTEMPTS {
-        backend.step("tx_lock")?;
-        match backend.swap_lock(key, FREE, id.0)? {
-            None => return Ok(()),
-            Some(held) if held == id.0 => return Ok(()),
-            Some(_) => {
+            Command::ResolveDutiesAndWait => {
                 resolve_duties(backend)?;
                 backend.wait()?;
+                Event::Done
             }
-        }
+            Command::Update(locked) => {
+                Event::Updated(update.take().map_or_else(Vec::new, |u| u(&locked)))
+            }
+            Command::Finish(end) => {
+                return end.map_err(|refusal| match refusal {
+                    Refusal::Contended { key, attempts } => TxError::Contended { key, attempts },
+                    Refusal::UnlockedWrite { key } => TxError::UnlockedWrite { key },
+                })
+            }
+        };
     }
-    Err(TxError::Contended { key, attempts: LOCK_ATTEMPTS })
+}
+
+/// Executes one operation of the coordinator `id` on `backend`; what it found.
+fn perform<B: Backend>(backend: &mut B, id: TxId, op: Op) -> Result<Event, B::Error> {
+    Ok(match op {
+        Op::WriteRecord(record) => {
+            backend.write_record(id.coordinator(), &record)?;
+            Event::Done
+        }
+        Op::SwapLock(key) => Event::Swapped(backend.swap_lock(key, FREE, id.0)?),
+        Op::Read(key) => {
+            let (version, value) = backend.read(key)?;
+            Event::Read(version, value)
+        }
+        Op::Write(key, version, value) => {
+            backend.write(key, version, value.as_deref())?;
+            Event::Done
+        }
+        Op::ReleaseLock(key) => {
+            backend.release_lock(key, id.0)?;
+            Event::Done
+        }
+    })
 }
 
 fn unlock<B: Backend>(backend: &mut B, keys: &[Key], id: TxId) -> Result<(), B::Error> {

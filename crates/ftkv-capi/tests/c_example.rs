@@ -28,12 +28,10 @@ fn compiler(var: &str, name: &str) -> PathBuf {
         .unwrap_or_else(|| workspace().join(".venv").join("bin").join(name))
 }
 
-/// Builds `libftkv_capi.so` into `libs` when it is not there: `cargo test` links the
-/// integration tests against the rlib and leaves the cdylib out on a clean tree.
+/// Builds `libftkv_capi.so` into `libs` (a no-op when it is current): `cargo test` links the
+/// integration tests against the rlib and leaves the cdylib out, so one built by an earlier
+/// run from older sources would otherwise be what the examples load.
 fn build_shared_library(libs: &Path) {
-    if libs.join("libftkv_capi.so").exists() {
-        return;
-    }
     let release = libs.file_name().is_some_and(|name| name == "release");
     let mut cargo = Command::new(env!("CARGO"));
     cargo.current_dir(workspace()).args(["build", "--quiet", "-p", "ftkv-capi", "--lib"]);

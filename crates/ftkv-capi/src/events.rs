@@ -5,6 +5,7 @@ use std::ffi::{c_char, c_int, c_void, CString};
 use std::sync::RwLock;
 
 use ftkv::events::field_text;
+use ftkv_mpi::c_abi::LineCallback;
 use tracing::{Level, Metadata, Subscriber};
 use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
 use tracing_subscriber::util::SubscriberInitExt;
@@ -34,11 +35,8 @@ pub enum ftkv_event_kind {
 pub type ftkv_event_handler =
     Option<unsafe extern "C" fn(kind: ftkv_event_kind, message: *const c_char, user: *mut c_void)>;
 
-/// The function behind a non-NULL [`ftkv_event_handler`].
-type EventHandler = unsafe extern "C" fn(ftkv_event_kind, *const c_char, *mut c_void);
-
-/// The installed handler and its `user` pointer (kept as an address: the program owns it).
-static HANDLER: RwLock<Option<(EventHandler, usize)>> = RwLock::new(None);
+/// The installed handler with its `user` pointer.
+static HANDLER: RwLock<Option<LineCallback<ftkv_event_kind>>> = RwLock::new(None);
 
 /// Installs `handler` for every store of this process (`NULL`: the default, a line on
 /// stderr), replacing the one before; `user` is passed back to it. It runs on whichever thread
@@ -55,7 +53,8 @@ pub unsafe extern "C" fn ftkv_set_event_handler(
 ) -> ftkv_status {
     guarded(|| {
         let mut installed = HANDLER.write().unwrap_or_else(|e| e.into_inner());
-        *installed = handler.map(|h| (h, user as usize));
+        // SAFETY: this function's contract: `handler` keeps the rules of a `LineCallback`.
+        *installed = handler.map(|h| unsafe { LineCallback::new(h, user) });
         Ok(FTKV_OK)
     })
 }
@@ -79,14 +78,11 @@ impl<S: Subscriber> Layer<S> for Forward {
         let Some(kind) = kind_of(event) else { return };
         let message = field_text(event, "message").unwrap_or_default();
         let installed = *HANDLER.read().unwrap_or_else(|e| e.into_inner());
-        let Some((handler, user)) = installed else {
+        let Some(handler) = installed else {
             eprintln!("{message}");
             return;
         };
-        let line = CString::new(message.replace('\0', " ")).unwrap_or_default();
-        // SAFETY: `ftkv_set_event_handler`'s contract: a function of this signature that
-        // returns normally; `line` lives across the call, `user` is the program's.
-        unsafe { handler(kind, line.as_ptr(), user as *mut c_void) };
+        handler.call(kind, &CString::new(message.replace('\0', " ")).unwrap_or_default());
     }
 }
 

@@ -7,7 +7,7 @@
 //! its length says; a string is NUL-terminated). NULL is never dereferenced: each returns
 //! `None` (or `false`) for it, except for empty slices.
 
-use std::ffi::{c_char, CStr};
+use std::ffi::{c_char, c_void, CStr};
 
 use crate::comm::Comm;
 use crate::error::{check, Result};
@@ -99,6 +99,38 @@ pub unsafe fn write_out<T>(out: *mut T, value: T) -> bool {
 pub unsafe fn c_str<'a>(text: *const c_char) -> Option<&'a CStr> {
     // SAFETY: the caller's contract: a NUL-terminated string at non-NULL `text`.
     (!text.is_null()).then(|| unsafe { CStr::from_ptr(text) })
+}
+
+/// A C program's callback that takes a kind `K` (a C enum), a line of text and the program's
+/// `user` pointer, with that pointer: calling it is safe once [`LineCallback::new`] took the
+/// program's word for it. The pointer is kept as an address (the program owns what it points
+/// to), so the callback can be called from any thread.
+#[derive(Debug, Clone, Copy)]
+pub struct LineCallback<K> {
+    function: unsafe extern "C" fn(K, *const c_char, *mut c_void),
+    user: usize,
+}
+
+impl<K> LineCallback<K> {
+    /// The callback `function` with `user`.
+    ///
+    /// # Safety
+    /// `function` can be called with any `K`, a NUL-terminated line valid during the call and
+    /// `user`, from any thread and at any time, and returns normally (no unwinding, no
+    /// `longjmp`).
+    pub unsafe fn new(
+        function: unsafe extern "C" fn(K, *const c_char, *mut c_void),
+        user: *mut c_void,
+    ) -> Self {
+        LineCallback { function, user: user as usize }
+    }
+
+    /// Calls the program's function with `kind`, `line` and its `user` pointer.
+    pub fn call(&self, kind: K, line: &CStr) {
+        // SAFETY: `new`'s contract: callable with any kind, a line valid during the call (it
+        // is borrowed across it) and the program's `user`, from any thread.
+        unsafe { (self.function)(kind, line.as_ptr(), self.user as *mut c_void) }
+    }
 }
 
 /// A duplicate of the C program's communicator `raw` (collective, like `MPI_Comm_dup`) that

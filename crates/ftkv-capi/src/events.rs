@@ -71,7 +71,7 @@ struct Forward;
 
 impl<S: Subscriber> Layer<S> for Forward {
     fn enabled(&self, metadata: &Metadata<'_>, _: Context<'_, S>) -> bool {
-        *metadata.level() <= Level::INFO
+        ftkv::events::shown_as_line(metadata)
     }
 
     fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {

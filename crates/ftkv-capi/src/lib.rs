@@ -99,9 +99,9 @@ pub struct ftkv_store {
 /// An asynchronous put whose other copies are not waited for yet.
 struct Pending {
     put: DetachedPut,
-    /// The program's value: it keeps the `len` bytes unchanged until `ftkv_wait` returns.
+    /// The program's value (`put.len()` bytes): it keeps them unchanged until `ftkv_wait`
+    /// returns.
     data: *const u8,
-    len: usize,
 }
 
 impl ftkv_store {
@@ -109,12 +109,13 @@ impl ftkv_store {
     /// program's bytes): `Ok` once every copy holds it.
     fn wait_pending(&mut self) -> Result<(), Failure> {
         let Some(pending) = self.pending.take() else { return Ok(()) };
+        let len = pending.put.len();
         // SAFETY: `ftkv_put_async`'s contract: its `len` bytes at `data` stay valid and
         // unchanged until `ftkv_wait` returns, and this is `ftkv_wait`.
-        let value = unsafe { c_abi::slice(pending.data, pending.len) }
+        let value = unsafe { c_abi::slice(pending.data, len) }
             .ok_or_else(|| invalid("the pending put's data pointer is NULL"))?;
         self.store.wait_detached(pending.put, value)?;
-        self.count_put(pending.len);
+        self.count_put(len);
         Ok(())
     }
 
@@ -141,6 +142,14 @@ impl ftkv_store {
             true => Ok(()),
             false => Err(invalid(&format!("kind {kind} is not one of the program's kinds"))),
         }
+    }
+
+    /// The key (`owner`, `kind`) a plain write may go to (`None`: this rank's own), once
+    /// nothing is pending and the kind is the program's.
+    fn writable_key(&self, owner: Option<c_int>, kind: u16) -> Result<Key, Failure> {
+        self.ensure_nothing_pending()?;
+        self.check_writable(kind)?;
+        Ok(key(owner.unwrap_or_else(|| self.store.worker()), kind))
     }
 
     fn count_put(&mut self, len: usize) {
@@ -300,25 +309,6 @@ unsafe fn kind_names(kinds: *const *const c_char, n: usize) -> Result<Vec<String
             name.to_str().map(str::to_owned).map_err(|_| invalid("a kind name is not UTF-8"))
         })
         .collect()
-}
-
-/// The checks of a write of `len` bytes at `data` to this rank's own key of kind `kind`: the
-/// store, this rank's key and the value, once nothing is pending and the kind is the program's.
-///
-/// # Safety
-/// As [`store_mut`] and [`bytes`].
-unsafe fn own_write<'a>(
-    store: *mut ftkv_store,
-    kind: u16,
-    data: *const c_void,
-    len: usize,
-) -> Result<(&'a mut ftkv_store, Key, &'a [u8]), Failure> {
-    // SAFETY: the caller's contract (above).
-    let (handle, value) = unsafe { (store_mut(store)?, bytes(data, len)?) };
-    handle.ensure_nothing_pending()?;
-    handle.check_writable(kind)?;
-    let own = key(handle.store.worker(), kind);
-    Ok((handle, own, value))
 }
 
 /// The kind index `kind` as a key of `store`'s worker `owner`.
@@ -539,8 +529,8 @@ pub unsafe extern "C" fn ftkv_put(
 ) -> ftkv_status {
     guarded(|| {
         // SAFETY: the caller's contract (above).
-        let (handle, own, value) = unsafe { own_write(store, kind, data, len) }?;
-        handle.store.put(own, value)?;
+        let (handle, value) = unsafe { (store_mut(store)?, bytes(data, len)?) };
+        handle.store.put(handle.writable_key(None, kind)?, value)?;
         handle.count_put(len);
         Ok(FTKV_OK)
     })
@@ -575,9 +565,9 @@ pub unsafe extern "C" fn ftkv_put_async(
 ) -> ftkv_status {
     guarded(|| {
         // SAFETY: the caller's contract (above).
-        let (handle, own, value) = unsafe { own_write(store, kind, data, len) }?;
-        let put = handle.store.put_async(own, value)?.detach();
-        handle.pending = Some(Pending { put, data: value.as_ptr(), len });
+        let (handle, value) = unsafe { (store_mut(store)?, bytes(data, len)?) };
+        let put = handle.store.put_async(handle.writable_key(None, kind)?, value)?.detach();
+        handle.pending = Some(Pending { put, data: value.as_ptr() });
         Ok(FTKV_OK)
     })
 }
@@ -629,10 +619,7 @@ pub unsafe extern "C" fn ftkv_delete(store: *mut ftkv_store, kind: u16) -> ftkv_
     guarded(|| {
         // SAFETY: the caller's contract (above).
         let handle = unsafe { store_mut(store) }?;
-        handle.ensure_nothing_pending()?;
-        handle.check_writable(kind)?;
-        let me = handle.store.worker();
-        handle.store.delete(key(me, kind))?;
+        handle.store.delete(handle.writable_key(None, kind)?)?;
         handle.counters.deletes += 1;
         Ok(FTKV_OK)
     })
@@ -659,9 +646,7 @@ pub unsafe extern "C" fn ftkv_put_handed(
     guarded(|| {
         // SAFETY: the caller's contract (above).
         let (handle, value) = unsafe { (store_mut(store)?, bytes(data, len)?) };
-        handle.ensure_nothing_pending()?;
-        handle.check_writable(kind)?;
-        handle.store.put_handed(key(owner, kind), value)?;
+        handle.store.put_handed(handle.writable_key(Some(owner), kind)?, value)?;
         handle.count_put(len);
         Ok(FTKV_OK)
     })
@@ -681,9 +666,7 @@ pub unsafe extern "C" fn ftkv_delete_handed(
     guarded(|| {
         // SAFETY: the caller's contract (above).
         let handle = unsafe { store_mut(store) }?;
-        handle.ensure_nothing_pending()?;
-        handle.check_writable(kind)?;
-        handle.store.delete_handed(key(owner, kind))?;
+        handle.store.delete_handed(handle.writable_key(Some(owner), kind)?)?;
         handle.counters.deletes += 1;
         Ok(FTKV_OK)
     })

@@ -91,6 +91,22 @@ unsafe fn extend(
     Ok(FTKV_OK)
 }
 
+/// Adds `change`, given a copy of the `len` bytes at `data`, to `txn`.
+///
+/// # Safety
+/// As [`txn_mut`]; `data` has `len` readable bytes.
+unsafe fn extend_copied(
+    txn: *mut ftkv_txn,
+    data: *const c_void,
+    len: usize,
+    change: impl FnOnce(&mut Txn, Vec<u8>),
+) -> Result<ftkv_status, Failure> {
+    // SAFETY: the caller's contract (above).
+    let value = unsafe { bytes(data, len) }?.to_vec();
+    // SAFETY: the caller's contract (above).
+    unsafe { extend(txn, |t| change(t, value)) }
+}
+
 /// Adds a read of key (`owner`, `kind`): once the transaction committed, `ftkv_txn_result`
 /// gives its value and version as they were under the transaction's locks. Completion:
 /// `FTKV_OK`; the key is checked when the transaction runs.
@@ -134,12 +150,12 @@ pub unsafe extern "C" fn ftkv_txn_expect_value(
     data: *const c_void,
     len: usize,
 ) -> ftkv_status {
-    guarded(|| {
-        // SAFETY: the caller's contract (above).
-        let value = unsafe { bytes(data, len) }?.to_vec();
-        let condition = (Key::new(owner, kind), Expect::Value(Some(value)));
-        // SAFETY: the caller's contract (above).
-        unsafe { extend(txn, |t| t.conditions.push(condition)) }
+    let key = Key::new(owner, kind);
+    // SAFETY: the caller's contract (above).
+    guarded(|| unsafe {
+        extend_copied(txn, data, len, |t, value| {
+            t.conditions.push((key, Expect::Value(Some(value))))
+        })
     })
 }
 
@@ -173,12 +189,10 @@ pub unsafe extern "C" fn ftkv_txn_write(
     data: *const c_void,
     len: usize,
 ) -> ftkv_status {
-    guarded(|| {
-        // SAFETY: the caller's contract (above).
-        let value = unsafe { bytes(data, len) }?.to_vec();
-        let write = (Key::new(owner, kind), Some(value));
-        // SAFETY: the caller's contract (above).
-        unsafe { extend(txn, |t| t.writes.push(write)) }
+    let key = Key::new(owner, kind);
+    // SAFETY: the caller's contract (above).
+    guarded(|| unsafe {
+        extend_copied(txn, data, len, |t, value| t.writes.push((key, Some(value))))
     })
 }
 

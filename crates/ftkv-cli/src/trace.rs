@@ -5,7 +5,7 @@
 //! the tests read.
 
 use ftkv::events::field_text;
-use tracing::{Event, Level, Metadata, Subscriber};
+use tracing::{Event, Metadata, Subscriber};
 use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
 use tracing_subscriber::util::SubscriberInitExt;
 
@@ -22,7 +22,7 @@ struct Lines;
 
 impl<S: Subscriber> Layer<S> for Lines {
     fn enabled(&self, metadata: &Metadata<'_>, _: Context<'_, S>) -> bool {
-        *metadata.level() <= Level::INFO
+        ftkv::events::shown_as_line(metadata)
     }
 
     fn on_event(&self, event: &Event<'_>, _: Context<'_, S>) {

@@ -73,6 +73,14 @@ pub(crate) fn warn(what: impl Into<String>) {
     emit(Event::Warning(what.into()));
 }
 
+/// Whether a subscriber that shows ftkv's reports as lines (ftkv's programs, the C API) takes
+/// the callsite of `metadata`: events at information level or above. Spans are left out: such
+/// a subscriber prints no context, and a span it does not take costs nothing (a transaction
+/// opens one per call).
+pub fn shown_as_line(metadata: &tracing::Metadata<'_>) -> bool {
+    metadata.is_event() && *metadata.level() <= tracing::Level::INFO
+}
+
 /// The field `name` of a `tracing` event, as text: for a subscriber that shows ftkv's events
 /// (`message` is the line, `kind` the [`Event::kind`]); `None` when the event has no such field.
 pub fn field_text(event: &tracing::Event<'_>, name: &'static str) -> Option<String> {

@@ -82,23 +82,20 @@ enum Phase {
         index: usize,
     },
     Updating,
-    Committing,
+    /// Writing `record.writes[index..]`, then the done record.
     Applying {
         index: usize,
     },
-    MarkingDone,
-    /// Writing the aborted record, then releasing `keys[..locked]`, then ending with `end`.
-    Aborting {
-        locked: usize,
-        end: Result<Outcome, Refusal>,
-    },
-    /// Releasing `keys[..remaining]` from the last, then ending with `end`.
+    /// Releasing `keys[..remaining]` from the last, then ending with `end` (after the done or
+    /// the aborted record).
     Unlocking {
         remaining: usize,
         end: Result<Outcome, Refusal>,
     },
     /// Over, with this end (returned again if asked again).
     Finished(Result<Outcome, Refusal>),
+    /// Only while [`Coordinator::next`] decides: every step sets the next phase.
+    Deciding,
 }
 
 /// The coordinator of transaction `id` running `txn`.
@@ -130,8 +127,7 @@ impl<'t> Coordinator<'t> {
 
     /// The command that follows `event`, what the previous command found.
     pub fn next(&mut self, event: Event) -> Command {
-        let over = Phase::Finished(Err(Refusal::UnlockedWrite { key: Key::new(-1, 0) }));
-        match std::mem::replace(&mut self.phase, over) {
+        match std::mem::replace(&mut self.phase, Phase::Deciding) {
             Phase::Announcing => {
                 self.phase = Phase::Locking { index: 0, attempts: 0 };
                 io(Some("tx_announce"), Op::WriteRecord(self.record.clone()))
@@ -144,15 +140,13 @@ impl<'t> Coordinator<'t> {
             Phase::Waiting { index, attempts } => self.swap(index, attempts),
             Phase::Reading { index } => self.reading(index, event),
             Phase::Updating => self.updating(event),
-            Phase::Committing => self.apply(0),
             Phase::Applying { index } => self.apply(index),
-            Phase::MarkingDone => self.unlock(self.keys.len(), self.committed()),
-            Phase::Aborting { locked, end } => self.unlock(locked, end),
             Phase::Unlocking { remaining, end } => self.unlock(remaining, end),
             Phase::Finished(end) => {
                 self.phase = Phase::Finished(end.clone());
                 Command::Finish(end)
             }
+            Phase::Deciding => unreachable!("next runs one step at a time (&mut self)"),
         }
     }
 
@@ -223,14 +217,14 @@ impl<'t> Coordinator<'t> {
         let writes = wanted.into_iter().map(|(key, value)| (key, self.current(key).0 + 1, value));
         self.record.writes = writes.collect();
         self.record.state = RecordState::Committed;
-        self.phase = Phase::Committing;
+        self.phase = Phase::Applying { index: 0 };
         io(Some("tx_commit"), Op::WriteRecord(self.record.clone()))
     }
 
     /// The write of `record.writes[index]`, or the done record once all are written.
     fn apply(&mut self, index: usize) -> Command {
         let Some((key, version, value)) = self.record.writes.get(index).cloned() else {
-            self.phase = Phase::MarkingDone;
+            self.phase = Phase::Unlocking { remaining: self.keys.len(), end: self.committed() };
             let done = TxRecord { state: RecordState::Done, ..self.record.clone() };
             return io(Some("tx_done"), Op::WriteRecord(done));
         };
@@ -241,7 +235,7 @@ impl<'t> Coordinator<'t> {
     /// Ends a transaction that wrote nothing: the aborted record, then the release of the
     /// `locked` first keys, then `end`.
     fn abandon(&mut self, locked: usize, end: Result<Outcome, Refusal>) -> Command {
-        self.phase = Phase::Aborting { locked, end };
+        self.phase = Phase::Unlocking { remaining: locked, end };
         let aborted = TxRecord { state: RecordState::Aborted, ..self.record.clone() };
         io(Some("tx_abort"), Op::WriteRecord(aborted))
     }

@@ -73,17 +73,18 @@ static void handed_writes(ftkv_store *store, int rank) {
     size_t len = 0;
     if (rank == 1) {
         CHECK(ftkv_put(store, LOOT, "mine", 4) == FTKV_OK);
-        MPI_Send(NULL, 0, MPI_BYTE, 2, 0, MPI_COMM_WORLD); /* the key is 2's now */
-        MPI_Recv(NULL, 0, MPI_BYTE, 2, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        /* The key is 2's now. */
+        CHECK(MPI_Send(NULL, 0, MPI_BYTE, 2, 0, MPI_COMM_WORLD) == MPI_SUCCESS);
+        CHECK(MPI_Recv(NULL, 0, MPI_BYTE, 2, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE) == MPI_SUCCESS);
         CHECK(ftkv_get(store, 1, LOOT, got, sizeof got, &len) == FTKV_NOT_FOUND && len == 0);
     } else if (rank == 2) {
-        MPI_Recv(NULL, 0, MPI_BYTE, 1, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        CHECK(MPI_Recv(NULL, 0, MPI_BYTE, 1, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE) == MPI_SUCCESS);
         CHECK(ftkv_put(store, LOOT, "x", 1) == FTKV_OK); /* its own loot, not 1's */
         CHECK(ftkv_put_handed(store, 1, LOOT, taken, sizeof taken) == FTKV_OK);
         CHECK(ftkv_get(store, 1, LOOT, got, sizeof got, &len) == FTKV_OK);
         CHECK(len == sizeof taken && memcmp(got, taken, len) == 0);
         CHECK(ftkv_delete_handed(store, 1, LOOT) == FTKV_OK);
-        MPI_Send(NULL, 0, MPI_BYTE, 1, 0, MPI_COMM_WORLD);
+        CHECK(MPI_Send(NULL, 0, MPI_BYTE, 1, 0, MPI_COMM_WORLD) == MPI_SUCCESS);
     }
 }
 
@@ -131,10 +132,10 @@ static void transactions(ftkv_store *store, int rank, int size) {
 
 int main(int argc, char **argv) {
     int provided, rank, size;
-    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS) return 4;
+    CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN) == MPI_SUCCESS);
+    CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank) == MPI_SUCCESS);
+    CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size) == MPI_SUCCESS);
 
     const char *kinds[] = {"checkpoint", "loot"};
     ftkv_config config = ftkv_config_default(kinds, 2, 2);
@@ -177,8 +178,8 @@ int main(int argc, char **argv) {
     CHECK(ftkv_store_free(store) == FTKV_OK);
     CHECK(ftkv_store_free(NULL) == FTKV_OK);
 
+    CHECK(MPI_Finalize() == MPI_SUCCESS);
     if (failures == 0) printf("checks passed\n");
     fflush(stdout);
-    MPI_Finalize();
     return failures == 0 ? 0 : 1;
 }

@@ -306,11 +306,6 @@ pub struct DetachedPut {
 }
 
 impl DetachedPut {
-    /// The key the put writes.
-    pub fn key(&self) -> Key {
-        self.key
-    }
-
     /// The length of the value the put writes.
     pub fn len(&self) -> usize {
         self.len

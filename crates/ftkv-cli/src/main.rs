@@ -383,6 +383,12 @@ enum BenchCommand {
         #[arg(long, default_value_t = 0, value_parser = args::at_least(0usize))]
         #[arg(allow_negative_numbers = true)]
         kills: usize,
+        /// Also runs both variants over this many hosts simulated on this machine (network
+        /// namespaces, needs root), alternating with the runs on one host, and compares each
+        /// variant's median across hosts with its median on one host.
+        #[arg(long, value_name = "HOSTS", value_parser = args::at_least(2usize))]
+        #[arg(allow_negative_numbers = true)]
+        across: Option<usize>,
         /// Where the comparison goes: both variants' times, checkpoints and medians.
         #[arg(long, default_value = "results/bench_uts.json", value_name = "FILE")]
         json: PathBuf,
@@ -459,6 +465,7 @@ impl PoolArgs {
             stop: None,
             suspicion: None,
             localized: self.recovery == RecoveryArg::Localized,
+            hosts: None,
         })
     }
 }
@@ -608,9 +615,10 @@ fn run(command: Command) -> Result<()> {
             let systems: Vec<&str> = systems.split(',').collect();
             ftkv_cli::bench::store_rank_main(&systems, writers, &sizes, millis, copies)
         }
-        Command::Bench(BenchCommand::Uts { pool, repeat, kills, json }) => {
+        Command::Bench(BenchCommand::Uts { pool, repeat, kills, across, json }) => {
             let demo = pool.demo(Some(kills))?;
-            tasks::run_bench(&exe()?, &tasks::Demo { kills: 0, ..demo }, (repeat, kills), &json)
+            let plan = tasks::BenchPlan { repeat, kills, across };
+            tasks::run_bench(&exe()?, &tasks::Demo { kills: 0, ..demo }, &plan, &json)
         }
         Command::Probe { json, hang_after, cases } => run_probe(json, hang_after, &cases),
         Command::Ping { ranks, count } => {

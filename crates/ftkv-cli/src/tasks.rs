@@ -192,6 +192,8 @@ pub struct Demo {
     pub suspicion: Option<Duration>,
     /// Localized recovery instead of global.
     pub localized: bool,
+    /// The hosts the job runs on when not those of the environment (`--nodes`, `--hostfile`).
+    pub hosts: Option<crate::cluster::Hosts>,
 }
 
 impl Demo {
@@ -291,11 +293,14 @@ fn run_pool_job(exe: &Path, demo: &Demo, show: bool) -> Result<RunReport> {
     if demo.localized {
         args.push("--localized".to_string());
     }
-    let launch = Launch::new(exe, demo.ranks)
+    let mut launch = Launch::new(exe, demo.ranks)
         .args(args)
         .timeout(demo.timeout)
         .transport_from_env()
         .suspicion_detector(demo.suspicion());
+    if let Some(hosts) = &demo.hosts {
+        launch = launch.on_hosts(hosts.clone());
+    }
     let (out, watch) = crate::launch::with_start_retries("[demo]", || {
         let (out, watch) = watch_pool_job(&launch, demo, show)?;
         let again = out.never_started().then(|| "mpirun could not start the job".to_owned());
@@ -766,57 +771,103 @@ fn print_verdict(demo: &Demo, r: &RunReport) {
     );
 }
 
-/// `ftkv bench uts`: the same tree failure-free without and with checkpointing, `repeat` times
-/// each, alternating; the ratio of the medians is the checkpointing overhead. With `kills`,
-/// also runs it with kills under global and localized recovery (see `recovery_rows`).
-pub fn run_bench(
-    exe: &Path,
-    demo: &Demo,
-    (repeat, kills): (usize, usize),
-    json: &Path,
-) -> Result<()> {
-    let mut plain = Vec::new();
-    let mut checkpointed = Vec::new();
-    let progress = Progress::new("bench uts", Some(2 * repeat as u64));
-    for i in 0..repeat {
-        for (checkpointing, times) in [(false, &mut plain), (true, &mut checkpointed)] {
-            let run = Demo {
-                kills: 0,
-                interval: if checkpointing { demo.interval.clone() } else { "off".into() },
-                localized: checkpointing && demo.localized,
-                ..demo.clone()
-            };
-            let report = run_pool_job(exe, &run, false)?;
+/// What `ftkv bench uts` runs besides the failure-free comparison on one host.
+pub struct BenchPlan {
+    /// Runs of each variant (alternating).
+    pub repeat: usize,
+    /// Workers SIGKILLed in the recovery rows (0: none).
+    pub kills: usize,
+    /// Both variants also over this many simulated hosts.
+    pub across: Option<usize>,
+}
+
+/// One failure-free variant of `ftkv bench uts`: checkpointing off or on, on the environment's
+/// hosts or over simulated ones.
+struct Variant {
+    checkpointing: bool,
+    simulated_hosts: Option<usize>,
+    runs: Vec<RunReport>,
+}
+
+impl Variant {
+    fn name(&self) -> String {
+        let hosts = match self.simulated_hosts {
+            Some(n) => format!(", {n} hosts"),
+            None => String::new(),
+        };
+        format!("checkpointing {}{hosts}", if self.checkpointing { "on " } else { "off" })
+    }
+
+    fn median_ms(&self) -> f64 {
+        let mut ms: Vec<f64> = self.runs.iter().map(|r| r.wall_ms).collect();
+        ms.sort_by(f64::total_cmp);
+        ms[ms.len() / 2]
+    }
+
+    fn demo(&self, demo: &Demo) -> Demo {
+        Demo {
+            kills: 0,
+            interval: if self.checkpointing { demo.interval.clone() } else { "off".into() },
+            localized: self.checkpointing && demo.localized,
+            hosts: self
+                .simulated_hosts
+                .map(crate::cluster::Hosts::Simulated)
+                .or(demo.hosts.clone()),
+            ..demo.clone()
+        }
+    }
+}
+
+/// `ftkv bench uts`: the same tree failure-free without and with checkpointing (and, with
+/// [`BenchPlan::across`], both again over simulated hosts), `repeat` times each, alternating;
+/// the ratio of the medians is the checkpointing overhead. With `kills`, also runs it with
+/// kills under global and localized recovery (see `recovery_rows`). Prints the medians and
+/// their ratios and writes them to `json`.
+pub fn run_bench(exe: &Path, demo: &Demo, plan: &BenchPlan, json: &Path) -> Result<()> {
+    let hosts = [None].into_iter().chain(plan.across.map(Some));
+    let mut variants: Vec<Variant> = hosts
+        .flat_map(|h| [false, true].map(|c| (c, h)))
+        .map(|(checkpointing, simulated_hosts)| Variant {
+            checkpointing,
+            simulated_hosts,
+            runs: Vec::new(),
+        })
+        .collect();
+    let per_round = variants.len() as u64;
+    let progress = Progress::new("bench uts", Some(per_round * plan.repeat as u64));
+    for i in 0..plan.repeat {
+        for (j, variant) in variants.iter_mut().enumerate() {
+            let report = run_pool_job(exe, &variant.demo(demo), false)?;
             ensure!(report.matches_published != Some(false), "wrong result: {report:?}");
             progress.line(&format!(
-                "{}/{repeat} checkpointing {}: {:.1} ms, {} checkpoints, {:.2} MiB",
+                "{}/{} {}: {:.1} ms, {} checkpoints, {:.2} MiB",
                 i + 1,
-                if checkpointing { "on " } else { "off" },
+                plan.repeat,
+                variant.name(),
                 report.wall_ms,
                 report.computation.checkpoints,
                 report.computation.store_bytes as f64 / (1 << 20) as f64
             ));
-            times.push(report);
-            progress.advance_to(2 * i as u64 + 1 + u64::from(checkpointing));
+            variant.runs.push(report);
+            progress.advance_to(per_round * i as u64 + j as u64 + 1);
         }
     }
-    let median = |runs: &[RunReport]| {
-        let mut ms: Vec<f64> = runs.iter().map(|r| r.wall_ms).collect();
-        ms.sort_by(f64::total_cmp);
-        ms[ms.len() / 2]
-    };
-    let (off, on) = (median(&plain), median(&checkpointed));
-    println!("| checkpointing | median ms | runs |\n|---|---|---|");
-    println!(
-        "| off | {off:.1} | {repeat} |\n| on (every {}) | {on:.1} | {repeat} |",
-        demo.interval
-    );
+    let (off, on) = (variants[0].median_ms(), variants[1].median_ms());
+    println!("| variant | median ms | runs |\n|---|---|---|");
+    for variant in &variants {
+        println!("| {} | {:.1} | {} |", variant.name(), variant.median_ms(), plan.repeat);
+    }
     println!("overhead: {:.3}x ({:+.1} %)", on / off, (on / off - 1.0) * 100.0);
-    let recovery = if kills > 0 { recovery_rows(exe, demo, repeat, kills)? } else { Vec::new() };
+    let across = variants.get(2..).map(|remote| across_hosts(plan, [off, on], remote));
+    let recovery = match plan.kills {
+        0 => Vec::new(),
+        kills => recovery_rows(exe, demo, plan.repeat, kills)?,
+    };
     let result = serde_json::json!({
         "workload": demo.workload.describe(), "ranks": demo.ranks, "copies": demo.copies,
         "interval": demo.interval, "off_ms": off, "on_ms": on, "ratio": on / off,
-        "runs_off": plain, "runs_on": checkpointed, "recovery": recovery,
+        "runs_off": variants[0].runs, "runs_on": variants[1].runs, "across": across,
+        "recovery": recovery,
     });
     if let Some(dir) = json.parent() {
         std::fs::create_dir_all(dir)?;
@@ -825,6 +876,23 @@ pub fn run_bench(
         .with_context(|| format!("writing {}", json.display()))?;
     eprintln!("[bench uts] wrote {}", json.display());
     Ok(())
+}
+
+/// Prints and returns the rate across hosts against one host (one host's median over the
+/// simulated hosts' median, per variant: 1 is as fast).
+fn across_hosts(plan: &BenchPlan, one_host: [f64; 2], remote: &[Variant]) -> serde_json::Value {
+    let hosts = plan.across.unwrap_or(1);
+    let [off, on] = [0, 1].map(|i| remote.get(i).map_or(f64::NAN, Variant::median_ms));
+    let rate = [one_host[0] / off, one_host[1] / on];
+    println!(
+        "rate over {hosts} hosts / one host: checkpointing off {:.2}x, on {:.2}x",
+        rate[0], rate[1]
+    );
+    serde_json::json!({
+        "hosts": hosts, "off_ms": off, "on_ms": on,
+        "rate_off": rate[0], "rate_on": rate[1],
+        "runs_off": remote.first().map(|v| &v.runs), "runs_on": remote.get(1).map(|v| &v.runs),
+    })
 }
 
 fn ms(at: Duration) -> f64 {

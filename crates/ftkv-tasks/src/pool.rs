@@ -64,8 +64,8 @@ pub struct PoolConfig {
     pub copies: usize,
     /// `None`: no checkpoints at all (the failure-free baseline; a failure is then fatal).
     pub interval: Option<Interval>,
-    /// Tasks run between two looks at the network.
-    pub batch: usize,
+    /// How long a worker runs tasks between two looks at the network.
+    pub look: Look,
     /// How often each worker prints a `progress` line (`None`: never).
     pub progress: Option<Duration>,
     pub seed: u64,
@@ -87,12 +87,58 @@ impl Default for PoolConfig {
         PoolConfig {
             copies: 2,
             interval: Some(Interval::Time(Duration::from_millis(100))),
-            batch: 64,
+            look: Look::default(),
             progress: None,
             seed: 1,
             suspicion: ftkv::suspicion_from_environment(),
             watchdog: Duration::from_secs(2),
             recovery: Recovery::Global,
+        }
+    }
+}
+
+/// How often a worker stops running tasks to look at the network (steal requests, loot,
+/// termination probes). Each look is an MPI call with its progress engine; across hosts that
+/// means a `poll` of every socket, so looking after every few cheap tasks costs more than the
+/// tasks. A victim answers a steal request at its next look.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Look {
+    /// After this many tasks (at least 1).
+    Tasks(usize),
+    /// After about this much work: the number of tasks per look follows the tasks' measured
+    /// cost (halved or doubled at most per look, between 1 and [`MAX_BATCH`]).
+    Every(Duration),
+}
+
+impl Default for Look {
+    /// About every 500 µs of work.
+    fn default() -> Look {
+        Look::Every(Duration::from_micros(500))
+    }
+}
+
+/// The most tasks a worker runs between two looks at the network under [`Look::Every`].
+pub const MAX_BATCH: usize = 1 << 16;
+
+impl Look {
+    /// The tasks of the first batch.
+    fn first_batch(self) -> usize {
+        match self {
+            Look::Tasks(n) => n.max(1),
+            Look::Every(_) => 64,
+        }
+    }
+
+    /// The tasks of the next batch, after a full batch of `ran` tasks took `took`.
+    fn next_batch(self, ran: usize, took: Duration) -> usize {
+        match self {
+            Look::Tasks(n) => n.max(1),
+            Look::Every(span) => {
+                let per_task = took.as_secs_f64() / ran.max(1) as f64;
+                let ideal =
+                    if per_task > 0.0 { (span.as_secs_f64() / per_task) as usize } else { ran * 2 };
+                ideal.clamp((ran / 2).max(1), ran * 2).min(MAX_BATCH)
+            }
         }
     }
 }
@@ -220,7 +266,7 @@ pub fn run<P: Problem, F: Fabric>(world: &F, problem: &P, config: &PoolConfig) -
     let ranks = store.live().to_vec();
     let settings = Settings {
         interval: config.interval,
-        batch: config.batch,
+        batch: config.look.first_batch(),
         seed: config.seed,
         localized: config.recovery == Recovery::Localized,
     };
@@ -320,13 +366,26 @@ impl<P: Problem, F: Fabric> Driver<'_, P, F> {
                 return Ok(Some(sums));
             }
         }
-        let commands = self.machine.tick(self.now());
+        let commands = self.tick();
         if self.machine.is_idle() {
             std::thread::sleep(Duration::from_micros(50));
         }
         let sums = self.execute(commands)?;
         self.report_progress();
         Ok(sums)
+    }
+
+    /// One tick of the machine; a tick that ran a full batch of tasks sets the next batch
+    /// from its duration ([`Look::next_batch`]).
+    fn tick(&mut self) -> Vec<Command<P::Task>> {
+        let (batch, tasks_before, started) =
+            (self.machine.batch(), self.machine.counters().tasks, Instant::now());
+        let commands = self.machine.tick(self.now());
+        let ran = (self.machine.counters().tasks - tasks_before) as usize;
+        if ran == batch {
+            self.machine.set_batch(self.config.look.next_batch(ran, started.elapsed()));
+        }
+        commands
     }
 
     /// Executes `commands` in order, stopping at the first error. `Some` when one of them
@@ -676,6 +735,28 @@ mod tests {
         let segments: Vec<&str> = text.split(": ").collect();
         let repeated = |s: &&str| segments.iter().filter(|t| *t == s).count() > 1;
         segments.iter().copied().filter(repeated).collect()
+    }
+
+    #[test]
+    fn the_batch_follows_the_tasks_cost_towards_the_span_at_most_halved_or_doubled() {
+        let us = Duration::from_micros;
+        let every = Look::Every(us(500));
+        let table = [
+            // (look, tasks that ran, how long they took, next batch)
+            (Look::Tasks(16), 16, us(9_000), 16),
+            (Look::Tasks(0), 1, us(1), 1),
+            (every, 400, us(400), 500),
+            (every, 64, us(64), 128),
+            (every, 1000, us(4_000), 500),
+            (every, 1, us(10_000), 1),
+            (every, 100, Duration::ZERO, 200),
+            (every, MAX_BATCH, us(1), MAX_BATCH),
+        ];
+        for (look, ran, took, next) in table {
+            assert_eq!(look.next_batch(ran, took), next, "{look:?}, {ran} tasks in {took:?}");
+        }
+        assert_eq!(every.first_batch(), 64);
+        assert_eq!(Look::Tasks(0).first_batch(), 1);
     }
 
     #[test]

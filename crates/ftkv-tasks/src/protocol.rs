@@ -264,6 +264,16 @@ impl<'p, P: Problem> Worker<'p, P> {
         self.counters
     }
 
+    /// The tasks each tick runs.
+    pub fn batch(&self) -> usize {
+        self.settings.batch
+    }
+
+    /// Sets the tasks each later tick runs (at least 1).
+    pub fn set_batch(&mut self, batch: usize) {
+        self.settings.batch = batch.max(1);
+    }
+
     /// Tree nodes (or boards) counted so far by this worker's state.
     pub fn counts(&self) -> Counts {
         self.state.counts

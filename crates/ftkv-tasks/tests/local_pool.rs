@@ -8,7 +8,7 @@ use std::time::Duration;
 use ftkv::fabric::local::LocalCluster;
 use ftkv::Recovery;
 use ftkv_tasks::nqueens::NQueens;
-use ftkv_tasks::pool::{self, Interval, Outcome, PoolConfig};
+use ftkv_tasks::pool::{self, Interval, Look, Outcome, PoolConfig};
 use ftkv_tasks::problem::{check_exact, solve_sequential, Reference};
 
 /// The longest a pool run may take before the test fails.
@@ -23,7 +23,7 @@ fn configured(ranks: usize, seed: u64, recovery: Recovery) -> PoolConfig {
         recovery,
         copies: 2.min(ranks - 1),
         interval: Some(Interval::Tasks(200)),
-        batch: 16,
+        look: Look::Tasks(16),
         progress: None,
         seed,
         ..PoolConfig::default()

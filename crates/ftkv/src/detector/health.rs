@@ -257,6 +257,8 @@ pub(super) enum DetectorStep {
     FailedRanks,
     Fence,
     Revoked,
+    /// Taking or sending failure notices.
+    Notices,
     Pause,
 }
 
@@ -268,11 +270,12 @@ impl DetectorStep {
         !matches!(self, DetectorStep::Pause | DetectorStep::Fence)
     }
 
-    const ALL: [DetectorStep; 5] = [
+    const ALL: [DetectorStep; 6] = [
         DetectorStep::Progress,
         DetectorStep::FailedRanks,
         DetectorStep::Fence,
         DetectorStep::Revoked,
+        DetectorStep::Notices,
         DetectorStep::Pause,
     ];
 }

@@ -26,7 +26,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::fabric::{Fabric, FabricResult};
-use sources::{FailureSource, Revocation, UlfmFailedSet};
+use sources::{FailureSource, Notices, Revocation, Told, UlfmFailedSet};
 use watchdog::StuckCall;
 
 use health::DetectorStep;
@@ -50,6 +50,9 @@ pub(crate) struct Watch<F> {
     /// it, and the others learn of it here.
     pub store_comm: Arc<F>,
     pub live: Vec<i32>,
+    /// The ranks of `comm` on this member's host, this member left out: the members it tells
+    /// of the failures it learns of.
+    pub neighbours: Vec<i32>,
     pub health: Arc<Health>,
     pub poll_interval: Duration,
     pub watchdog: Duration,
@@ -106,21 +109,27 @@ impl Drop for Detector {
     }
 }
 
-/// The detector thread: each round, MPI progress and every failure source, the fencing of new
+/// The detector thread: each round, the neighbours' notices, MPI progress and the other
+/// failure sources, a notice to the neighbours of what they did not tell, the fencing of new
 /// failures, the watchdog's look at every lane, then a pause.
 fn run<F: Fabric>(watch: Watch<F>, stop: &AtomicBool) {
     let mut stuck = Lane::ALL.map(StuckCall::new);
     let mut fenced_generation = 0;
-    let (mut ulfm, mut revocation) = (UlfmFailedSet, Revocation);
+    let (mut notices, mut ulfm, mut revocation) = (Notices, UlfmFailedSet, Revocation);
+    let mut told = Told::default();
     while !stop.load(Ordering::Acquire) {
         watch.health.enter_detector_step(DetectorStep::Progress);
         watch.comm.stall_point("detector_round");
         watchdog::end_if_suspended(&watch);
+        let heard = notices.poll(&watch);
+        told.heard(&heard);
+        sources::act_on(&watch, heard);
         let sources: [&mut dyn FailureSource<F>; 2] = [&mut ulfm, &mut revocation];
         for source in sources {
             let found = source.poll(&watch);
             sources::act_on(&watch, found);
         }
+        told.tell_neighbours(&watch);
         watch.health.enter_detector_step(DetectorStep::Fence);
         fenced_generation = sources::fence_new_failures(&watch, fenced_generation);
         stuck.iter_mut().for_each(|lane| lane.check(&watch));

@@ -1,7 +1,14 @@
 //! Where the detector learns of failures. Each round it polls its [`FailureSource`]s in
-//! order: ULFM's failed set ([`UlfmFailedSet`], which Open MPI's heartbeat detector feeds too,
-//! while MPI makes progress or, in ping mode, while the thread answers the writers' pings), then
-//! a revoked communicator ([`Revocation`]: another member sent the store to global recovery).
+//! order: the notices of the other members on this host ([`Notices`]), ULFM's failed set
+//! ([`UlfmFailedSet`], which Open MPI's heartbeat detector feeds too, while MPI makes progress
+//! or, in ping mode, while the thread answers the writers' pings), then a revoked communicator
+//! ([`Revocation`]: another member sent the store to global recovery).
+//!
+//! A member that learns of a failure other than by a notice tells the other members on its
+//! host ([`Told::tell_neighbours`]). Open MPI's runtime tells each rank of a host in turn,
+//! through a thread of each rank's own; on a host whose cores all run ranks (and their
+//! repairers) the last rank heard of it 10–30 ms after the first. A notice is one small
+//! message that the receiver's detector takes at its next round.
 //! The put path is a source of its own, outside the rounds: a ping that fails (ping detection)
 //! and a call whose error names its dead peer mark that worker in [`Health`](super::Health) directly. A newly
 //! failed worker is fenced out of this rank's slots before it is published.
@@ -44,6 +51,91 @@ impl<F: Fabric> FailureSource<F> for UlfmFailedSet {
                 Found::Nothing
             }
         }
+    }
+}
+
+/// The failure notices other members on this host sent ([`Told::tell_neighbours`]): a notice
+/// names failed workers, each a `u32` (little-endian). A notice that names no worker of the
+/// store is reported and dropped; this member itself is never taken from a notice.
+pub(super) struct Notices;
+
+impl<F: Fabric> FailureSource<F> for Notices {
+    fn poll(&mut self, watch: &Watch<F>) -> Found {
+        watch.health.enter_detector_step(DetectorStep::Notices);
+        let me = watch.live[watch.comm.rank() as usize];
+        let mut named = Vec::new();
+        loop {
+            match watch.comm.try_receive_notice() {
+                Ok(Some(notice)) => match decode_notice(&notice.data, watch.health.workers()) {
+                    Some(workers) => named.extend(workers.into_iter().filter(|&w| w != me)),
+                    None => crate::events::warn(format!(
+                        "detector: a failure notice of {} bytes names no worker",
+                        notice.data.len()
+                    )),
+                },
+                Ok(None) => break,
+                Err(e) if e.is_failure() => break,
+                Err(e) => {
+                    crate::events::warn(format!("detector: {e}"));
+                    break;
+                }
+            }
+        }
+        match named.is_empty() {
+            true => Found::Nothing,
+            false => Found::Failed(named),
+        }
+    }
+}
+
+fn encode_notice(workers: &[i32]) -> Vec<u8> {
+    workers.iter().flat_map(|&w| (w as u32).to_le_bytes()).collect()
+}
+
+/// The workers a notice names, when it is whole and names only workers below `workers`.
+fn decode_notice(data: &[u8], workers: usize) -> Option<Vec<i32>> {
+    if data.is_empty() || !data.len().is_multiple_of(4) {
+        return None;
+    }
+    let named = data.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+    named.map(|w| (w < workers as u32).then_some(w as i32)).collect()
+}
+
+/// The failed workers this member told its neighbours of or heard of from them.
+#[derive(Default)]
+pub(super) struct Told {
+    known: Vec<i32>,
+}
+
+impl Told {
+    /// Notes workers a notice named: they are not told again.
+    pub fn heard(&mut self, found: &Found) {
+        if let Found::Failed(workers) = found {
+            self.known.extend(workers);
+        }
+    }
+
+    /// Tells every member on this host that has not failed of the failed workers nobody
+    /// told this member of, in one notice each; a send that fails is reported, except to a
+    /// member that died meanwhile.
+    pub fn tell_neighbours<F: Fabric>(&mut self, watch: &Watch<F>) {
+        let failed = watch.health.failed_workers(watch.health.workers());
+        let news: Vec<i32> = failed.iter().copied().filter(|w| !self.known.contains(w)).collect();
+        if news.is_empty() {
+            return;
+        }
+        watch.health.enter_detector_step(DetectorStep::Notices);
+        let notice = encode_notice(&news);
+        let alive = |&&rank: &&i32| !watch.health.is_failed(watch.live[rank as usize]);
+        for &rank in watch.neighbours.iter().filter(alive) {
+            match watch.comm.send_notice(&notice, rank) {
+                Err(e) if !e.is_failure() => {
+                    crate::events::warn(format!("detector: a failure notice: {e}"))
+                }
+                _ => {}
+            }
+        }
+        self.known.extend(news);
     }
 }
 
@@ -100,5 +192,86 @@ pub(super) fn fence_new_failures<F: Fabric>(watch: &Watch<F>, fenced: u64) -> u6
             crate::events::warn(format!("detector: fencing failed workers: {e}"));
             fenced
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::detector::Health;
+    use crate::fabric::local::{LocalCluster, LocalFabric};
+
+    #[test]
+    fn a_notice_names_whole_workers_of_the_store_or_is_refused() {
+        let table: [(&[u8], Option<Vec<i32>>); 5] = [
+            (&encode_notice(&[2, 5]), Some(vec![2, 5])),
+            (&[], None),
+            (&[1, 0, 0], None),
+            (&encode_notice(&[8]), None),
+            (&encode_notice(&[7]), Some(vec![7])),
+        ];
+        for (data, named) in table {
+            assert_eq!(decode_notice(data, 8), named, "{data:?}");
+        }
+    }
+
+    /// A watch of `comm` for ranks 0..4 on hosts 0, 0, 0, 1: this member's neighbours are the
+    /// other members on its host.
+    fn watch(comm: LocalFabric, health: Arc<Health>) -> Watch<LocalFabric> {
+        let hosts = [0, 0, 0, 1];
+        let me = comm.rank();
+        let neighbours =
+            (0..4).filter(|&r| r != me && hosts[r as usize] == hosts[me as usize]).collect();
+        let comm = Arc::new(comm);
+        Watch {
+            store_comm: comm.clone(),
+            comm,
+            live: vec![0, 1, 2, 3],
+            neighbours,
+            health,
+            poll_interval: Duration::from_millis(1),
+            watchdog: Duration::from_secs(5),
+            suspicion: Duration::from_secs(5),
+            answer_pings: false,
+            fence: Box::new(|_| Ok(0)),
+        }
+    }
+
+    #[test]
+    fn a_failure_is_told_once_to_the_live_members_of_this_host_and_a_heard_one_is_not_passed_on(
+    ) {
+        let heard = LocalCluster::new(4).run(|comm| {
+            let me = comm.rank();
+            let health = Arc::new(Health::new(4, false));
+            let watch = watch(comm, health.clone());
+            let mut told = Told::default();
+            if me == 0 {
+                health.mark_failed(2);
+                told.tell_neighbours(&watch);
+                told.tell_neighbours(&watch);
+            }
+            watch.comm.barrier().expect("barrier");
+            let found = Notices.poll(&watch);
+            told.heard(&found);
+            let named = match &found {
+                Found::Failed(workers) => workers.clone(),
+                _ => Vec::new(),
+            };
+            act_on(&watch, found);
+            told.tell_neighbours(&watch);
+            watch.comm.barrier().expect("barrier");
+            let passed_on = match Notices.poll(&watch) {
+                Found::Failed(workers) => workers,
+                _ => Vec::new(),
+            };
+            (named, health.is_failed(2), passed_on)
+        });
+        let heard: Vec<_> = heard.into_iter().map(Option::unwrap).collect();
+        assert_eq!(heard[1], (vec![2], true, vec![]), "rank 1 shares rank 0's host");
+        assert_eq!(heard[2].0, Vec::<i32>::new(), "rank 2 failed: nobody tells it");
+        assert_eq!(heard[3], (vec![], false, vec![]), "rank 3 is on another host");
     }
 }

@@ -50,9 +50,14 @@ struct State {
     declared: Vec<bool>,
     /// Each rank's host id.
     hosts: Vec<u32>,
-    /// Messages not yet received, by communicator and receiving rank, oldest first.
-    mailboxes: HashMap<(usize, i32), VecDeque<Message>>,
+    /// Messages not yet received.
+    mailboxes: Mailboxes,
+    /// Notices not yet received.
+    notices: Mailboxes,
 }
+
+/// Messages not yet received, by communicator and receiving rank, oldest first.
+type Mailboxes = HashMap<(usize, i32), VecDeque<Message>>;
 
 struct CommState {
     members: Vec<i32>,
@@ -251,6 +256,45 @@ pub struct LocalFabric {
 }
 
 impl LocalFabric {
+    /// Puts `message` into `dest`'s box of this communicator (`boxes` picks messages or
+    /// notices). `Revoked` on a revoked communicator, `ProcFailed` when `dest` is dead.
+    fn deliver(
+        &self,
+        message: Message,
+        dest: i32,
+        boxes: fn(&mut State) -> &mut Mailboxes,
+    ) -> FabricResult<()> {
+        let mut state = self.alive_state();
+        let comm = &state.comms[self.comm];
+        if comm.revoked {
+            return Err(FabricError::Revoked { op: "local send" });
+        }
+        let peer = *comm.members.get(dest as usize).ok_or_else(|| FabricError::Other {
+            op: "local send",
+            msg: format!("no rank {dest} in a communicator of {}", comm.members.len()),
+        })?;
+        if state.dead[peer as usize] {
+            return Err(FabricError::ProcFailed { op: "local send", peer: Some(dest) });
+        }
+        boxes(&mut state).entry((self.comm, dest)).or_default().push_back(message);
+        drop(state);
+        self.world.changed.notify_all();
+        Ok(())
+    }
+
+    /// The oldest message of this rank's box of this communicator (`boxes` picks messages or
+    /// notices). `Revoked` on a revoked communicator.
+    fn take_oldest(
+        &self,
+        boxes: fn(&mut State) -> &mut Mailboxes,
+    ) -> FabricResult<Option<Message>> {
+        let mut state = self.alive_state();
+        if state.comms[self.comm].revoked {
+            return Err(FabricError::Revoked { op: "local receive" });
+        }
+        Ok(boxes(&mut state).get_mut(&(self.comm, self.rank)).and_then(VecDeque::pop_front))
+    }
+
     fn new(world: Arc<World>, comm: usize, rank: i32, me: i32) -> LocalFabric {
         let calls = [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
         LocalFabric { world, comm, rank, me, calls, acked: Mutex::new(Vec::new()) }
@@ -486,31 +530,23 @@ impl Fabric for LocalFabric {
     }
 
     fn send(&self, data: &[u8], dest: i32, tag: i32) -> FabricResult<()> {
-        let mut state = self.alive_state();
-        let comm = &state.comms[self.comm];
-        if comm.revoked {
-            return Err(FabricError::Revoked { op: "local send" });
-        }
-        let peer = *comm.members.get(dest as usize).ok_or_else(|| FabricError::Other {
-            op: "local send",
-            msg: format!("no rank {dest} in a communicator of {}", comm.members.len()),
-        })?;
-        if state.dead[peer as usize] {
-            return Err(FabricError::ProcFailed { op: "local send", peer: Some(dest) });
-        }
-        let message = Message { source: self.rank, tag, data: data.to_vec() };
-        state.mailboxes.entry((self.comm, dest)).or_default().push_back(message);
-        drop(state);
-        self.world.changed.notify_all();
-        Ok(())
+        self.deliver(Message { source: self.rank, tag, data: data.to_vec() }, dest, |s| {
+            &mut s.mailboxes
+        })
     }
 
     fn try_receive(&self) -> FabricResult<Option<Message>> {
-        let mut state = self.alive_state();
-        if state.comms[self.comm].revoked {
-            return Err(FabricError::Revoked { op: "local receive" });
-        }
-        Ok(state.mailboxes.get_mut(&(self.comm, self.rank)).and_then(VecDeque::pop_front))
+        self.take_oldest(|s| &mut s.mailboxes)
+    }
+
+    fn send_notice(&self, notice: &[u8], dest: i32) -> FabricResult<()> {
+        self.deliver(Message { source: self.rank, tag: 0, data: notice.to_vec() }, dest, |s| {
+            &mut s.notices
+        })
+    }
+
+    fn try_receive_notice(&self) -> FabricResult<Option<Message>> {
+        self.take_oldest(|s| &mut s.notices)
     }
 
     fn is_kill(payload: &(dyn Any + Send)) -> bool {

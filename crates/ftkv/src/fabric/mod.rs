@@ -111,6 +111,14 @@ pub trait Fabric: Send + Sync + Sized + 'static {
     /// also `ProcFailed` while a member's failure is not acknowledged (an any-source probe),
     /// which the in-process fabric never reports.
     fn try_receive(&self) -> FabricResult<Option<Message>>;
+    /// Sends `notice` to member `dest` and returns at once, whatever `dest` does: the fabric
+    /// finishes the send in the background and gives it up when `dest` is dead. Notices travel
+    /// apart from [`Fabric::send`]'s messages; `dest` takes them with
+    /// [`Fabric::try_receive_notice`]. `ProcFailed` when `dest` is known dead.
+    fn send_notice(&self, notice: &[u8], dest: i32) -> FabricResult<()>;
+    /// The oldest notice that arrived from any member, if one did; never waits. `Revoked` on
+    /// a revoked communicator.
+    fn try_receive_notice(&self) -> FabricResult<Option<Message>>;
     /// Bytes of shared memory this host offers for windows, when the fabric knows it.
     fn shared_memory_capacity(&self) -> Option<u64> {
         None

@@ -1,10 +1,12 @@
 //! The production fabric: MPI with ULFM through `ftkv-mpi`.
 
+use std::any::Any;
+use std::sync::Mutex;
 use std::time::Duration;
 
-use std::any::Any;
-
-use ftkv_mpi::{failpoint, Comm, HostScope, HostWindow, MpiError, ANY_SOURCE, ANY_TAG};
+use ftkv_mpi::{
+    failpoint, Comm, HostScope, HostWindow, MpiError, SendRequest, ANY_SOURCE, ANY_TAG,
+};
 
 use super::{Agreed, Fabric, FabricError, FabricResult, FabricWindow, Message, RmaOps};
 
@@ -23,6 +25,19 @@ impl From<MpiError> for FabricError {
 
 const PING_TAG: i32 = 901;
 const PONG_TAG: i32 = 902;
+const NOTICE_TAG: i32 = 903;
+
+/// This process's notices whose sends have not completed ([`Fabric::send_notice`]): each
+/// notice send and receive tests them and lets go of the finished ones; a send that fails (its
+/// receiver died) is finished too.
+static NOTICES_IN_FLIGHT: Mutex<Vec<SendRequest>> = Mutex::new(Vec::new());
+
+/// Keeps `sent` (when given) among the notices in flight and lets go of the finished ones.
+fn finish_notices(sent: Option<SendRequest>) {
+    let mut in_flight = NOTICES_IN_FLIGHT.lock().unwrap_or_else(|p| p.into_inner());
+    in_flight.extend(sent);
+    in_flight.retain_mut(|request| matches!(request.test(), Ok(false)));
+}
 
 impl Fabric for Comm {
     type Window = HostWindow;
@@ -110,6 +125,22 @@ impl Fabric for Comm {
         let Some(status) = self.iprobe(ANY_SOURCE, ANY_TAG)? else { return Ok(None) };
         let mut data = vec![0u8; status.len];
         self.recv(&mut data, status.source, status.tag)?;
+        Ok(Some(Message { source: status.source, tag: status.tag, data }))
+    }
+
+    /// `MPI_Isend` with the notices' own tag; the request waits among the notices in flight.
+    fn send_notice(&self, notice: &[u8], dest: i32) -> FabricResult<()> {
+        let sent = self.isend(notice.to_vec(), dest, NOTICE_TAG)?;
+        finish_notices(Some(sent));
+        Ok(())
+    }
+
+    /// `MPI_Iprobe` for any source with the notices' tag, then `MPI_Recv` of what it found.
+    fn try_receive_notice(&self) -> FabricResult<Option<Message>> {
+        finish_notices(None);
+        let Some(status) = self.iprobe(ANY_SOURCE, NOTICE_TAG)? else { return Ok(None) };
+        let mut data = vec![0u8; status.len];
+        self.recv(&mut data, status.source, NOTICE_TAG)?;
         Ok(Some(Message { source: status.source, tag: status.tag, data }))
     }
 

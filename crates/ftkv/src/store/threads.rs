@@ -19,6 +19,12 @@ impl<F: Fabric> Store<F> {
         self.watch_comm = Some(comm.clone());
         let live_hosts: Vec<u32> =
             self.routes.live.iter().map(|&w| self.hosts[w as usize]).collect();
+        let my_host = self.hosts[self.me as usize];
+        let neighbours = (0..live_hosts.len() as i32)
+            .filter(|&r| {
+                live_hosts[r as usize] == my_host && self.routes.live[r as usize] != self.me
+            })
+            .collect();
         let windows = self.windows.clone().ok_or(Error::Closed)?;
         if self.config.recovery == Recovery::Localized {
             self.start_repairer()?;
@@ -27,6 +33,7 @@ impl<F: Fabric> Store<F> {
             comm,
             store_comm: self.comm.clone(),
             live: self.routes.live.clone(),
+            neighbours,
             health: self.health.clone(),
             poll_interval: self.config.poll_interval,
             watchdog: self.config.effective_watchdog(&live_hosts),

@@ -30,6 +30,14 @@ pub struct Agreed {
 /// exclusively by [`Comm::progress_beside_agreements`].
 static AGREEMENTS: RwLock<()> = RwLock::new(());
 
+/// Runs `call` unless a thread of this process is inside a fault-tolerant agreement, which
+/// `call` must not run beside when it makes MPI progress (see
+/// [`Comm::progress_beside_agreements`]); `None` when one is.
+pub fn beside_agreements<R>(call: impl FnOnce() -> R) -> Option<R> {
+    let _alone = AGREEMENTS.try_write().ok()?;
+    Some(call())
+}
+
 /// Marks the calling thread inside an agreement until the guard drops.
 fn inside_agreement() -> RwLockReadGuard<'static, ()> {
     AGREEMENTS.read().unwrap_or_else(PoisonError::into_inner)
@@ -264,8 +272,7 @@ impl Comm {
     /// `ompi_errhandler_proc_failed_internal`) when another thread runs its callbacks from
     /// `opal_progress` meanwhile. `true` when it made progress.
     pub fn progress_beside_agreements(&self, tag: i32) -> Result<bool> {
-        let Ok(_alone) = AGREEMENTS.try_write() else { return Ok(false) };
-        self.iprobe(ANY_SOURCE, tag).map(|_| true)
+        beside_agreements(|| self.iprobe(ANY_SOURCE, tag).map(|_| true)).unwrap_or(Ok(false))
     }
 
     /// A round trip to `dest`: sends an 8-byte ping with `ping_tag` and waits for the answer

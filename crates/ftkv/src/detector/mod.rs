@@ -116,7 +116,7 @@ fn run<F: Fabric>(watch: Watch<F>, stop: &AtomicBool) {
     let mut stuck = Lane::ALL.map(StuckCall::new);
     let mut fenced_generation = 0;
     let (mut notices, mut ulfm, mut revocation) = (Notices, UlfmFailedSet, Revocation);
-    let mut told = Told::default();
+    let mut told = Told::starting(&watch);
     while !stop.load(Ordering::Acquire) {
         watch.health.enter_detector_step(DetectorStep::Progress);
         watch.comm.stall_point("detector_round");

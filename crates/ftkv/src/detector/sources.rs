@@ -101,13 +101,18 @@ fn decode_notice(data: &[u8], workers: usize) -> Option<Vec<i32>> {
     named.map(|w| (w < workers as u32).then_some(w as i32)).collect()
 }
 
-/// The failed workers this member told its neighbours of or heard of from them.
-#[derive(Default)]
+/// The failed workers this member told its neighbours of, heard of from them, or knew of when
+/// the detector started (a global recovery's survivors all know those).
 pub(super) struct Told {
     known: Vec<i32>,
 }
 
 impl Told {
+    /// Nothing told yet; the failures `watch` knows of are old news.
+    pub fn starting<F: Fabric>(watch: &Watch<F>) -> Told {
+        Told { known: watch.health.failed_workers(watch.health.workers()) }
+    }
+
     /// Notes workers a notice named: they are not told again.
     pub fn heard(&mut self, found: &Found) {
         if let Found::Failed(workers) = found {
@@ -129,10 +134,11 @@ impl Told {
         let alive = |&&rank: &&i32| !watch.health.is_failed(watch.live[rank as usize]);
         for &rank in watch.neighbours.iter().filter(alive) {
             match watch.comm.send_notice(&notice, rank) {
-                Err(e) if !e.is_failure() => {
-                    crate::events::warn(format!("detector: a failure notice: {e}"))
-                }
-                _ => {}
+                Ok(true) => {}
+                // An agreement runs in this process: the news is told next round.
+                Ok(false) => return,
+                Err(e) if e.is_failure() => {}
+                Err(e) => crate::events::warn(format!("detector: a failure notice: {e}")),
             }
         }
         self.known.extend(news);
@@ -241,13 +247,12 @@ mod tests {
     }
 
     #[test]
-    fn a_failure_is_told_once_to_the_live_members_of_this_host_and_a_heard_one_is_not_passed_on(
-    ) {
+    fn a_failure_is_told_once_to_the_live_members_of_this_host_and_a_heard_one_is_not_passed_on() {
         let heard = LocalCluster::new(4).run(|comm| {
             let me = comm.rank();
             let health = Arc::new(Health::new(4, false));
             let watch = watch(comm, health.clone());
-            let mut told = Told::default();
+            let mut told = Told::starting(&watch);
             if me == 0 {
                 health.mark_failed(2);
                 told.tell_neighbours(&watch);

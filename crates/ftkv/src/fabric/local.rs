@@ -539,10 +539,9 @@ impl Fabric for LocalFabric {
         self.take_oldest(|s| &mut s.mailboxes)
     }
 
-    fn send_notice(&self, notice: &[u8], dest: i32) -> FabricResult<()> {
-        self.deliver(Message { source: self.rank, tag: 0, data: notice.to_vec() }, dest, |s| {
-            &mut s.notices
-        })
+    fn send_notice(&self, notice: &[u8], dest: i32) -> FabricResult<bool> {
+        let notice = Message { source: self.rank, tag: 0, data: notice.to_vec() };
+        self.deliver(notice, dest, |s| &mut s.notices).map(|()| true)
     }
 
     fn try_receive_notice(&self) -> FabricResult<Option<Message>> {

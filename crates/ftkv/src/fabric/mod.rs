@@ -114,10 +114,13 @@ pub trait Fabric: Send + Sync + Sized + 'static {
     /// Sends `notice` to member `dest` and returns at once, whatever `dest` does: the fabric
     /// finishes the send in the background and gives it up when `dest` is dead. Notices travel
     /// apart from [`Fabric::send`]'s messages; `dest` takes them with
-    /// [`Fabric::try_receive_notice`]. `ProcFailed` when `dest` is known dead.
-    fn send_notice(&self, notice: &[u8], dest: i32) -> FabricResult<()>;
-    /// The oldest notice that arrived from any member, if one did; never waits. `Revoked` on
-    /// a revoked communicator.
+    /// [`Fabric::try_receive_notice`]. `false` when nothing was sent because MPI must not be
+    /// entered now (another thread of this process is inside an agreement): send it later.
+    /// `ProcFailed` when `dest` is known dead.
+    fn send_notice(&self, notice: &[u8], dest: i32) -> FabricResult<bool>;
+    /// The oldest notice that arrived from any member, if one did; never waits (`None` also
+    /// while another thread of this process is inside an agreement). `Revoked` on a revoked
+    /// communicator.
     fn try_receive_notice(&self) -> FabricResult<Option<Message>>;
     /// Bytes of shared memory this host offers for windows, when the fabric knows it.
     fn shared_memory_capacity(&self) -> Option<u64> {

@@ -129,19 +129,27 @@ impl Fabric for Comm {
     }
 
     /// `MPI_Isend` with the notices' own tag; the request waits among the notices in flight.
-    fn send_notice(&self, notice: &[u8], dest: i32) -> FabricResult<()> {
-        let sent = self.isend(notice.to_vec(), dest, NOTICE_TAG)?;
-        finish_notices(Some(sent));
-        Ok(())
+    /// Never beside an agreement (see [`Comm::progress_beside_agreements`]).
+    fn send_notice(&self, notice: &[u8], dest: i32) -> FabricResult<bool> {
+        let sent = ftkv_mpi::beside_agreements(|| {
+            let sent = self.isend(notice.to_vec(), dest, NOTICE_TAG)?;
+            finish_notices(Some(sent));
+            Ok::<_, MpiError>(())
+        });
+        Ok(sent.transpose()?.is_some())
     }
 
-    /// `MPI_Iprobe` for any source with the notices' tag, then `MPI_Recv` of what it found.
+    /// `MPI_Iprobe` for any source with the notices' tag, then `MPI_Recv` of what it found;
+    /// never beside an agreement.
     fn try_receive_notice(&self) -> FabricResult<Option<Message>> {
-        finish_notices(None);
-        let Some(status) = self.iprobe(ANY_SOURCE, NOTICE_TAG)? else { return Ok(None) };
-        let mut data = vec![0u8; status.len];
-        self.recv(&mut data, status.source, NOTICE_TAG)?;
-        Ok(Some(Message { source: status.source, tag: status.tag, data }))
+        let received = ftkv_mpi::beside_agreements(|| {
+            finish_notices(None);
+            let Some(status) = self.iprobe(ANY_SOURCE, NOTICE_TAG)? else { return Ok(None) };
+            let mut data = vec![0u8; status.len];
+            self.recv(&mut data, status.source, NOTICE_TAG)?;
+            Ok::<_, MpiError>(Some(Message { source: status.source, tag: status.tag, data }))
+        });
+        Ok(received.transpose()?.flatten())
     }
 
     fn shared_memory_capacity(&self) -> Option<u64> {

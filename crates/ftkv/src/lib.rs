@@ -64,6 +64,7 @@ mod key;
 pub mod layout;
 pub mod placement;
 mod recovery;
+pub mod repair_engine;
 #[cfg(any(test, feature = "sim"))]
 pub mod sim;
 #[cfg(any(test, feature = "sim"))]

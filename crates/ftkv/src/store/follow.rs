@@ -20,6 +20,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::{RepairReport, Store, Windows, LOCALIZED_ATTEMPTS};
+use crate::repair_engine::{self, Command as RepairCommand, Event, Interruptions, PAUSE_POLLS};
 use crate::config::Recovery;
 use crate::detector::{read_allowance, Health, Lane};
 use crate::error::{Error, Result};
@@ -174,40 +175,56 @@ impl<F: Fabric> Follower<F> {
         }
     }
 
-    /// The repairer thread's loop: follows every new failure generation until `stop`. An
-    /// interrupted repair is tried again after four polls (time for the detector to publish
-    /// the failure behind the error, as the call path waits); after [`LOCALIZED_ATTEMPTS`]
-    /// interrupted repairs in a row it sends the store to global recovery.
+    /// The repairer thread's loop, the runtime of [`repair_engine::Repairer`]: looks at the
+    /// store and does what the engine answers until `stop`. Every new failure generation is
+    /// followed; an interrupted repair is tried again after [`PAUSE_POLLS`] polls (time for the
+    /// detector to publish the failure behind the error, as the call path waits); the
+    /// [`LOCALIZED_ATTEMPTS`]-th interrupted repair in a row sends the store to global recovery.
     fn run(&self, stop: &AtomicBool) {
+        let mut engine = repair_engine::Repairer::new(LOCALIZED_ATTEMPTS);
         let mut routes = self.lock();
-        let mut interrupted_in_a_row = 0;
+        let mut last_error = None;
         while !stop.load(Ordering::Acquire) {
-            let generation = self.parts.health.generation();
-            if routes.followed != Some(generation) && !self.parts.health.alarmed() {
-                let followed = self.follow(&mut routes, generation);
-                if let Err(e) = &followed {
-                    routes.interrupted += 1;
-                    interrupted_in_a_row += 1;
-                    if !e.needs_recovery() {
-                        crate::events::warn(format!("worker {}: repair: {e}", self.parts.me));
+            let health = &self.parts.health;
+            let looked = Event::Looked {
+                published: health.generation(),
+                followed: routes.followed,
+                alarmed: health.alarmed(),
+            };
+            let mut command = engine.next(looked);
+            if let RepairCommand::Follow(generation) = command {
+                let event = match self.follow(&mut routes, generation) {
+                    Ok(()) => Event::Followed,
+                    Err(e) => {
+                        routes.interrupted += 1;
+                        if !e.needs_recovery() {
+                            crate::events::warn(format!("worker {}: repair: {e}", self.parts.me));
+                        }
+                        last_error = Some(e);
+                        Event::Interrupted
                     }
-                    if interrupted_in_a_row >= LOCALIZED_ATTEMPTS {
-                        let why = format!("failures kept interrupting a repair (last: {e})");
-                        self.escalate(&routes.layout, &why);
-                    }
-                } else {
-                    interrupted_in_a_row = 0;
-                }
+                };
                 self.changed.notify_all();
-                if followed.is_err() {
-                    drop(routes);
-                    std::thread::sleep(self.parts.poll_interval * 4);
-                    routes = self.lock();
-                    continue;
-                }
+                command = engine.next(event);
             }
-            routes = self.wait(routes);
+            routes = match command {
+                RepairCommand::Follow(_) | RepairCommand::Wait => self.wait(routes),
+                RepairCommand::Pause(polls) => self.pause(routes, polls),
+                RepairCommand::Escalate => {
+                    let last = last_error.as_ref().map(ToString::to_string).unwrap_or_default();
+                    let why = format!("failures kept interrupting a repair (last: {last})");
+                    self.escalate(&routes.layout, &why);
+                    self.pause(routes, PAUSE_POLLS)
+                }
+            };
         }
+    }
+
+    /// Lets go of the routes for `polls` poll intervals.
+    fn pause<'a>(&'a self, routes: MutexGuard<'a, Routes>, polls: u32) -> MutexGuard<'a, Routes> {
+        drop(routes);
+        std::thread::sleep(self.parts.poll_interval * polls);
+        self.lock()
     }
 
     /// Brings `routes` up to the failures published by `generation`: fences them, moves the
@@ -555,21 +572,26 @@ impl<F: Fabric> Store<F> {
         key: Option<Key>,
         mut op: impl FnMut(&mut Self) -> Result<T>,
     ) -> Result<T> {
-        let mut last = None;
-        for _ in 0..LOCALIZED_ATTEMPTS {
+        let mut interruptions = Interruptions::new(LOCALIZED_ATTEMPTS);
+        loop {
             let done = self.follow_failures(key).and_then(|()| op(self));
             let done = done.and_then(|value| self.follow_failures(key).map(|()| value));
             match done {
                 Err(e) if e.needs_recovery() && !self.health.alarmed() => {
-                    last = Some(e);
-                    // Gives the detector a few polls to publish the failure behind the error.
-                    std::thread::sleep(self.config.poll_interval * 4);
+                    match interruptions.interrupted() {
+                        // Gives the detector a few polls to publish the failure behind the error.
+                        RepairCommand::Pause(polls) => {
+                            std::thread::sleep(self.config.poll_interval * polls)
+                        }
+                        _ => {
+                            let why = format!("failures kept interrupting a store call (last: {e})");
+                            return Err(self.escalate(&why));
+                        }
+                    }
                 }
                 done => return done,
             }
         }
-        let last = last.map(|e| e.to_string()).unwrap_or_default();
-        Err(self.escalate(&format!("failures kept interrupting a store call (last: {last})")))
     }
 
     /// Localized recovery: brings the routes up to the failures the detector published, once

@@ -20,7 +20,6 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::{RepairReport, Store, Windows, LOCALIZED_ATTEMPTS};
-use crate::repair_engine::{self, Command as RepairCommand, Event, Interruptions, PAUSE_POLLS};
 use crate::config::Recovery;
 use crate::detector::{read_allowance, Health, Lane};
 use crate::error::{Error, Result};
@@ -30,6 +29,7 @@ use crate::halves;
 use crate::key::Key;
 use crate::layout::{Copy, Layout};
 use crate::recovery;
+use crate::repair_engine::{self, Command as RepairCommand, Event, Interruptions, PAUSE_POLLS};
 use crate::slot::{Committed, Header, HEADER_LEN};
 
 /// The last acknowledged version of each own key (0: none yet), written by the owner's calls
@@ -584,7 +584,8 @@ impl<F: Fabric> Store<F> {
                             std::thread::sleep(self.config.poll_interval * polls)
                         }
                         _ => {
-                            let why = format!("failures kept interrupting a store call (last: {e})");
+                            let why =
+                                format!("failures kept interrupting a store call (last: {e})");
                             return Err(self.escalate(&why));
                         }
                     }

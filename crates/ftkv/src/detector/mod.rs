@@ -51,7 +51,9 @@ pub(crate) struct Watch<F> {
     pub store_comm: Arc<F>,
     pub live: Vec<i32>,
     /// The ranks of `comm` on this member's host, this member left out: the members it tells
-    /// of the failures it learns of.
+    /// of the failures it learns of, and the only ones that tell it. Empty with global
+    /// recovery, where the first survivor's revocation reaches every member as fast: no
+    /// notices then.
     pub neighbours: Vec<i32>,
     pub health: Arc<Health>,
     pub poll_interval: Duration,

@@ -60,7 +60,11 @@ impl<F: Fabric> FailureSource<F> for UlfmFailedSet {
 pub(super) struct Notices;
 
 impl<F: Fabric> FailureSource<F> for Notices {
+    /// No MPI call at all for a member without neighbours: only they send it notices.
     fn poll(&mut self, watch: &Watch<F>) -> Found {
+        if watch.neighbours.is_empty() {
+            return Found::Nothing;
+        }
         watch.health.enter_detector_step(DetectorStep::Notices);
         let me = watch.live[watch.comm.rank() as usize];
         let mut named = Vec::new();
@@ -126,7 +130,7 @@ impl Told {
     pub fn tell_neighbours<F: Fabric>(&mut self, watch: &Watch<F>) {
         let failed = watch.health.failed_workers(watch.health.workers());
         let news: Vec<i32> = failed.iter().copied().filter(|w| !self.known.contains(w)).collect();
-        if news.is_empty() {
+        if news.is_empty() || watch.neighbours.is_empty() {
             return;
         }
         watch.health.enter_detector_step(DetectorStep::Notices);

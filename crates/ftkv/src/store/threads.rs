@@ -20,10 +20,12 @@ impl<F: Fabric> Store<F> {
         let live_hosts: Vec<u32> =
             self.routes.live.iter().map(|&w| self.hosts[w as usize]).collect();
         let my_host = self.hosts[self.me as usize];
+        let localized = self.config.recovery == Recovery::Localized;
         let neighbours = (0..live_hosts.len() as i32)
             .filter(|&r| {
                 live_hosts[r as usize] == my_host && self.routes.live[r as usize] != self.me
             })
+            .filter(|_| localized)
             .collect();
         let windows = self.windows.clone().ok_or(Error::Closed)?;
         if self.config.recovery == Recovery::Localized {

@@ -729,6 +729,10 @@ fn run_chaos(campaign: &chaos::Campaign, json: Option<PathBuf>) -> Result<()> {
 enum SimModel {
     /// The store's global recovery (`ftkv::sim`).
     Store,
+    /// The production store (data path, detector, global recovery, localized repairer,
+    /// fencing, growth) on a deterministic world: every thread a task of one seeded scheduler,
+    /// virtual time, kills at any step (`ftkv::sim_store`).
+    World,
     /// The task pool with global recovery (`ftkv_tasks::sim`).
     Pool,
     /// The task pool with localized recovery: settles as atomic transactions, the end gathered
@@ -791,6 +795,19 @@ fn run_sim(model: SimModel, seed: u64, runs: u64, trace: bool) -> Result<()> {
     if model == SimModel::Txn {
         anyhow::ensure!(!trace, "--trace is not available for --model txn");
         return run_txn_sim(seed, runs, started);
+    }
+    if matches!(model, SimModel::World | SimModel::All) {
+        if trace {
+            for seed in seed..end {
+                let (report, lines) = ftkv::sim_store::run(seed, true);
+                println!("world seed={seed} {} steps={}", report.scenario, report.steps);
+                lines.iter().for_each(|line| println!("  {line}"));
+            }
+        }
+        let (world_failing, digest) = ftkv::sim_store::campaign(seed, runs);
+        println!("world runs={runs} violations={} digest={digest:016x}", world_failing.len());
+        failing.extend(world_failing.into_iter().map(|r| ("world", r)));
+        digests.push(digest);
     }
     if matches!(model, SimModel::Store | SimModel::All) {
         if trace {

@@ -70,7 +70,7 @@ impl Fencer {
         layout: &Layout,
         failed: &[i32],
     ) -> FabricResult<usize> {
-        let mut fenced = self.fenced.lock().unwrap_or_else(|p| p.into_inner());
+        let mut fenced = crate::rt::lock(&self.fenced);
         let new: Vec<i32> = failed.iter().copied().filter(|w| !fenced.contains(w)).collect();
         if new.is_empty() {
             return Ok(0);

@@ -65,15 +65,20 @@ pub mod layout;
 pub mod placement;
 mod recovery;
 pub mod repair_engine;
+pub mod rt;
 #[cfg(any(test, feature = "sim"))]
 pub mod sim;
 #[cfg(any(test, feature = "sim"))]
 pub mod sim_txn;
+#[cfg(feature = "sim")]
+pub mod sim_store;
 pub mod slot;
 mod store;
 pub mod txn;
 pub mod txn_engine;
 pub mod txn_log;
+#[cfg(feature = "sim")]
+pub mod world;
 
 pub use config::{
     suspicion_from_environment, Config, Detection, Recovery, CROSS_HOST_WATCHDOG,

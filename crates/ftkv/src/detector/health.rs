@@ -50,7 +50,7 @@ impl Health {
             detector_at: AtomicU64::new(0),
             detector_step: AtomicU64::new(0),
             first_failure_at: AtomicU64::new(0),
-            born: Instant::now(),
+            born: crate::rt::now(),
         }
     }
 
@@ -74,7 +74,7 @@ impl Health {
     }
 
     pub(super) fn now(&self) -> u64 {
-        self.born.elapsed().as_nanos().max(1) as u64
+        crate::rt::since(self.born).as_nanos().max(1) as u64
     }
 
     pub(super) fn enter_detector_step(&self, step: DetectorStep) {
@@ -199,6 +199,10 @@ impl Health {
 /// tick, at most [`COARSE_RESOLUTION`]): for the clock thread's gaps.
 #[inline]
 pub(super) fn coarse_now() -> coarsetime::Instant {
+    #[cfg(feature = "sim")]
+    if let Some(ticks) = crate::world::coarse_ticks() {
+        return coarsetime::Instant::from_ticks(ticks);
+    }
     coarsetime::Instant::now_without_cache_update()
 }
 

@@ -22,10 +22,10 @@ mod watchdog;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::fabric::{Fabric, FabricResult};
+use crate::rt::{self, Thread};
 use sources::{FailureSource, Notices, Revocation, Told, UlfmFailedSet};
 use watchdog::StuckCall;
 
@@ -37,8 +37,8 @@ pub(crate) use watchdog::end_if_stopped;
 pub(crate) struct Detector {
     stop: Arc<AtomicBool>,
     stop_clock: Arc<AtomicBool>,
-    handle: Option<JoinHandle<()>>,
-    clock: Option<JoinHandle<()>>,
+    handle: Option<Thread<()>>,
+    clock: Option<Thread<()>>,
     /// The fabric's test for a killed rank's unwinding ([`Fabric::is_kill`]).
     is_kill: fn(&(dyn std::any::Any + Send)) -> bool,
 }
@@ -76,14 +76,10 @@ impl Detector {
         let stop_clock = Arc::new(AtomicBool::new(false));
         let flag = stop_clock.clone();
         health.stamp_tick();
-        let clock = std::thread::Builder::new()
-            .name("ftkv-clock".into())
-            .spawn(move || watchdog::tick(&*comm, &health, bounds, &flag))
+        let clock = rt::spawn("ftkv-clock", move || watchdog::tick(&*comm, &health, bounds, &flag))
             .expect("spawning the clock thread");
         let flag = stop.clone();
-        let handle = std::thread::Builder::new()
-            .name("ftkv-detector".into())
-            .spawn(move || run(watch, &flag))
+        let handle = rt::spawn("ftkv-detector", move || run(watch, &flag))
             .expect("spawning the detector thread");
         Detector { stop, stop_clock, handle: Some(handle), clock: Some(clock), is_kill: F::is_kill }
     }
@@ -103,7 +99,7 @@ impl Drop for Detector {
         // The clock goes on watching the detector until it has ended.
         self.stop_clock.store(true, Ordering::Release);
         if let Some(clock) = self.clock.take() {
-            clock.thread().unpark();
+            clock.unpark();
             if clock.join().is_err() {
                 crate::events::warn("the clock thread panicked");
             }
@@ -139,7 +135,7 @@ fn run<F: Fabric>(watch: Watch<F>, stop: &AtomicBool) {
         if watch.answer_pings {
             std::thread::yield_now();
         } else {
-            std::thread::sleep(watch.poll_interval);
+            rt::sleep(watch.poll_interval);
         }
     }
 }

@@ -26,7 +26,7 @@ pub(super) fn tick<F: Fabric>(
 ) {
     let period = (suspicion / 20).min(Duration::from_millis(100));
     while !stop.load(Ordering::Acquire) {
-        std::thread::park_timeout(period);
+        crate::rt::park_timeout(period);
         end_if_stopped(comm, health.since_last_tick(), suspicion);
         health.stamp_tick();
         match health.detector_round() {
@@ -87,10 +87,10 @@ impl StuckCall {
         let inside = !now.is_multiple_of(2);
         if !inside || now != self.seen {
             self.seen = now;
-            self.since = inside.then(Instant::now);
+            self.since = inside.then(crate::rt::now);
             return;
         }
-        if self.since.is_some_and(|t| t.elapsed() > bound) {
+        if self.since.is_some_and(|t| crate::rt::since(t) > bound) {
             watch.comm.fail_stop(&format!(
                 "a one-sided MPI call of the {} thread has not returned for {bound:?} (its \
                  target is presumably dead and Open MPI does not report it)",

@@ -211,6 +211,33 @@ impl LocalCluster {
             .collect()
     }
 
+    /// Runs `body` on every rank as tasks of the deterministic `world` (see [`crate::world`]),
+    /// which carries out its planned faults on this cluster. Returns each rank's result as
+    /// [`LocalCluster::run`] does (`None` for a killed or stopped rank), a panic's message as
+    /// `Err`, and how the run went.
+    pub fn run_in<T: Send + 'static>(
+        &self,
+        world: &crate::world::World,
+        body: impl Fn(LocalFabric) -> T + Send + Sync + 'static,
+    ) -> (Vec<Result<Option<T>, String>>, crate::world::Outcome) {
+        world.set_faults(Arc::new(self.clone()));
+        let cluster = self.clone();
+        let run = move |rank: i32| {
+            let fabric = cluster.world_member(rank);
+            cluster.run_rank(rank, || body(fabric))
+        };
+        let (results, outcome) = world.run(self.ranks(), Arc::new(run));
+        let results = results
+            .into_iter()
+            .map(|result| match result.and_then(|inner| inner) {
+                Ok(value) => Ok(Some(value)),
+                Err(payload) if payload.is::<Killed>() => Ok(None),
+                Err(payload) => Err(panic_message(payload.as_ref())),
+            })
+            .collect();
+        (results, outcome)
+    }
+
     fn run_rank<T>(&self, rank: i32, body: impl FnOnce() -> T) -> std::thread::Result<T> {
         let outcome = panic::catch_unwind(AssertUnwindSafe(body));
         if outcome.is_err() {
@@ -221,6 +248,28 @@ impl LocalCluster {
 
     fn world_member(&self, rank: i32) -> LocalFabric {
         LocalFabric::new(self.world.clone(), 0, rank, rank)
+    }
+}
+
+#[cfg(feature = "sim")]
+impl crate::world::Faults for LocalCluster {
+    fn kill(&self, rank: i32) {
+        LocalCluster::kill(self, rank);
+    }
+
+    fn declare(&self, rank: i32) {
+        LocalCluster::declare(self, rank);
+    }
+}
+
+/// The message of a panic's payload.
+pub fn panic_message(payload: &(dyn Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic without a message".into()
     }
 }
 
@@ -238,9 +287,8 @@ impl World {
         self.changed.notify_all();
     }
 
-    fn wait<'a>(&self, guard: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
-        let waited = self.changed.wait_timeout(guard, Duration::from_millis(20));
-        waited.map_or_else(|poisoned| poisoned.into_inner().0, |(guard, _)| guard)
+    fn wait<'a>(&'a self, guard: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        crate::rt::wait_timeout(&self.changed, &self.state, guard, Duration::from_millis(20))
     }
 }
 
@@ -302,6 +350,7 @@ impl LocalFabric {
 
     /// The state, or unwinding when this rank is dead.
     fn alive_state(&self) -> MutexGuard<'_, State> {
+        crate::rt::step("local call");
         let state = self.world.lock();
         if state.dead[self.me as usize] {
             drop(state);
@@ -618,6 +667,7 @@ impl LocalWindow {
 
 /// Unwinds a dead rank's thread; a declared rank's one-sided calls go on.
 fn check_alive(world: &World, me: i32) {
+    crate::rt::step("local rma");
     let state = world.lock();
     let dead = state.dead[me as usize] && !state.declared[me as usize];
     drop(state);

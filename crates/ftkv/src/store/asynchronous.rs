@@ -11,7 +11,6 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Weak};
-use std::thread::JoinHandle;
 
 use super::{Store, Windows};
 use crate::config::Recovery;
@@ -19,6 +18,7 @@ use crate::detector::{Health, Lane};
 use crate::error::{Error, Result};
 use crate::fabric::{Fabric, FabricError, FabricResult, FabricWindow};
 use crate::halves;
+use crate::rt::{self, Thread};
 use crate::key::Key;
 use crate::layout::Copy;
 use crate::slot::{Header, HEADER_LEN};
@@ -102,18 +102,16 @@ pub(crate) struct Handoff {
 /// skipped).
 pub(crate) struct Replicator<W> {
     jobs: Option<mpsc::Sender<Job<W>>>,
-    thread: Option<JoinHandle<()>>,
+    thread: Option<Thread<()>>,
 }
 
 impl<W: FabricWindow> Replicator<W> {
     fn start() -> Result<Replicator<W>> {
         let (jobs, queue) = mpsc::channel::<Job<W>>();
-        let thread = std::thread::Builder::new()
-            .name("ftkv-replicator".into())
-            .spawn(move || {
+        let thread = rt::spawn("ftkv-replicator", move || {
                 disfavour_on_wakeup();
                 let mut buffer = Vec::new();
-                for job in queue {
+                while let Ok(job) = rt::recv(&queue) {
                     if job.claim.swap(true, Ordering::AcqRel) {
                         continue;
                     }
@@ -521,7 +519,7 @@ impl<F: Fabric> Store<F> {
         }
         let Some(handoff) = self.asynchronous.handoff.take() else { return Ok(()) };
         let Some(value) = value else {
-            if let Ok(Err(e)) = handoff.done.recv() {
+            if let Ok(Err(e)) = rt::recv(&handoff.done) {
                 let _ = self.failure(e);
             }
             return Ok(());
@@ -529,7 +527,7 @@ impl<F: Fabric> Store<F> {
         let replicated = if !handoff.claim.swap(true, Ordering::AcqRel) {
             self.write_handed_off(&handoff, value).map(|()| Replicated::Written)
         } else {
-            match handoff.done.recv() {
+            match rt::recv(&handoff.done) {
                 Ok(replicated) => replicated.map_err(|e| self.failure(e)),
                 Err(_) => Err(self.failure(FabricError::Other {
                     op: "put_async",

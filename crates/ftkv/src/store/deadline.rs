@@ -30,14 +30,14 @@
 //! later step it never entered, wait and recover without it.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
-use std::thread::JoinHandle;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::Windows;
 use crate::detector::{Health, SLOWEST_HEALTHY_RATE};
 use crate::events::{self, Event};
 use crate::fabric::{Fabric, FabricWindow};
+use crate::rt::{self, Thread};
 
 /// How often the deadline thread reads marks and failures.
 const POLL: Duration = Duration::from_millis(20);
@@ -202,7 +202,7 @@ pub(crate) struct DeadlineParts<F: Fabric> {
 pub(crate) struct Deadline<W: FabricWindow> {
     done: Arc<AtomicBool>,
     board: Board<W>,
-    thread: Option<JoinHandle<()>>,
+    thread: Option<Thread<()>>,
     /// The fabric's test for a killed rank's unwinding ([`Fabric::is_kill`]).
     is_kill: fn(&(dyn std::any::Any + Send)) -> bool,
 }
@@ -214,9 +214,7 @@ impl<W: FabricWindow> Deadline<W> {
         let board: Board<W> = Arc::new(Mutex::new(Some(parts.windows.clone())));
         let watcher = Watcher::new(parts, board.clone());
         let flag = done.clone();
-        let spawned = std::thread::Builder::new()
-            .name("ftkv-deadline".into())
-            .spawn(move || watcher.run(&flag));
+        let spawned = rt::spawn("ftkv-deadline", move || watcher.run(&flag));
         let thread = spawned
             .map_err(|e| events::warn(format!("cannot start the recovery deadline thread: {e}")))
             .ok();
@@ -227,7 +225,7 @@ impl<W: FabricWindow> Deadline<W> {
     /// member still absent counts as entered from now. For the last step, after the agreement
     /// that every live member reached.
     pub fn release_windows(&self) {
-        self.board.lock().unwrap_or_else(PoisonError::into_inner).take();
+        rt::lock(&self.board).take();
     }
 }
 
@@ -235,7 +233,7 @@ impl<W: FabricWindow> Drop for Deadline<W> {
     fn drop(&mut self) {
         self.done.store(true, Ordering::Release);
         if let Some(thread) = self.thread.take() {
-            thread.thread().unpark();
+            thread.unpark();
             match thread.join() {
                 Err(payload) if !(self.is_kill)(payload.as_ref()) => {
                     events::warn("the deadline thread panicked")
@@ -270,16 +268,16 @@ impl<F: Fabric> Watcher<F> {
     }
 
     fn run(mut self, done: &AtomicBool) {
-        let mut arrivals = Arrivals::new(self.live.len(), Instant::now());
+        let mut arrivals = Arrivals::new(self.live.len(), rt::now());
         while !done.load(Ordering::Acquire) {
-            let now = Instant::now();
+            let now = rt::now();
             self.follow_own_step(&mut arrivals, now);
             self.learn_failures(&mut arrivals, now);
             self.read_marks(&mut arrivals, now);
             if self.judge(&arrivals, now) {
                 return;
             }
-            std::thread::park_timeout(POLL);
+            rt::park_timeout(POLL);
         }
     }
 
@@ -292,7 +290,7 @@ impl<F: Fabric> Watcher<F> {
         self.mark = mark;
         self.next_report = FIRST_REPORT;
         if let Some(me) = self.me {
-            let board = self.board.lock().unwrap_or_else(PoisonError::into_inner);
+            let board = rt::lock(&self.board);
             let raised = board.as_ref().map(|w| w.raise_recovery_mark(me as i32, mark));
             drop(board);
             if let Some(Err(e)) = raised {
@@ -327,7 +325,7 @@ impl<F: Fabric> Watcher<F> {
         if absent.is_empty() || self.me.is_none() {
             return;
         }
-        let board = self.board.lock().unwrap_or_else(PoisonError::into_inner);
+        let board = rt::lock(&self.board);
         let Some(windows) = board.as_ref() else {
             absent.into_iter().for_each(|m| arrivals.saw(m, u64::MAX, now));
             return;

@@ -16,8 +16,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::{RepairReport, Store, Windows, LOCALIZED_ATTEMPTS};
 use crate::config::Recovery;
@@ -29,6 +28,7 @@ use crate::halves;
 use crate::key::Key;
 use crate::layout::{Copy, Layout};
 use crate::recovery;
+use crate::rt::{self, Thread};
 use crate::repair_engine::{self, Command as RepairCommand, Event, Interruptions, PAUSE_POLLS};
 use crate::slot::{Committed, Header, HEADER_LEN};
 
@@ -114,7 +114,7 @@ impl<F: Fabric> Follower<F> {
     }
 
     fn lock(&self) -> MutexGuard<'_, Routes> {
-        self.routes.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        rt::lock(&self.routes)
     }
 
     /// Waits until the repairer's routes follow failure `generation` (or a later one) and
@@ -168,11 +168,8 @@ impl<F: Fabric> Follower<F> {
         (routes.layout.clone(), routes.followed)
     }
 
-    fn wait<'a>(&self, routes: MutexGuard<'a, Routes>) -> MutexGuard<'a, Routes> {
-        match self.changed.wait_timeout(routes, self.parts.poll_interval) {
-            Ok((routes, _)) => routes,
-            Err(poisoned) => poisoned.into_inner().0,
-        }
+    fn wait<'a>(&'a self, routes: MutexGuard<'a, Routes>) -> MutexGuard<'a, Routes> {
+        rt::wait_timeout(&self.changed, &self.routes, routes, self.parts.poll_interval)
     }
 
     /// The repairer thread's loop, the runtime of [`repair_engine::Repairer`]: looks at the
@@ -223,14 +220,14 @@ impl<F: Fabric> Follower<F> {
     /// Lets go of the routes for `polls` poll intervals.
     fn pause<'a>(&'a self, routes: MutexGuard<'a, Routes>, polls: u32) -> MutexGuard<'a, Routes> {
         drop(routes);
-        std::thread::sleep(self.parts.poll_interval * polls);
+        rt::sleep(self.parts.poll_interval * polls);
         self.lock()
     }
 
     /// Brings `routes` up to the failures published by `generation`: fences them, moves the
     /// copies on failed workers down their chains, and copies there what this worker repairs.
     fn follow(&self, routes: &mut Routes, generation: u64) -> Result<()> {
-        let started = Instant::now();
+        let started = rt::now();
         let failed = self.parts.health.failed_workers(self.parts.workers);
         let _span = tracing::info_span!("repair", worker = self.parts.me, ?failed).entered();
         let current = &routes.layout;
@@ -251,7 +248,7 @@ impl<F: Fabric> Follower<F> {
                 failed,
                 keys_moved: own_keys + orphan_keys,
                 bytes_moved: own_bytes + orphan_bytes,
-                duration: started.elapsed(),
+                duration: rt::since(started),
             });
         }
         Ok(())
@@ -514,7 +511,7 @@ fn moved_copies<'a>(
 pub(crate) struct Repairer<F: Fabric> {
     follower: Arc<Follower<F>>,
     stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    thread: Option<Thread<()>>,
 }
 
 impl<F: Fabric> Repairer<F> {
@@ -522,13 +519,11 @@ impl<F: Fabric> Repairer<F> {
         let follower = Arc::new(follower);
         let stop = Arc::new(AtomicBool::new(false));
         let (shared, flag) = (follower.clone(), stop.clone());
-        let thread = std::thread::Builder::new()
-            .name("ftkv-repairer".into())
-            .spawn(move || {
-                let _running = RunningFlag(&shared.running);
-                shared.run(&flag);
-            })
-            .map_err(|e| Error::RecoveryFailed(format!("starting the repairer thread: {e}")))?;
+        let thread = rt::spawn("ftkv-repairer", move || {
+            let _running = RunningFlag(&shared.running);
+            shared.run(&flag);
+        })
+        .map_err(|e| Error::RecoveryFailed(format!("starting the repairer thread: {e}")))?;
         Ok(Repairer { follower, stop, thread: Some(thread) })
     }
 
@@ -581,7 +576,7 @@ impl<F: Fabric> Store<F> {
                     match interruptions.interrupted() {
                         // Gives the detector a few polls to publish the failure behind the error.
                         RepairCommand::Pause(polls) => {
-                            std::thread::sleep(self.config.poll_interval * polls)
+                            rt::sleep(self.config.poll_interval * polls)
                         }
                         _ => {
                             let why =

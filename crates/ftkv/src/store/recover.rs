@@ -6,6 +6,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::rt;
+
 use super::deadline::{Deadline, DeadlineParts};
 use super::deadline::{Step, StepMarker};
 use super::{RecoveryReport, Store, Windows};
@@ -90,7 +92,7 @@ impl<F: Fabric> Store<F> {
     /// ```
     pub fn recover(&mut self) -> Result<RecoveryReport> {
         let _span = tracing::info_span!("recovery", worker = self.me).entered();
-        let started = Instant::now();
+        let started = rt::now();
         let _ = self.complete_handoff(None);
         self.stop_repairer();
         self.detector = None;
@@ -342,7 +344,7 @@ impl<F: Fabric> Store<F> {
             keys_lost,
             keys_to_rewrite,
             attempts,
-            duration: started.elapsed(),
+            duration: rt::since(started),
         })
     }
 

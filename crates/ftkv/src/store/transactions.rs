@@ -308,7 +308,7 @@ impl<F: Fabric> Backend for StoreBackend<'_, F> {
     }
 
     fn wait(&mut self) -> Result<()> {
-        std::thread::sleep(LOCK_RETRY_PAUSE);
+        crate::rt::sleep(LOCK_RETRY_PAUSE);
         self.store.follow()
     }
 }

@@ -1,0 +1,333 @@
+//! The production [`Store`] on a deterministic world ([`crate::world`]): its data path, its
+//! detector, global recovery, the localized repairer, fencing and value growth run unchanged
+//! on the in-process fabric, with every thread a task of one seeded scheduler and a virtual
+//! clock. One seed fixes the scenario (ranks, hosts and their mapping, copies, recovery mode,
+//! value sizes), the interleaving of every task and the faults: kills at any step of the
+//! writes, a slow rank. A failing seed replays exactly (`ftkv sim --model world --seed S
+//! --trace`).
+//!
+//! Each rank writes its two keys (the shared workload of [`crate::history`]), recovering when
+//! told to; the survivors then meet, read every key and judge each read by the history oracle:
+//! no acknowledged write lost, no torn value. A rank that panics, or a run that does not end
+//! within its virtual time limit (a hang), is a violation too.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+use crate::fabric::local::{LocalCluster, LocalFabric};
+use crate::history::{allowed, observe, planned_write, value, Observed, Op};
+use crate::sim::{mix, RunReport};
+use crate::world::{Fault, World, WorldConfig};
+use crate::{rt, Config, Key, Store};
+
+/// Virtual time a run may take before it counts as a hang.
+const LIMIT: Duration = Duration::from_secs(60);
+/// Virtual time between two looks of a survivor waiting for the others.
+const MEETING_POLL: Duration = Duration::from_micros(200);
+
+/// One run's scenario, drawn from its seed.
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    pub seed: u64,
+    pub ranks: usize,
+    pub hosts: Vec<u32>,
+    pub copies: usize,
+    pub localized: bool,
+    /// Each victim and how many steps after the last store's creation it dies.
+    pub kills: Vec<(i32, u64)>,
+    pub slow: Vec<i32>,
+    pub writes: u32,
+}
+
+impl Scenario {
+    /// The scenario of `seed`: 3–6 ranks on 1–3 hosts (by slot or by node), 1–3 copies,
+    /// global or localized recovery, up to `copies − 1` kills within the writes.
+    pub fn of(seed: u64) -> Scenario {
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let ranks = rng.gen_range(3..=6usize);
+        let host_count = rng.gen_range(1..=3usize.min(ranks - 1));
+        let by_node = rng.gen_bool(0.5);
+        let per_host = ranks.div_ceil(host_count);
+        let hosts = (0..ranks)
+            .map(|r| if by_node { r % host_count } else { r / per_host } as u32)
+            .collect();
+        let copies = rng.gen_range(1..=3usize.min(ranks - 1));
+        // Up to `copies − 1` kills, leaving a majority of the ranks alive (a recovery that
+        // finds a minority alive refuses to go on: `Error::Partitioned`).
+        let kill_count = rng.gen_range(0..=(copies - 1).min((ranks - 1) / 2));
+        let mut kills: Vec<(i32, u64)> = Vec::new();
+        while kills.len() < kill_count {
+            let victim = rng.gen_range(0..ranks as i32);
+            if kills.iter().all(|&(v, _)| v != victim) {
+                kills.push((victim, rng.gen_range(1..6_000)));
+            }
+        }
+        let slow = if rng.gen_bool(0.25) { vec![rng.gen_range(0..ranks as i32)] } else { vec![] };
+        Scenario {
+            seed,
+            ranks,
+            hosts,
+            copies,
+            localized: rng.gen_bool(0.5),
+            kills,
+            slow,
+            writes: rng.gen_range(10..=40),
+        }
+    }
+
+    fn describe(&self) -> String {
+        let mode = if self.localized { "localized" } else { "global" };
+        format!(
+            "{} ranks on hosts {:?}, {} copies, {mode}, {} writes, kills {:?}, slow {:?}",
+            self.ranks, self.hosts, self.copies, self.writes, self.kills, self.slow
+        )
+    }
+
+    fn config(&self) -> Config {
+        let mut config = Config::new(["checkpoint", "loot"], self.copies);
+        config.initial_capacity = 256;
+        config.max_value = 8 << 10;
+        if self.localized {
+            config = config.localized();
+        }
+        config
+    }
+}
+
+/// Every key's writes, as its owner tried them.
+type History = Mutex<HashMap<(i32, u16), Vec<Op>>>;
+/// What a survivor read: every key's observation.
+type Finals = Vec<((i32, u16), Observed)>;
+
+/// The survivors' meeting points outside the store (the harness's, not the protocol's): for
+/// each point, the highest point each rank reached.
+struct Meeting {
+    cluster: LocalCluster,
+    reached: Vec<AtomicUsize>,
+}
+
+/// The meeting points, in order.
+const CREATED: usize = 1;
+const WRITTEN: usize = 2;
+const READ: usize = 3;
+
+impl Meeting {
+    /// Whether every rank is dead or has reached `point`.
+    fn all_at(&self, point: usize) -> bool {
+        (0..self.reached.len())
+            .all(|r| self.cluster.is_dead(r as i32) || self.reached[r].load(Ordering::Acquire) >= point)
+    }
+
+    /// Whether `store` knows of every rank's death.
+    fn knows_every_death(&self, store: &Store<LocalFabric>) -> bool {
+        let failed = store.failed();
+        (0..self.reached.len() as i32).all(|r| !self.cluster.is_dead(r) || failed.contains(&r))
+    }
+
+    /// Marks `point` reached by `me` and waits for every other live rank, recovering whenever
+    /// the store asks, until this rank's store knows of every death and needs no recovery: so
+    /// no survivor starts a recovery once another passed the last point.
+    fn wait_at(&self, point: usize, store: &mut Store<LocalFabric>) {
+        self.reached[store.worker() as usize].store(point, Ordering::Release);
+        while !self.all_at(point) || store.needs_recovery() || !self.knows_every_death(store) {
+            if store.needs_recovery() {
+                store.recover().expect("a recovery among the survivors");
+            }
+            rt::sleep(MEETING_POLL);
+        }
+    }
+}
+
+/// The runs of a campaign: reports of the failing ones and a digest of all.
+///
+/// Runs go on as many threads as the machine has cores (each run's world is its own); the
+/// digest folds the runs' digests in seed order, so it does not depend on the threads.
+pub fn campaign(first_seed: u64, runs: u64) -> (Vec<RunReport>, u64) {
+    let lanes = std::thread::available_parallelism().map_or(1, |n| n.get() as u64).min(runs);
+    let next = std::sync::atomic::AtomicU64::new(first_seed);
+    let end = first_seed + runs;
+    let mut reports: Vec<RunReport> = std::thread::scope(|s| {
+        let lanes: Vec<_> = (0..lanes)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut mine = Vec::new();
+                    loop {
+                        let seed = next.fetch_add(1, Ordering::Relaxed);
+                        if seed >= end {
+                            return mine;
+                        }
+                        mine.push(run(seed, false).0);
+                    }
+                })
+            })
+            .collect();
+        lanes.into_iter().flat_map(|lane| lane.join().expect("a campaign lane")).collect()
+    });
+    reports.sort_by_key(|r| r.seed);
+    let digest = reports.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, r| mix(h, r.digest));
+    reports.retain(|r| !r.violations.is_empty());
+    (reports, digest)
+}
+
+/// Runs the scenario of `seed`; with `trace`, also returns one line per step and per fault.
+pub fn run(seed: u64, trace: bool) -> (RunReport, Vec<String>) {
+    let scenario = Arc::new(Scenario::of(seed));
+    let world = World::new(WorldConfig {
+        seed,
+        limit: LIMIT,
+        trace,
+        slow: scenario.slow.clone(),
+    });
+    let cluster = LocalCluster::new(scenario.ranks).with_hosts(scenario.hosts.clone());
+    let history: Arc<History> = Arc::default();
+    let reached = (0..scenario.ranks).map(|_| AtomicUsize::new(0)).collect();
+    let meeting = Arc::new(Meeting { cluster: cluster.clone(), reached });
+    let body = {
+        let (scenario, history, meeting) = (scenario.clone(), history.clone(), meeting.clone());
+        move |fabric: LocalFabric| worker(fabric, &scenario, &history, &meeting)
+    };
+    let (results, outcome) = cluster.run_in(&world, body);
+    let mut violations = Vec::new();
+    if let Some(why) = &outcome.aborted {
+        violations.push(why.clone());
+    }
+    let history = history.lock().unwrap_or_else(|p| p.into_inner());
+    for (rank, result) in results.iter().enumerate() {
+        match result {
+            Err(panic) => violations.push(format!("rank {rank} panicked: {panic}")),
+            Ok(Some(finals)) => violations.extend(judge(rank, finals, &history)),
+            Ok(None) => {}
+        }
+    }
+    let survivors = results.iter().filter(|r| matches!(r, Ok(Some(_)))).count();
+    if outcome.aborted.is_none() && survivors == 0 {
+        violations.push("no rank survived".into());
+    }
+    let report = RunReport {
+        seed,
+        scenario: scenario.describe(),
+        violations,
+        digest: outcome.digest,
+        steps: outcome.steps as usize,
+    };
+    let mut lines = outcome.struck.clone();
+    lines.extend(outcome.trace);
+    (report, lines)
+}
+
+/// The reads of `rank` that its keys' histories do not allow.
+fn judge(rank: usize, finals: &Finals, history: &HashMap<(i32, u16), Vec<Op>>) -> Vec<String> {
+    finals
+        .iter()
+        .filter_map(|&((owner, kind), read)| {
+            let ops = history.get(&(owner, kind)).map_or(&[][..], Vec::as_slice);
+            (!allowed(ops, read)).then(|| {
+                format!("rank {rank} reads {read:?} for ({owner}, {kind}); history {ops:?}")
+            })
+        })
+        .collect()
+}
+
+/// One rank: creates the store, writes, meets the survivors, reads every key.
+fn worker(
+    fabric: LocalFabric,
+    scenario: &Scenario,
+    history: &History,
+    meeting: &Meeting,
+) -> Finals {
+    let mut store = Store::create(&fabric, scenario.config()).expect("creating the store");
+    let me = store.worker();
+    meeting.reached[me as usize].store(CREATED, Ordering::Release);
+    while !meeting.all_at(CREATED) {
+        rt::sleep(MEETING_POLL);
+    }
+    if let Some(&(_, after)) = scenario.kills.iter().find(|&&(v, _)| v == me) {
+        crate::world::plan_here(|now| Fault::Kill { rank: me, at: now + after });
+    }
+    write(&mut store, scenario, history);
+    if scenario.kills.iter().any(|&(v, _)| v == me) {
+        // A victim dies within its writes: one that got here first dies now.
+        crate::world::plan_here(|now| Fault::Kill { rank: me, at: now });
+        rt::step("victim's end");
+    }
+    meeting.wait_at(WRITTEN, &mut store);
+    let finals = loop {
+        match read_all(&mut store) {
+            Ok(finals) => break finals,
+            Err(e) if e.needs_recovery() => {
+                store.recover().expect("a recovery among the survivors");
+            }
+            Err(e) => panic!("rank {me}: reading: {e}"),
+        }
+    };
+    meeting.wait_at(READ, &mut store);
+    finals
+}
+
+/// The rank's planned writes, each recorded before and acknowledged after.
+fn write(store: &mut Store<LocalFabric>, scenario: &Scenario, history: &History) {
+    let me = store.worker();
+    let mut rng = SmallRng::seed_from_u64(scenario.seed ^ ((me as u64 + 1) << 32));
+    for seq in 1..=scenario.writes {
+        let (kind, delete) = planned_write(seq);
+        let op = Op { seq, delete, acked: false };
+        lock(history).entry((me, kind)).or_default().push(op);
+        let key = Key::new(me, kind);
+        let result = if delete {
+            store.delete(key)
+        } else {
+            let len = if rng.gen_bool(0.2) { rng.gen_range(300..8_000) } else { 64 };
+            store.put(key, &value(me, seq, len))
+        };
+        match result {
+            Ok(()) => acknowledge(history, (me, kind), seq),
+            Err(e) if e.needs_recovery() => {
+                store.recover().expect("a recovery among the survivors");
+            }
+            Err(e) => panic!("rank {me}: write {seq}: {e}"),
+        }
+    }
+}
+
+fn lock(history: &History) -> std::sync::MutexGuard<'_, HashMap<(i32, u16), Vec<Op>>> {
+    history.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn acknowledge(history: &History, key: (i32, u16), seq: u32) {
+    let mut history = lock(history);
+    let ops = history.get_mut(&key).expect("recorded before");
+    if let Some(op) = ops.iter_mut().rev().find(|o| o.seq == seq) {
+        op.acked = true;
+    }
+}
+
+fn read_all(store: &mut Store<LocalFabric>) -> crate::Result<Finals> {
+    let mut finals = Finals::new();
+    for owner in 0..store.workers() as i32 {
+        for kind in 0..2u16 {
+            let read = store.get(Key::new(owner, kind))?;
+            finals.push(((owner, kind), observe(owner, read.as_deref())));
+        }
+    }
+    Ok(finals)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_same_seed_gives_the_same_run() {
+        for seed in [1, 2, 3] {
+            let (a, _) = run(seed, false);
+            let (b, _) = run(seed, false);
+            assert_eq!(a, b, "seed {seed}");
+            assert!(a.violations.is_empty(), "{a}");
+        }
+    }
+}

@@ -40,6 +40,8 @@ pub struct Scenario {
     pub localized: bool,
     /// Each victim and how many steps after the last store's creation it dies.
     pub kills: Vec<(i32, u64)>,
+    /// A victim that dies instead at its first pass through a recovery's failpoint.
+    pub in_recovery: Option<(i32, &'static str)>,
     pub slow: Vec<i32>,
     pub writes: u32,
 }
@@ -67,6 +69,9 @@ impl Scenario {
                 kills.push((victim, rng.gen_range(1..6_000)));
             }
         }
+        let points = ["recovery_after_shrink", "recovery_mid_copy"];
+        let in_recovery = (kills.len() == 2 && rng.gen_bool(0.5))
+            .then(|| (kills[1].0, points[rng.gen_range(0..points.len())]));
         let slow = if rng.gen_bool(0.25) { vec![rng.gen_range(0..ranks as i32)] } else { vec![] };
         Scenario {
             seed,
@@ -75,6 +80,7 @@ impl Scenario {
             copies,
             localized: rng.gen_bool(0.5),
             kills,
+            in_recovery,
             slow,
             writes: rng.gen_range(10..=40),
         }
@@ -83,8 +89,15 @@ impl Scenario {
     fn describe(&self) -> String {
         let mode = if self.localized { "localized" } else { "global" };
         format!(
-            "{} ranks on hosts {:?}, {} copies, {mode}, {} writes, kills {:?}, slow {:?}",
-            self.ranks, self.hosts, self.copies, self.writes, self.kills, self.slow
+            "{} ranks on hosts {:?}, {} copies, {mode}, {} writes, kills {:?}, in recovery {:?}, \
+             slow {:?}",
+            self.ranks,
+            self.hosts,
+            self.copies,
+            self.writes,
+            self.kills,
+            self.in_recovery,
+            self.slow
         )
     }
 
@@ -101,8 +114,12 @@ impl Scenario {
 
 /// Every key's writes, as its owner tried them.
 type History = Mutex<HashMap<(i32, u16), Vec<Op>>>;
-/// What a survivor read: every key's observation.
-type Finals = Vec<((i32, u16), Observed)>;
+/// What a survivor read: every key's observation, and each copy of its own keys (by kind).
+struct Finals {
+    reads: Vec<((i32, u16), Observed)>,
+    own_copies: Vec<(u16, Vec<Observed>)>,
+    live: usize,
+}
 
 /// The survivors' meeting points outside the store (the harness's, not the protocol's): for
 /// each point, the highest point each rank reached.
@@ -184,6 +201,9 @@ pub fn run(seed: u64, trace: bool) -> (RunReport, Vec<String>) {
         slow: scenario.slow.clone(),
     });
     let cluster = LocalCluster::new(scenario.ranks).with_hosts(scenario.hosts.clone());
+    if let Some((victim, point)) = scenario.in_recovery {
+        cluster.arm(victim, point, 1);
+    }
     let history: Arc<History> = Arc::default();
     let reached = (0..scenario.ranks).map(|_| AtomicUsize::new(0)).collect();
     let meeting = Arc::new(Meeting { cluster: cluster.clone(), reached });
@@ -200,7 +220,7 @@ pub fn run(seed: u64, trace: bool) -> (RunReport, Vec<String>) {
     for (rank, result) in results.iter().enumerate() {
         match result {
             Err(panic) => violations.push(format!("rank {rank} panicked: {panic}")),
-            Ok(Some(finals)) => violations.extend(judge(rank, finals, &history)),
+            Ok(Some(finals)) => violations.extend(judge(rank, finals, &history, scenario.copies)),
             Ok(None) => {}
         }
     }
@@ -220,17 +240,37 @@ pub fn run(seed: u64, trace: bool) -> (RunReport, Vec<String>) {
     (report, lines)
 }
 
-/// The reads of `rank` that its keys' histories do not allow.
-fn judge(rank: usize, finals: &Finals, history: &HashMap<(i32, u16), Vec<Op>>) -> Vec<String> {
-    finals
+/// The reads of `rank` that its keys' histories do not allow, and its own keys with fewer
+/// copies than the live workers allow or copies that differ.
+fn judge(
+    rank: usize,
+    finals: &Finals,
+    history: &HashMap<(i32, u16), Vec<Op>>,
+    copies: usize,
+) -> Vec<String> {
+    let ops_of = |owner: i32, kind: u16| history.get(&(owner, kind)).map_or(&[][..], Vec::as_slice);
+    let mut wrong: Vec<String> = finals
+        .reads
         .iter()
         .filter_map(|&((owner, kind), read)| {
-            let ops = history.get(&(owner, kind)).map_or(&[][..], Vec::as_slice);
+            let ops = ops_of(owner, kind);
             (!allowed(ops, read)).then(|| {
                 format!("rank {rank} reads {read:?} for ({owner}, {kind}); history {ops:?}")
             })
         })
-        .collect()
+        .collect();
+    let expected = copies.min(finals.live - 1);
+    for (kind, held) in &finals.own_copies {
+        let ops = ops_of(rank as i32, *kind);
+        let whole = held.iter().all(|&c| allowed(ops, c)) && held.windows(2).all(|w| w[0] == w[1]);
+        if held.len() != expected || !whole {
+            wrong.push(format!(
+                "rank {rank}'s key ({rank}, {kind}) has copies {held:?}, {expected} expected; \
+                 history {ops:?}"
+            ));
+        }
+    }
+    wrong
 }
 
 /// One rank: creates the store, writes, meets the survivors, reads every key.
@@ -257,7 +297,7 @@ fn worker(
     }
     meeting.wait_at(WRITTEN, &mut store);
     let finals = loop {
-        match read_all(&mut store) {
+        match read_all(&mut store, scenario.localized) {
             Ok(finals) => break finals,
             Err(e) if e.needs_recovery() => {
                 store.recover().expect("a recovery among the survivors");
@@ -306,15 +346,27 @@ fn acknowledge(history: &History, key: (i32, u16), seq: u32) {
     }
 }
 
-fn read_all(store: &mut Store<LocalFabric>) -> crate::Result<Finals> {
-    let mut finals = Finals::new();
+/// Every key as this rank reads it, and the copies of its own keys (after the repairs of every
+/// failure known here, with localized recovery).
+fn read_all(store: &mut Store<LocalFabric>, localized: bool) -> crate::Result<Finals> {
+    if localized {
+        store.follow()?;
+    }
+    let me = store.worker();
+    let mut reads = Vec::new();
     for owner in 0..store.workers() as i32 {
         for kind in 0..2u16 {
             let read = store.get(Key::new(owner, kind))?;
-            finals.push(((owner, kind), observe(owner, read.as_deref())));
+            reads.push(((owner, kind), observe(owner, read.as_deref())));
         }
     }
-    Ok(finals)
+    let mut own_copies = Vec::new();
+    for kind in 0..2u16 {
+        let held = store.read_copies(Key::new(me, kind))?;
+        own_copies.push((kind, held.iter().map(|(_, v)| observe(me, v.as_deref())).collect()));
+    }
+    let live = (0..store.workers() as i32).filter(|w| !store.failed().contains(w)).count();
+    Ok(Finals { reads, own_copies, live })
 }
 
 #[cfg(test)]

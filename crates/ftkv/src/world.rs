@@ -29,6 +29,9 @@ use crate::fabric::local::Killed;
 pub const TICK: Duration = Duration::from_micros(1);
 /// Virtual time a task waits before it looks again at a lock, a channel or a thread's end.
 const POLL: Duration = Duration::from_micros(20);
+/// A running task keeps the baton at a step with probability 1 − 1/`STICKY_IN` (handing it
+/// over costs two thread switches of the machine).
+const STICKY_IN: u32 = 4;
 /// Real time the end of a run may take once its tasks are told to end.
 const TEARDOWN: Duration = Duration::from_secs(20);
 
@@ -344,6 +347,12 @@ impl Sched {
     }
 
     fn choose(&mut self, ready: &[usize]) -> usize {
+        let running = self.running.filter(|r| ready.contains(r));
+        if let Some(running) = running {
+            if self.rng.gen_range(0..STICKY_IN) != 0 {
+                return running;
+            }
+        }
         loop {
             let next = ready[self.rng.gen_range(0..ready.len())];
             let slow = self.slow.contains(&self.tasks[next].rank);

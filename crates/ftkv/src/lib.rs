@@ -68,10 +68,10 @@ pub mod repair_engine;
 pub mod rt;
 #[cfg(any(test, feature = "sim"))]
 pub mod sim;
-#[cfg(any(test, feature = "sim"))]
-pub mod sim_txn;
 #[cfg(feature = "sim")]
 pub mod sim_store;
+#[cfg(any(test, feature = "sim"))]
+pub mod sim_txn;
 pub mod slot;
 mod store;
 pub mod txn;

@@ -136,8 +136,9 @@ const READ: usize = 3;
 impl Meeting {
     /// Whether every rank is dead or has reached `point`.
     fn all_at(&self, point: usize) -> bool {
-        (0..self.reached.len())
-            .all(|r| self.cluster.is_dead(r as i32) || self.reached[r].load(Ordering::Acquire) >= point)
+        (0..self.reached.len()).all(|r| {
+            self.cluster.is_dead(r as i32) || self.reached[r].load(Ordering::Acquire) >= point
+        })
     }
 
     /// Whether `store` knows of every rank's death.
@@ -153,7 +154,7 @@ impl Meeting {
         self.reached[store.worker() as usize].store(point, Ordering::Release);
         while !self.all_at(point) || store.needs_recovery() || !self.knows_every_death(store) {
             if store.needs_recovery() {
-                store.recover().expect("a recovery among the survivors");
+                recover(store);
             }
             rt::sleep(MEETING_POLL);
         }
@@ -194,12 +195,7 @@ pub fn campaign(first_seed: u64, runs: u64) -> (Vec<RunReport>, u64) {
 /// Runs the scenario of `seed`; with `trace`, also returns one line per step and per fault.
 pub fn run(seed: u64, trace: bool) -> (RunReport, Vec<String>) {
     let scenario = Arc::new(Scenario::of(seed));
-    let world = World::new(WorldConfig {
-        seed,
-        limit: LIMIT,
-        trace,
-        slow: scenario.slow.clone(),
-    });
+    let world = World::new(WorldConfig { seed, limit: LIMIT, trace, slow: scenario.slow.clone() });
     let cluster = LocalCluster::new(scenario.ranks).with_hosts(scenario.hosts.clone());
     if let Some((victim, point)) = scenario.in_recovery {
         cluster.arm(victim, point, 1);
@@ -300,7 +296,7 @@ fn worker(
         match read_all(&mut store, scenario.localized) {
             Ok(finals) => break finals,
             Err(e) if e.needs_recovery() => {
-                store.recover().expect("a recovery among the survivors");
+                recover(&mut store);
             }
             Err(e) => panic!("rank {me}: reading: {e}"),
         }
@@ -327,9 +323,21 @@ fn write(store: &mut Store<LocalFabric>, scenario: &Scenario, history: &History)
         match result {
             Ok(()) => acknowledge(history, (me, kind), seq),
             Err(e) if e.needs_recovery() => {
-                store.recover().expect("a recovery among the survivors");
+                recover(store);
             }
             Err(e) => panic!("rank {me}: write {seq}: {e}"),
+        }
+    }
+}
+
+/// Recovers until a recovery succeeds: one that a failure interrupted at its end (freeing the
+/// replaced windows) returns that failure, and the survivors recover again.
+fn recover(store: &mut Store<LocalFabric>) {
+    loop {
+        match store.recover() {
+            Ok(_) => return,
+            Err(e) if e.needs_recovery() => continue,
+            Err(e) => panic!("a recovery among the survivors: {e:?}"),
         }
     }
 }

@@ -204,12 +204,11 @@ impl World {
             let task = self.shared.add_task(format!("rank {rank}"), rank);
             let body = body.clone();
             let (tx, rx) = std::sync::mpsc::channel();
-            let spawned = std::thread::Builder::new().name(format!("sim rank {rank}")).spawn(
-                move || {
+            let spawned =
+                std::thread::Builder::new().name(format!("sim rank {rank}")).spawn(move || {
                     let outcome = task.run_as_task(|| body(rank));
                     let _ = tx.send(outcome);
-                },
-            );
+                });
             roots.push((spawned, rx));
         }
         self.shared.start();

@@ -574,8 +574,11 @@ impl Fabric for LocalFabric {
                 ((state.windows.len() - 1) as u64).to_le_bytes().to_vec()
             },
         )?;
-        let memory = self.alive_state().windows[LocalFabric::decode_id(&id)].clone();
-        Ok(LocalWindow { world: self.world.clone(), memory, rank: self.rank, me: self.me })
+        let state = self.alive_state();
+        let memory = state.windows[LocalFabric::decode_id(&id)].clone();
+        let members = Arc::new(self.members(&state));
+        drop(state);
+        Ok(LocalWindow { world: self.world.clone(), memory, members, rank: self.rank, me: self.me })
     }
 
     fn send(&self, data: &[u8], dest: i32, tag: i32) -> FabricResult<()> {
@@ -655,6 +658,8 @@ impl LocalFabric {
 pub struct LocalWindow {
     world: Arc<World>,
     memory: Arc<Memory>,
+    /// The window's members, by window rank, as cluster ranks.
+    members: Arc<Vec<i32>>,
     rank: i32,
     me: i32,
 }
@@ -663,6 +668,19 @@ impl LocalWindow {
     fn check_alive(&self) {
         check_alive(&self.world, self.me);
     }
+}
+
+/// `ProcFailed` when window rank `target` is dead and on another host than `me` (a one-sided
+/// call to a dead process across the network fails; within a host it lands in the shared
+/// memory, as on MPI).
+fn reach(world: &World, members: &[i32], me: i32, target: i32) -> FabricResult<()> {
+    let Some(&peer) = members.get(target as usize) else { return Ok(()) };
+    let state = world.lock();
+    let (dead, hosts) = (state.dead[peer as usize], &state.hosts);
+    if dead && hosts[peer as usize] != hosts[me as usize] {
+        return Err(FabricError::ProcFailed { op: "local rma", peer: Some(target) });
+    }
+    Ok(())
 }
 
 /// Unwinds a dead rank's thread; a declared rank's one-sided calls go on.
@@ -698,38 +716,47 @@ fn target_bytes(
 pub struct LocalScope<'buf> {
     world: Arc<World>,
     memory: Arc<Memory>,
+    members: Arc<Vec<i32>>,
     me: i32,
     _buffers: std::marker::PhantomData<&'buf mut [u8]>,
 }
 
+impl LocalScope<'_> {
+    /// Unwinds when this rank is dead; `ProcFailed` for a dead target on another host.
+    fn check(&self, target: i32) -> FabricResult<()> {
+        check_alive(&self.world, self.me);
+        reach(&self.world, &self.members, self.me, target)
+    }
+}
+
 impl<'buf> RmaOps<'buf> for LocalScope<'buf> {
     fn put(&mut self, target: i32, disp: i64, data: &'buf [u8]) -> FabricResult<()> {
-        check_alive(&self.world, self.me);
+        self.check(target)?;
         let mut bytes = target_bytes(&self.memory, target, disp, data.len())?;
         bytes[disp as usize..disp as usize + data.len()].copy_from_slice(data);
         Ok(())
     }
 
     fn get(&mut self, target: i32, disp: i64, out: &'buf mut [u8]) -> FabricResult<()> {
-        check_alive(&self.world, self.me);
+        self.check(target)?;
         let bytes = target_bytes(&self.memory, target, disp, out.len())?;
         out.copy_from_slice(&bytes[disp as usize..disp as usize + out.len()]);
         Ok(())
     }
 
     fn put_extent(&mut self, target: i32, id: u64, data: &'buf [u8]) -> FabricResult<()> {
-        check_alive(&self.world, self.me);
+        self.check(target)?;
         self.memory.put_extent(target, id, data)
     }
 
     fn get_extent(&mut self, target: i32, id: u64, out: &'buf mut [u8]) -> FabricResult<()> {
-        check_alive(&self.world, self.me);
+        self.check(target)?;
         self.memory.get_extent(target, id, out);
         Ok(())
     }
 
     fn free_extent(&mut self, target: i32, id: u64) -> FabricResult<()> {
-        check_alive(&self.world, self.me);
+        self.check(target)?;
         self.memory.extents().remove(&(target, id));
         Ok(())
     }
@@ -747,7 +774,8 @@ impl<'buf> RmaOps<'buf> for LocalScope<'buf> {
         to: i64,
         len: usize,
     ) -> FabricResult<()> {
-        check_alive(&self.world, self.me);
+        self.check(source)?;
+        self.check(target)?;
         let bytes = target_bytes(&self.memory, source, from, len)?;
         let copied = bytes[from as usize..from as usize + len].to_vec();
         drop(bytes);
@@ -764,7 +792,8 @@ impl<'buf> RmaOps<'buf> for LocalScope<'buf> {
         to: u64,
         len: u64,
     ) -> FabricResult<()> {
-        check_alive(&self.world, self.me);
+        self.check(source)?;
+        self.check(target)?;
         let held = self.memory.extents().get(&(source, from)).cloned().unwrap_or_default();
         if (held.len() as u64) < len {
             let msg = format!("rank {source}'s extent {from} holds {} of {len} bytes", held.len());
@@ -784,6 +813,7 @@ impl FabricWindow for LocalWindow {
         issue(&mut LocalScope {
             world: self.world.clone(),
             memory: self.memory.clone(),
+            members: self.members.clone(),
             me: self.me,
             _buffers: std::marker::PhantomData,
         })
@@ -822,6 +852,7 @@ impl FabricWindow for LocalWindow {
         swap: u64,
     ) -> FabricResult<u64> {
         self.check_alive();
+        reach(&self.world, &self.members, self.me, target)?;
         let mut bytes = target_bytes(&self.memory, target, disp, 8)?;
         let word = &mut bytes[disp as usize..disp as usize + 8];
         let held = u64::from_le_bytes(word.try_into().expect("8 bytes"));

@@ -18,9 +18,9 @@ use crate::detector::{Health, Lane};
 use crate::error::{Error, Result};
 use crate::fabric::{Fabric, FabricError, FabricResult, FabricWindow};
 use crate::halves;
-use crate::rt::{self, Thread};
 use crate::key::Key;
 use crate::layout::Copy;
+use crate::rt::{self, Thread};
 use crate::slot::{Header, HEADER_LEN};
 
 /// The largest value [`Store::put_async`] writes to every holder itself when they all share
@@ -109,26 +109,26 @@ impl<W: FabricWindow> Replicator<W> {
     fn start() -> Result<Replicator<W>> {
         let (jobs, queue) = mpsc::channel::<Job<W>>();
         let thread = rt::spawn("ftkv-replicator", move || {
-                disfavour_on_wakeup();
-                let mut buffer = Vec::new();
-                while let Ok(job) = rt::recv(&queue) {
-                    if job.claim.swap(true, Ordering::AcqRel) {
-                        continue;
-                    }
-                    let replicated = match job.windows.upgrade() {
-                        Some(windows) => replicate(&job, &windows, &mut buffer),
-                        None => Err(FabricError::Other {
-                            op: "put_async",
-                            msg: "the store's windows were closed".into(),
-                        }),
-                    };
-                    // The value goes back to its store before the owner learns the outcome.
-                    let Job { done, source, .. } = job;
-                    drop(source);
-                    let _ = done.send(replicated);
+            disfavour_on_wakeup();
+            let mut buffer = Vec::new();
+            while let Ok(job) = rt::recv(&queue) {
+                if job.claim.swap(true, Ordering::AcqRel) {
+                    continue;
                 }
-            })
-            .map_err(|e| Error::RecoveryFailed(format!("starting the replicator thread: {e}")))?;
+                let replicated = match job.windows.upgrade() {
+                    Some(windows) => replicate(&job, &windows, &mut buffer),
+                    None => Err(FabricError::Other {
+                        op: "put_async",
+                        msg: "the store's windows were closed".into(),
+                    }),
+                };
+                // The value goes back to its store before the owner learns the outcome.
+                let Job { done, source, .. } = job;
+                drop(source);
+                let _ = done.send(replicated);
+            }
+        })
+        .map_err(|e| Error::RecoveryFailed(format!("starting the replicator thread: {e}")))?;
         Ok(Replicator { jobs: Some(jobs), thread: Some(thread) })
     }
 }

@@ -28,8 +28,8 @@ use crate::halves;
 use crate::key::Key;
 use crate::layout::{Copy, Layout};
 use crate::recovery;
-use crate::rt::{self, Thread};
 use crate::repair_engine::{self, Command as RepairCommand, Event, Interruptions, PAUSE_POLLS};
+use crate::rt::{self, Thread};
 use crate::slot::{Committed, Header, HEADER_LEN};
 
 /// The last acknowledged version of each own key (0: none yet), written by the owner's calls
@@ -575,9 +575,7 @@ impl<F: Fabric> Store<F> {
                 Err(e) if e.needs_recovery() && !self.health.alarmed() => {
                     match interruptions.interrupted() {
                         // Gives the detector a few polls to publish the failure behind the error.
-                        RepairCommand::Pause(polls) => {
-                            rt::sleep(self.config.poll_interval * polls)
-                        }
+                        RepairCommand::Pause(polls) => rt::sleep(self.config.poll_interval * polls),
                         _ => {
                             let why =
                                 format!("failures kept interrupting a store call (last: {e})");

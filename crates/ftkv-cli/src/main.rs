@@ -735,6 +735,10 @@ enum SimModel {
     World,
     /// The task pool with global recovery (`ftkv_tasks::sim`).
     Pool,
+    /// The production pool driver over the production store on a deterministic world (global
+    /// and localized recovery, kills at named protocol points and at any step;
+    /// `ftkv_tasks::sim_world`).
+    PoolWorld,
     /// The task pool with localized recovery: settles as atomic transactions, the end gathered
     /// by messages (`ftkv_tasks::sim`, `Mode::Localized`).
     PoolLocalized,
@@ -820,6 +824,19 @@ fn run_sim(model: SimModel, seed: u64, runs: u64, trace: bool) -> Result<()> {
         let (store_failing, digest) = ftkv::sim::campaign(seed, runs);
         println!("store runs={runs} violations={} digest={digest:016x}", store_failing.len());
         failing.extend(store_failing.into_iter().map(|r| ("store", r)));
+        digests.push(digest);
+    }
+    if matches!(model, SimModel::PoolWorld | SimModel::All) {
+        if trace {
+            for seed in seed..end {
+                let (report, lines) = ftkv_tasks::sim_world::run(seed, true);
+                println!("pool-world seed={seed} {} steps={}", report.scenario, report.steps);
+                lines.iter().for_each(|line| println!("  {line}"));
+            }
+        }
+        let (pool_failing, digest) = ftkv_tasks::sim_world::campaign(seed, runs);
+        println!("pool-world runs={runs} violations={} digest={digest:016x}", pool_failing.len());
+        failing.extend(pool_failing.into_iter().map(|r| ("pool-world", r)));
         digests.push(digest);
     }
     use ftkv_tasks::sim::Mode;

@@ -11,5 +11,7 @@ pub mod problem;
 pub mod protocol;
 #[cfg(any(test, feature = "sim"))]
 pub mod sim;
+#[cfg(feature = "sim")]
+pub mod sim_world;
 pub mod state;
 pub mod uts;

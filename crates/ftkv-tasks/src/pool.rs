@@ -45,7 +45,7 @@ use crate::events::{self, PoolEvent};
 use ftkv::codec;
 use ftkv::fabric::{Fabric, FabricError};
 use ftkv::txn::{Decision, Outcome as TxOutcome, Txn};
-use ftkv::{Key, Recovery, Store};
+use ftkv::{rt, Key, Recovery, Store};
 
 use crate::problem::Problem;
 pub use crate::protocol::Interval;
@@ -243,7 +243,7 @@ struct Driver<'p, P: Problem, F: Fabric> {
 /// The fabric `F` is MPI in production; on [`ftkv::fabric::local`] the same protocol runs on
 /// threads, without MPI.
 pub fn run<P: Problem, F: Fabric>(world: &F, problem: &P, config: &PoolConfig) -> Result<Outcome> {
-    let started = Instant::now();
+    let started = rt::now();
     let mut store_config = ftkv::Config::new(["checkpoint", "loot"], config.copies);
     store_config.initial_capacity = 16 << 10;
     store_config.max_value = 8 << 20;
@@ -283,7 +283,7 @@ pub fn run<P: Problem, F: Fabric>(world: &F, problem: &P, config: &PoolConfig) -
         started,
         agreed: false,
         adopted: Vec::new(),
-        last_progress: Instant::now(),
+        last_progress: rt::now(),
         recoveries: Vec::new(),
         in_doubt: None,
     };
@@ -309,13 +309,13 @@ pub fn run<P: Problem, F: Fabric>(world: &F, problem: &P, config: &PoolConfig) -
         checkpoints: sums[1],
         store_bytes: sums[2],
         stats,
-        elapsed: started.elapsed(),
+        elapsed: rt::since(started),
     })
 }
 
 impl<P: Problem, F: Fabric> Driver<'_, P, F> {
     fn now(&self) -> Duration {
-        self.started.elapsed()
+        rt::since(self.started)
     }
 
     /// The first checkpoint, on every worker, before any work.
@@ -368,7 +368,7 @@ impl<P: Problem, F: Fabric> Driver<'_, P, F> {
         }
         let commands = self.tick();
         if self.machine.is_idle() {
-            std::thread::sleep(Duration::from_micros(50));
+            rt::sleep(Duration::from_micros(50));
         }
         let sums = self.execute(commands)?;
         self.report_progress();
@@ -379,11 +379,11 @@ impl<P: Problem, F: Fabric> Driver<'_, P, F> {
     /// from its duration ([`Look::next_batch`]).
     fn tick(&mut self) -> Vec<Command<P::Task>> {
         let (batch, tasks_before, started) =
-            (self.machine.batch(), self.machine.counters().tasks, Instant::now());
+            (self.machine.batch(), self.machine.counters().tasks, rt::now());
         let commands = self.machine.tick(self.now());
         let ran = (self.machine.counters().tasks - tasks_before) as usize;
         if ran == batch {
-            self.machine.set_batch(self.config.look.next_batch(ran, started.elapsed()));
+            self.machine.set_batch(self.config.look.next_batch(ran, rt::since(started)));
         }
         commands
     }
@@ -464,7 +464,7 @@ impl<P: Problem, F: Fabric> Driver<'_, P, F> {
         if failed == self.known_failed {
             return Ok(None);
         }
-        let started = Instant::now();
+        let started = rt::now();
         let newly: Vec<i32> =
             failed.iter().copied().filter(|w| !self.known_failed.contains(w)).collect();
         self.known_failed = failed.clone();
@@ -484,7 +484,7 @@ impl<P: Problem, F: Fabric> Driver<'_, P, F> {
             failed: newly,
             adopted,
             store_ms: 0.0,
-            total_ms: started.elapsed().as_secs_f64() * 1e3,
+            total_ms: rt::since(started).as_secs_f64() * 1e3,
         };
         events::emit(PoolEvent::Recovered(info.clone()));
         self.recoveries.push(info);
@@ -612,8 +612,8 @@ impl<P: Problem, F: Fabric> Driver<'_, P, F> {
 
     fn report_progress(&mut self) {
         let Some(every) = self.config.progress else { return };
-        if self.last_progress.elapsed() >= every {
-            self.last_progress = Instant::now();
+        if rt::since(self.last_progress) >= every {
+            self.last_progress = rt::now();
             let (tasks, nodes) = (self.machine.counters().tasks, self.machine.counts().nodes);
             events::emit(PoolEvent::Progress { tasks, nodes });
         }
@@ -639,7 +639,7 @@ impl<P: Problem, F: Fabric> Driver<'_, P, F> {
 
     /// Recovers until a recovery completes without another failure.
     fn recover(&mut self) -> Result<()> {
-        let started = Instant::now();
+        let started = rt::now();
         loop {
             if let Err(e) = self.comm.revoke() {
                 events::emit(PoolEvent::Warning(format!("revoking the pool communicator: {e}")));
@@ -657,7 +657,7 @@ impl<P: Problem, F: Fabric> Driver<'_, P, F> {
                         failed: report.failed,
                         adopted: std::mem::take(&mut self.adopted),
                         store_ms: report.duration.as_secs_f64() * 1e3,
-                        total_ms: started.elapsed().as_secs_f64() * 1e3,
+                        total_ms: rt::since(started).as_secs_f64() * 1e3,
                     };
                     events::emit(PoolEvent::Recovered(info.clone()));
                     self.recoveries.push(info);

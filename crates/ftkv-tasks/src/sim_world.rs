@@ -1,0 +1,252 @@
+//! The production pool driver ([`crate::pool::run`]) over the production store on the
+//! deterministic world of [`ftkv::world`]: every worker's driver, its store's detector,
+//! repairer and recovery, and (with localized recovery) the settles' transactions run
+//! unchanged as tasks of one seeded scheduler with a virtual clock. One seed fixes the problem
+//! (UTS or N-Queens), the workers, copies, recovery mode, checkpoint interval and batch, the
+//! interleaving of every task and the faults: a kill at a named point of the steal, adoption
+//! and rejoin protocols (`steal_victim_after_loot`, …) or at any step of the run, and a slow
+//! worker. A failing seed replays exactly (`ftkv sim --model pool-world --seed S --trace`).
+//!
+//! Every survivor must end with the sequential count (`problem::check_exact`), all survivors
+//! must name the same failed workers, those that died; a worker that panics or returns an
+//! error, or a run that does not end within its virtual time limit, is a violation.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ftkv::fabric::local::{LocalCluster, LocalFabric};
+use ftkv::sim::{mix, RunReport};
+use ftkv::world::{Fault, World, WorldConfig};
+use ftkv::Recovery;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+use crate::nqueens::NQueens;
+use crate::pool::{self, Interval, Look, Outcome, PoolConfig};
+use crate::problem::{check_exact, solve_sequential, Problem, Reference};
+use crate::uts;
+
+/// Virtual time a run may take before it counts as a hang.
+const LIMIT: Duration = Duration::from_secs(120);
+
+/// The named points of the pool's protocols where a victim may die.
+pub const POINTS: [&str; 6] = [
+    "steal_victim_after_loot",
+    "steal_victim_before_send",
+    "steal_thief_before_checkpoint",
+    "steal_thief_before_ack",
+    "buddy_after_adopting",
+    "rejoin_before_sync",
+];
+
+/// How the victim of a run dies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kill {
+    /// At its `nth` pass through a named point.
+    Point(&'static str, usize),
+    /// This many steps after it starts the pool.
+    Step(u64),
+}
+
+/// One run's scenario, drawn from its seed.
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    pub seed: u64,
+    pub ranks: usize,
+    pub copies: usize,
+    pub localized: bool,
+    pub checkpoint_every: usize,
+    pub look_every: usize,
+    pub kill: Option<(i32, Kill)>,
+    pub slow: Vec<i32>,
+}
+
+impl Scenario {
+    /// The scenario of `seed` (its problem is drawn by [`run`] from the same seed).
+    fn of(rng: &mut SmallRng, seed: u64) -> Scenario {
+        let ranks = rng.gen_range(2..=5usize);
+        let copies = rng.gen_range(1..=2usize.min(ranks - 1));
+        let kill = (copies >= 2 && rng.gen_bool(0.8)).then(|| {
+            let victim = rng.gen_range(0..ranks as i32);
+            let how = if rng.gen_bool(0.5) {
+                Kill::Point(POINTS[rng.gen_range(0..POINTS.len())], rng.gen_range(1..=3))
+            } else {
+                Kill::Step(rng.gen_range(1..4_000))
+            };
+            (victim, how)
+        });
+        let slow = if rng.gen_bool(0.2) { vec![rng.gen_range(0..ranks as i32)] } else { vec![] };
+        Scenario {
+            seed,
+            ranks,
+            copies,
+            localized: rng.gen_bool(0.5),
+            checkpoint_every: rng.gen_range(3..=40),
+            look_every: rng.gen_range(1..=16),
+            kill,
+            slow,
+        }
+    }
+
+    fn config(&self) -> PoolConfig {
+        PoolConfig {
+            copies: self.copies,
+            interval: Some(Interval::Tasks(self.checkpoint_every)),
+            look: Look::Tasks(self.look_every),
+            progress: None,
+            seed: self.seed,
+            recovery: if self.localized { Recovery::Localized } else { Recovery::Global },
+            ..PoolConfig::default()
+        }
+    }
+
+    fn describe(&self, problem: &str) -> String {
+        let mode = if self.localized { "localized" } else { "global" };
+        format!(
+            "{problem} on {} workers, {} copies, {mode}, checkpoint every {} tasks, look every \
+             {}, kill {:?}, slow {:?}",
+            self.ranks, self.copies, self.checkpoint_every, self.look_every, self.kill, self.slow
+        )
+    }
+}
+
+/// The runs of a campaign from `first_seed`: reports of the failing ones and a digest of all,
+/// folded in seed order (runs go on as many threads as the machine has cores).
+pub fn campaign(first_seed: u64, runs: u64) -> (Vec<RunReport>, u64) {
+    let lanes = std::thread::available_parallelism().map_or(1, |n| n.get() as u64).min(runs);
+    let next = AtomicU64::new(first_seed);
+    let end = first_seed + runs;
+    let mut reports: Vec<RunReport> = std::thread::scope(|s| {
+        let lanes: Vec<_> = (0..lanes)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut mine = Vec::new();
+                    loop {
+                        let seed = next.fetch_add(1, Ordering::Relaxed);
+                        if seed >= end {
+                            return mine;
+                        }
+                        mine.push(run(seed, false).0);
+                    }
+                })
+            })
+            .collect();
+        lanes.into_iter().flat_map(|lane| lane.join().expect("a campaign lane")).collect()
+    });
+    reports.sort_by_key(|r| r.seed);
+    let digest = reports.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, r| mix(h, r.digest));
+    reports.retain(|r| !r.violations.is_empty());
+    (reports, digest)
+}
+
+/// Runs the scenario of `seed`; with `trace`, also returns one line per step and per fault.
+pub fn run(seed: u64, trace: bool) -> (RunReport, Vec<String>) {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let scenario = Scenario::of(&mut rng, seed);
+    if rng.gen_bool(0.5) {
+        let params = uts::Params {
+            depth: rng.gen_range(4..=6),
+            root_id: rng.gen_range(0..1000),
+            ..uts::Params::default()
+        };
+        let name = format!("UTS geometric depth {} root {}", params.depth, params.root_id);
+        simulate(params, &name, scenario, trace)
+    } else {
+        let problem = NQueens { n: rng.gen_range(6..=8) };
+        simulate(problem, &format!("{}-Queens", problem.n), scenario, trace)
+    }
+}
+
+fn simulate<P: Problem + Send + 'static>(
+    problem: P,
+    name: &str,
+    scenario: Scenario,
+    trace: bool,
+) -> (RunReport, Vec<String>) {
+    let reference = Reference::from(solve_sequential(&problem));
+    let world = World::new(WorldConfig {
+        seed: scenario.seed,
+        limit: LIMIT,
+        trace,
+        slow: scenario.slow.clone(),
+    });
+    let cluster = LocalCluster::new(scenario.ranks);
+    let step_kill = match scenario.kill {
+        Some((victim, Kill::Point(point, nth))) => {
+            cluster.arm(victim, point, nth);
+            None
+        }
+        Some((victim, Kill::Step(after))) => Some((victim, after)),
+        None => None,
+    };
+    let config = scenario.config();
+    let problem = Arc::new(problem);
+    let body = move |fabric: LocalFabric| {
+        if let Some((victim, after)) = step_kill.filter(|&(v, _)| v == fabric_rank(&fabric)) {
+            ftkv::world::plan_here(|now| Fault::Kill { rank: victim, at: now + after });
+        }
+        pool::run(&fabric, &*problem, &config).map_err(|e| e.to_string())
+    };
+    let (results, outcome) = cluster.run_in(&world, body);
+    let mut violations: Vec<String> = outcome.aborted.iter().cloned().collect();
+    let dead: Vec<i32> = (0..scenario.ranks as i32).filter(|&r| cluster.is_dead(r)).collect();
+    let mut survivors = 0;
+    for (rank, result) in results.iter().enumerate() {
+        match result {
+            Err(panic) => violations.push(format!("worker {rank} panicked: {panic}")),
+            Ok(Some(Err(e))) => violations.push(format!("worker {rank}: {e}")),
+            Ok(Some(Ok(ended))) => {
+                survivors += 1;
+                violations.extend(judge(rank, ended, reference, &dead));
+            }
+            Ok(None) => {}
+        }
+    }
+    if outcome.aborted.is_none() && survivors == 0 {
+        violations.push("no worker survived".into());
+    }
+    let report = RunReport {
+        seed: scenario.seed,
+        scenario: scenario.describe(name),
+        violations,
+        digest: outcome.digest,
+        steps: outcome.steps as usize,
+    };
+    let mut lines = outcome.struck;
+    lines.extend(outcome.trace);
+    (report, lines)
+}
+
+fn fabric_rank(fabric: &LocalFabric) -> i32 {
+    use ftkv::fabric::Fabric;
+    fabric.rank()
+}
+
+/// What is wrong with survivor `rank`'s outcome: a count other than the sequential one, or a
+/// failed set other than the workers that died.
+fn judge(rank: usize, ended: &Outcome, reference: Reference, dead: &[i32]) -> Vec<String> {
+    let mut wrong = Vec::new();
+    if let Err(e) = check_exact(&ended.total, reference) {
+        wrong.push(format!("worker {rank}: {e}"));
+    }
+    if ended.failed != dead {
+        wrong.push(format!("worker {rank} names {:?} failed, {dead:?} died", ended.failed));
+    }
+    wrong
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_same_seed_gives_the_same_run_and_every_run_is_exact() {
+        for seed in 1..=6 {
+            let (a, _) = run(seed, false);
+            let (b, _) = run(seed, false);
+            assert_eq!(a, b, "seed {seed}");
+            assert!(a.violations.is_empty(), "{a}");
+        }
+    }
+}

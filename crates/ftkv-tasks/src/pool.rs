@@ -261,8 +261,8 @@ pub fn run<P: Problem, F: Fabric>(world: &F, problem: &P, config: &PoolConfig) -
         let others = (world.size() as usize).saturating_sub(1);
         store_config.spares = others.div_ceil(config.copies.max(1)).saturating_sub(1).clamp(1, 4);
     }
-    let store = Store::create(world, store_config)?;
-    let comm = store.communicator()?;
+    let mut store = Store::create(world, store_config)?;
+    let (comm, recovered_first) = communicator_after_recoveries(&mut store)?;
     let ranks = store.live().to_vec();
     let settings = Settings {
         interval: config.interval,
@@ -287,7 +287,7 @@ pub fn run<P: Problem, F: Fabric>(world: &F, problem: &P, config: &PoolConfig) -
         recoveries: Vec::new(),
         in_doubt: None,
     };
-    driver.start()?;
+    driver.start(recovered_first)?;
     let (total, sums) = driver.work()?;
     let workers = driver.store.workers() as i32;
     let failed = match driver.ended_failed.take() {
@@ -313,13 +313,40 @@ pub fn run<P: Problem, F: Fabric>(world: &F, problem: &P, config: &PoolConfig) -
     })
 }
 
+/// The store's communicator for the pool's messages, after the recoveries that failures since
+/// the store's creation need (a worker may die before the pool starts), and whether one ran.
+fn communicator_after_recoveries<F: Fabric>(store: &mut Store<F>) -> Result<(F, bool)> {
+    let mut recovered = false;
+    loop {
+        match store.communicator() {
+            Ok(comm) => return Ok((comm, recovered)),
+            Err(e) if e.needs_recovery() => match store.recover() {
+                Ok(_) => recovered = true,
+                Err(e) if e.needs_recovery() => {}
+                Err(e) => return Err(e.into()),
+            },
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
 impl<P: Problem, F: Fabric> Driver<'_, P, F> {
     fn now(&self) -> Duration {
         rt::since(self.started)
     }
 
-    /// The first checkpoint, on every worker, before any work.
-    fn start(&mut self) -> Result<()> {
+    /// The first checkpoint, on every worker, before any work. When workers died before the
+    /// pool started and the store `recovered_first`, the survivors start the way they rejoin
+    /// after a recovery (the others, whose next collective that recovery fails, rejoin after
+    /// joining it): the dead workers are adopted at their initial state (they did no work
+    /// anybody saw).
+    fn start(&mut self, recovered_first: bool) -> Result<()> {
+        if recovered_first {
+            return match self.rejoin() {
+                Err(e) if e.needs_recovery() => self.recover(),
+                rejoined => rejoined,
+            };
+        }
         loop {
             let commands = self.machine.start();
             match self.execute(commands) {
@@ -649,7 +676,13 @@ impl<P: Problem, F: Fabric> Driver<'_, P, F> {
             }
             self.join_agreement();
             events::emit(PoolEvent::Recovering);
-            let report = self.store.recover()?;
+            let report = match self.store.recover() {
+                Ok(report) => report,
+                // A failure met at the recovery's end (the replaced windows' collective free):
+                // the store needs the next one.
+                Err(e) if e.needs_recovery() => continue,
+                Err(e) => return Err(e.into()),
+            };
             match self.rejoin() {
                 Ok(()) => {
                     let info = RecoveryInfo {

@@ -30,6 +30,11 @@ use crate::uts;
 /// Virtual time a run may take before it counts as a hang.
 const LIMIT: Duration = Duration::from_secs(120);
 
+/// Steps after the start by which every worker's store exists: creating the store is
+/// collective and not fault tolerant (a kill inside it ends the pool with the store's error on
+/// every survivor). With kills from step 1, the latest that did so in 3,000 seeds was at step 70.
+const CREATED_BY: u64 = 150;
+
 /// The named points of the pool's protocols where a victim may die.
 pub const POINTS: [&str; 6] = [
     "steal_victim_after_loot",
@@ -56,7 +61,7 @@ pub struct Scenario {
     pub ranks: usize,
     pub copies: usize,
     pub localized: bool,
-    pub checkpoint_every: usize,
+    pub checkpoint_every: u64,
     pub look_every: usize,
     pub kill: Option<(i32, Kill)>,
     pub slow: Vec<i32>,
@@ -72,7 +77,7 @@ impl Scenario {
             let how = if rng.gen_bool(0.5) {
                 Kill::Point(POINTS[rng.gen_range(0..POINTS.len())], rng.gen_range(1..=3))
             } else {
-                Kill::Step(rng.gen_range(1..4_000))
+                Kill::Step(rng.gen_range(CREATED_BY..4_000))
             };
             (victim, how)
         });
@@ -192,16 +197,21 @@ fn simulate<P: Problem + Send + 'static>(
     let mut violations: Vec<String> = outcome.aborted.iter().cloned().collect();
     let dead: Vec<i32> = (0..scenario.ranks as i32).filter(|&r| cluster.is_dead(r)).collect();
     let mut survivors = 0;
+    let mut named: Vec<&Vec<i32>> = Vec::new();
     for (rank, result) in results.iter().enumerate() {
         match result {
             Err(panic) => violations.push(format!("worker {rank} panicked: {panic}")),
             Ok(Some(Err(e))) => violations.push(format!("worker {rank}: {e}")),
             Ok(Some(Ok(ended))) => {
                 survivors += 1;
+                named.push(&ended.failed);
                 violations.extend(judge(rank, ended, reference, &dead));
             }
             Ok(None) => {}
         }
+    }
+    if named.windows(2).any(|w| w[0] != w[1]) {
+        violations.push(format!("the survivors name different failed workers: {named:?}"));
     }
     if outcome.aborted.is_none() && survivors == 0 {
         violations.push("no worker survived".into());
@@ -224,13 +234,13 @@ fn fabric_rank(fabric: &LocalFabric) -> i32 {
 }
 
 /// What is wrong with survivor `rank`'s outcome: a count other than the sequential one, or a
-/// failed set other than the workers that died.
+/// worker named failed that did not die (a kill may land after the end: then nobody names it).
 fn judge(rank: usize, ended: &Outcome, reference: Reference, dead: &[i32]) -> Vec<String> {
     let mut wrong = Vec::new();
     if let Err(e) = check_exact(&ended.total, reference) {
         wrong.push(format!("worker {rank}: {e}"));
     }
-    if ended.failed != dead {
+    if !ended.failed.iter().all(|w| dead.contains(w)) {
         wrong.push(format!("worker {rank} names {:?} failed, {dead:?} died", ended.failed));
     }
     wrong

@@ -584,6 +584,24 @@ pub fn plan_here(at: impl FnOnce(u64) -> Fault) {
     sched.planned.sort_by_key(|f| std::cmp::Reverse(fault_step(f)));
 }
 
+/// The longest a message travels on a world.
+const MAX_MESSAGE_DELAY: Duration = Duration::from_micros(300);
+
+/// A seeded delay for a message sent now, up to [`MAX_MESSAGE_DELAY`]; outside a world `None`.
+pub(crate) fn message_delay() -> Option<Duration> {
+    let task = current()?;
+    let mut sched = task.shared.lock();
+    let micros = sched.rng.gen_range(0..=MAX_MESSAGE_DELAY.as_micros() as u64);
+    Some(Duration::from_micros(micros))
+}
+
+/// A seeded coin that comes up `true` with probability `p`; outside a world `None`.
+pub(crate) fn coin(p: f64) -> Option<bool> {
+    let task = current()?;
+    let mut sched = task.shared.lock();
+    Some(sched.rng.gen_bool(p))
+}
+
 /// Whether the calling thread is a task of a running world.
 pub(crate) fn in_world() -> bool {
     current().is_some_and(|task| !task.shared.lock().ending)

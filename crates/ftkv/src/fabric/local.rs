@@ -56,8 +56,10 @@ struct State {
     notices: Mailboxes,
 }
 
-/// Messages not yet received, by communicator and receiving rank, oldest first.
-type Mailboxes = HashMap<(usize, i32), VecDeque<Message>>;
+/// Messages not yet received, by communicator and receiving rank, oldest first, each with the
+/// time it may be received from (on a simulated world, sent plus a seeded delay; one sender's
+/// messages keep their order).
+type Mailboxes = HashMap<(usize, i32), VecDeque<(Message, std::time::Instant)>>;
 
 struct CommState {
     members: Vec<i32>,
@@ -273,6 +275,26 @@ pub fn panic_message(payload: &(dyn Any + Send)) -> String {
     }
 }
 
+/// How long a message travels: a seeded delay on a simulated world, none otherwise.
+fn delay() -> Duration {
+    #[cfg(feature = "sim")]
+    if let Some(delay) = crate::world::message_delay() {
+        return delay;
+    }
+    Duration::ZERO
+}
+
+/// Whether a collective that a member joined before it died fails for this caller: ULFM lets
+/// it succeed on some callers and fail on others. Decided by the seed on a simulated world;
+/// it succeeds everywhere otherwise.
+fn fails_after_a_death() -> bool {
+    #[cfg(feature = "sim")]
+    if let Some(fails) = crate::world::coin(0.5) {
+        return fails;
+    }
+    false
+}
+
 impl World {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -324,7 +346,11 @@ impl LocalFabric {
         if state.dead[peer as usize] {
             return Err(FabricError::ProcFailed { op: "local send", peer: Some(dest) });
         }
-        boxes(&mut state).entry((self.comm, dest)).or_default().push_back(message);
+        let mailbox = boxes(&mut state).entry((self.comm, dest)).or_default();
+        let sent_before = mailbox.iter().filter(|(m, _)| m.source == message.source);
+        let after = sent_before.map(|&(_, at)| at).max();
+        let arrives = crate::rt::now() + delay();
+        mailbox.push_back((message, after.map_or(arrives, |a| a.max(arrives))));
         drop(state);
         self.world.changed.notify_all();
         Ok(())
@@ -340,7 +366,12 @@ impl LocalFabric {
         if state.comms[self.comm].revoked {
             return Err(FabricError::Revoked { op: "local receive" });
         }
-        Ok(boxes(&mut state).get_mut(&(self.comm, self.rank)).and_then(VecDeque::pop_front))
+        let Some(mailbox) = boxes(&mut state).get_mut(&(self.comm, self.rank)) else {
+            return Ok(None);
+        };
+        let now = crate::rt::now();
+        let arrived = mailbox.iter().position(|&(_, at)| at <= now);
+        Ok(arrived.and_then(|i| mailbox.remove(i)).map(|(message, _)| message))
     }
 
     fn new(world: Arc<World>, comm: usize, rank: i32, me: i32) -> LocalFabric {
@@ -434,6 +465,15 @@ impl LocalFabric {
         }
         if missing.iter().any(|&r| !dead(r)) {
             return Ok(Progress::Waiting);
+        }
+        if kind == Kind::Collective {
+            let joined_then_died = (0..comm.members.len()).find(|&r| dead(r));
+            if let Some(r) = joined_then_died.filter(|_| fails_after_a_death()) {
+                return Err(FabricError::ProcFailed {
+                    op: "local collective",
+                    peer: Some(r as i32),
+                });
+            }
         }
         let present = (0..comm.members.len())
             .map(|r| {

@@ -119,8 +119,10 @@ pub fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// Waits on `changed` for at most `span`, with `guard` (of `mutex`) released meanwhile.
+/// Waits on `changed` for at most `span`, with `guard` (of `mutex`) released meanwhile; `what`
+/// names the wait in a simulated world's trace.
 pub fn wait_timeout<'a, T>(
+    what: &'static str,
     changed: &Condvar,
     mutex: &'a Mutex<T>,
     guard: MutexGuard<'a, T>,
@@ -129,10 +131,10 @@ pub fn wait_timeout<'a, T>(
     #[cfg(feature = "sim")]
     if crate::world::in_world() {
         drop(guard);
-        crate::world::sleep(span);
+        crate::world::sleep_as(what, span);
         return lock(mutex);
     }
-    let _ = mutex;
+    let _ = (mutex, what);
     match changed.wait_timeout(guard, span) {
         Ok((guard, _)) => guard,
         Err(poisoned) => poisoned.into_inner().0,

@@ -66,7 +66,13 @@ impl Scenario {
         while kills.len() < kill_count {
             let victim = rng.gen_range(0..ranks as i32);
             if kills.iter().all(|&(v, _)| v != victim) {
-                kills.push((victim, rng.gen_range(1..6_000)));
+                // Half of the later victims die soon after the first: inside the recovery
+                // or the repair it started.
+                let after = match kills.first() {
+                    Some(&(_, first)) if rng.gen_bool(0.5) => first + rng.gen_range(1..600),
+                    _ => rng.gen_range(1..6_000),
+                };
+                kills.push((victim, after));
             }
         }
         let points = ["recovery_after_shrink", "recovery_mid_copy"];

@@ -134,9 +134,22 @@ impl<F: Fabric> Store<F> {
     /// A new communicator of the live workers, in the store's rank order (rank `r` is worker
     /// `live()[r]`), for the application's own messages. Collective over the live workers; a
     /// failure makes it fail, and after [`Store::recover`] the application takes a new one.
+    ///
+    /// The outcome is uniform: ULFM lets a duplication that a member died in succeed on some
+    /// members and fail on others, which would leave some with a communicator whose
+    /// collectives wait forever for the others. So every member, also one that already knows
+    /// of a failure, then joins an agreement on whether all got it, and each returns the new
+    /// communicator only if all did.
     pub fn communicator(&self) -> Result<F> {
-        self.ensure_healthy()?;
-        self.comm.dup().map_err(|e| self.failure(e))
+        let healthy = self.ensure_healthy();
+        let duplicated = healthy.and_then(|()| self.comm.dup().map_err(|e| self.failure(e)));
+        let agreed = self.comm.agree(duplicated.is_ok() as u32);
+        let duplicated = duplicated?;
+        match agreed {
+            Ok(agreed) if agreed.value == 1 => Ok(duplicated),
+            Ok(_) => Err(Error::RecoveryNeeded { failed: self.newly_failed() }),
+            Err(e) => Err(self.failure(e)),
+        }
     }
 
     /// How many workers the store was created with (owners are `0..workers()`).

@@ -595,6 +595,18 @@ pub(crate) fn message_delay() -> Option<Duration> {
     Some(Duration::from_micros(micros))
 }
 
+/// The longest a process takes to learn of another's failure on a world.
+const MAX_NOTICE_DELAY: Duration = Duration::from_millis(2);
+
+/// A seeded while after which a process learns of a failure, up to [`MAX_NOTICE_DELAY`];
+/// outside a world `None`.
+pub(crate) fn notice_delay() -> Option<Duration> {
+    let task = current()?;
+    let mut sched = task.shared.lock();
+    let micros = sched.rng.gen_range(0..=MAX_NOTICE_DELAY.as_micros() as u64);
+    Some(Duration::from_micros(micros))
+}
+
 /// A seeded coin that comes up `true` with probability `p`; outside a world `None`.
 pub(crate) fn coin(p: f64) -> Option<bool> {
     let task = current()?;
@@ -627,7 +639,7 @@ pub(crate) fn sleep(span: Duration) -> bool {
 }
 
 /// [`sleep`], the step labelled `what`.
-fn sleep_as(what: &'static str, span: Duration) -> bool {
+pub(crate) fn sleep_as(what: &'static str, span: Duration) -> bool {
     let Some(task) = current() else { return false };
     let wake_at = {
         let sched = task.shared.lock();

@@ -54,6 +54,21 @@ struct State {
     mailboxes: Mailboxes,
     /// Notices not yet received.
     notices: Mailboxes,
+    /// When each rank learns of each dead rank's failure (`failed_ranks`), by (learner, dead):
+    /// at once, or a seeded while later on a simulated world (ULFM's failure notification
+    /// reaches each process in its own time).
+    learned_at: HashMap<(i32, i32), std::time::Instant>,
+}
+
+impl State {
+    /// Marks `rank` dead, and when each other rank learns of it.
+    fn mark_dead(&mut self, rank: i32) {
+        self.dead[rank as usize] = true;
+        let now = crate::rt::now();
+        for learner in 0..self.dead.len() as i32 {
+            self.learned_at.entry((learner, rank)).or_insert_with(|| now + notice_delay());
+        }
+    }
 }
 
 /// Messages not yet received, by communicator and receiving rank, oldest first, each with the
@@ -100,6 +115,17 @@ enum Kind {
     Collective,
     Shrink,
     Agree,
+}
+
+impl Kind {
+    /// The label of a wait in a call of this kind.
+    fn waiting(self) -> &'static str {
+        match self {
+            Kind::Collective => "in a collective",
+            Kind::Shrink => "in a shrink",
+            Kind::Agree => "in an agreement",
+        }
+    }
 }
 
 /// One collective call in progress: who contributed what, and its outcome once decided.
@@ -178,7 +204,7 @@ impl LocalCluster {
     /// [`Fabric::fail_stop`] ends it for good.
     pub fn declare(&self, rank: i32) {
         let mut state = self.world.lock();
-        state.dead[rank as usize] = true;
+        state.mark_dead(rank);
         state.declared[rank as usize] = true;
         drop(state);
         self.world.changed.notify_all();
@@ -275,6 +301,16 @@ pub fn panic_message(payload: &(dyn Any + Send)) -> String {
     }
 }
 
+/// How long after a death a rank learns of it: a seeded while on a simulated world, at once
+/// otherwise.
+fn notice_delay() -> Duration {
+    #[cfg(feature = "sim")]
+    if let Some(delay) = crate::world::notice_delay() {
+        return delay;
+    }
+    Duration::ZERO
+}
+
 /// How long a message travels: a seeded delay on a simulated world, none otherwise.
 fn delay() -> Duration {
     #[cfg(feature = "sim")]
@@ -303,14 +339,14 @@ impl World {
     fn mark_dead(&self, ranks: &[i32]) {
         let mut state = self.lock();
         for &rank in ranks {
-            state.dead[rank as usize] = true;
+            state.mark_dead(rank);
         }
         drop(state);
         self.changed.notify_all();
     }
 
-    fn wait<'a>(&'a self, guard: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
-        crate::rt::wait_timeout(&self.changed, &self.state, guard, Duration::from_millis(20))
+    fn wait<'a>(&'a self, what: &'static str, guard: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        crate::rt::wait_timeout(what, &self.changed, &self.state, guard, Duration::from_millis(20))
     }
 }
 
@@ -429,7 +465,7 @@ impl LocalFabric {
                     self.world.changed.notify_all();
                     return Ok(outcome);
                 }
-                Progress::Waiting => state = self.world.wait(state),
+                Progress::Waiting => state = self.world.wait(kind.waiting(), state),
             }
             if state.dead[self.me as usize] {
                 drop(state);
@@ -655,7 +691,7 @@ impl Fabric for LocalFabric {
         let Some(left) = state.armed.get_mut(&(self.me, name.to_string())) else { return };
         *left -= 1;
         if *left == 0 {
-            state.dead[self.me as usize] = true;
+            state.mark_dead(self.me);
             drop(state);
             self.world.changed.notify_all();
             panic::resume_unwind(Box::new(Killed(self.me)));
@@ -673,7 +709,7 @@ impl Fabric for LocalFabric {
         state.stopped.push(self.me);
         self.world.changed.notify_all();
         while !state.resumed.contains(&self.me) {
-            state = self.world.wait(state);
+            state = self.world.wait("stopped", state);
         }
         state.resumed.retain(|&r| r != self.me);
         state.stopped.retain(|&r| r != self.me);
@@ -687,10 +723,13 @@ impl Fabric for LocalFabric {
 }
 
 impl LocalFabric {
+    /// The members whose failure this rank learned of.
     fn dead_ranks(&self) -> Vec<i32> {
         let state = self.world.lock();
+        let now = crate::rt::now();
+        let learned = |peer: i32| state.learned_at.get(&(self.me, peer)).is_some_and(|&t| t <= now);
         let members = &state.comms[self.comm].members;
-        (0..members.len() as i32).filter(|&r| state.dead[members[r as usize] as usize]).collect()
+        (0..members.len() as i32).filter(|&r| learned(members[r as usize])).collect()
     }
 }
 

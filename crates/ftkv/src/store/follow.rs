@@ -169,7 +169,7 @@ impl<F: Fabric> Follower<F> {
     }
 
     fn wait<'a>(&'a self, routes: MutexGuard<'a, Routes>) -> MutexGuard<'a, Routes> {
-        rt::wait_timeout(&self.changed, &self.routes, routes, self.parts.poll_interval)
+        rt::wait_timeout("routes", &self.changed, &self.routes, routes, self.parts.poll_interval)
     }
 
     /// The repairer thread's loop, the runtime of [`repair_engine::Repairer`]: looks at the

@@ -100,8 +100,11 @@ impl Drop for Detector {
         self.stop_clock.store(true, Ordering::Release);
         if let Some(clock) = self.clock.take() {
             clock.unpark();
-            if clock.join().is_err() {
-                crate::events::warn("the clock thread panicked");
+            match clock.join() {
+                Err(payload) if !(self.is_kill)(payload.as_ref()) => {
+                    crate::events::warn("the clock thread panicked")
+                }
+                _ => {}
             }
         }
     }

@@ -117,17 +117,6 @@ enum Kind {
     Agree,
 }
 
-impl Kind {
-    /// The label of a wait in a call of this kind.
-    fn waiting(self) -> &'static str {
-        match self {
-            Kind::Collective => "in a collective",
-            Kind::Shrink => "in a shrink",
-            Kind::Agree => "in an agreement",
-        }
-    }
-}
-
 /// One collective call in progress: who contributed what, and its outcome once decided.
 struct Rendezvous {
     deposits: Vec<Option<Vec<u8>>>,
@@ -345,7 +334,11 @@ impl World {
         self.changed.notify_all();
     }
 
-    fn wait<'a>(&'a self, what: &'static str, guard: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+    fn wait<'a>(
+        &'a self,
+        what: &'static str,
+        guard: MutexGuard<'a, State>,
+    ) -> MutexGuard<'a, State> {
         crate::rt::wait_timeout(what, &self.changed, &self.state, guard, Duration::from_millis(20))
     }
 }
@@ -441,6 +434,7 @@ impl LocalFabric {
     /// (`None` for members left out: dead ones in shrink and agree).
     fn rendezvous(
         &self,
+        what: &'static str,
         kind: Kind,
         mine: Vec<u8>,
         decide: impl FnOnce(&mut State, &[Option<Vec<u8>>]) -> Vec<u8>,
@@ -465,7 +459,7 @@ impl LocalFabric {
                     self.world.changed.notify_all();
                     return Ok(outcome);
                 }
-                Progress::Waiting => state = self.world.wait(kind.waiting(), state),
+                Progress::Waiting => state = self.world.wait(what, state),
             }
             if state.dead[self.me as usize] {
                 drop(state);
@@ -556,18 +550,18 @@ impl Fabric for LocalFabric {
 
     fn dup(&self) -> FabricResult<LocalFabric> {
         let members = self.members(&self.alive_state());
-        let id = self.rendezvous(Kind::Collective, Vec::new(), |state, _| {
+        let id = self.rendezvous("in dup", Kind::Collective, Vec::new(), |state, _| {
             LocalFabric::new_comm(state, members)
         })?;
         Ok(self.handle_on(LocalFabric::decode_id(&id), &self.alive_state()))
     }
 
     fn barrier(&self) -> FabricResult<()> {
-        self.rendezvous(Kind::Collective, Vec::new(), |_, _| Vec::new()).map(drop)
+        self.rendezvous("in a barrier", Kind::Collective, Vec::new(), |_, _| Vec::new()).map(drop)
     }
 
     fn allgather(&self, mine: &[u8]) -> FabricResult<Vec<u8>> {
-        self.rendezvous(Kind::Collective, mine.to_vec(), |_, deposits| {
+        self.rendezvous("in an allgather", Kind::Collective, mine.to_vec(), |_, deposits| {
             deposits.iter().flat_map(|d| d.clone().expect("every member contributed")).collect()
         })
     }
@@ -584,7 +578,7 @@ impl Fabric for LocalFabric {
 
     fn shrink(&self) -> FabricResult<LocalFabric> {
         let members = self.members(&self.alive_state());
-        let id = self.rendezvous(Kind::Shrink, Vec::new(), |state, deposits| {
+        let id = self.rendezvous("in a shrink", Kind::Shrink, Vec::new(), |state, deposits| {
             let survivors = members.iter().zip(deposits).filter(|(_, d)| d.is_some());
             LocalFabric::new_comm(state, survivors.map(|(&m, _)| m).collect())
         })?;
@@ -592,11 +586,16 @@ impl Fabric for LocalFabric {
     }
 
     fn agree(&self, flag: u32) -> FabricResult<Agreed> {
-        let value = self.rendezvous(Kind::Agree, flag.to_le_bytes().to_vec(), |_, deposits| {
-            let flags =
-                deposits.iter().flatten().map(|d| u32::from_le_bytes([d[0], d[1], d[2], d[3]]));
-            flags.fold(u32::MAX, |a, f| a & f).to_le_bytes().to_vec()
-        })?;
+        let value = self.rendezvous(
+            "in an agreement",
+            Kind::Agree,
+            flag.to_le_bytes().to_vec(),
+            |_, deposits| {
+                let flags =
+                    deposits.iter().flatten().map(|d| u32::from_le_bytes([d[0], d[1], d[2], d[3]]));
+                flags.fold(u32::MAX, |a, f| a & f).to_le_bytes().to_vec()
+            },
+        )?;
         let dead = self.dead_ranks();
         let acked = self.acked.lock().unwrap_or_else(|p| p.into_inner());
         let unacknowledged_failures = dead.iter().any(|r| !acked.contains(r));
@@ -639,6 +638,7 @@ impl Fabric for LocalFabric {
 
     fn open_window(&self, len: usize, _zeroed: &[(usize, usize)]) -> FabricResult<LocalWindow> {
         let id = self.rendezvous(
+            "in a window's creation",
             Kind::Collective,
             (len as u64).to_le_bytes().to_vec(),
             |state, deposits| {

@@ -745,8 +745,8 @@ enum SimModel {
     /// Multi-key transactions with coordinator kills at every step (`ftkv::sim_txn`; worker
     /// threads scheduled by the seed, not virtual time).
     Txn,
-    /// The store's recovery, the store on the world, and the pool (global and localized),
-    /// `--runs` scenarios each (`pool-world` runs on its own).
+    /// The store's recovery, the store and the pool driver on the world, and the pool
+    /// (global and localized), `--runs` scenarios each.
     All,
     /// Placement and recovery decisions at 1,024 to 16,384 workers (`--sizes`): messages,
     /// bytes and ranks of a localized repair and of a global recovery, and placement balance,
@@ -830,7 +830,7 @@ fn run_sim(model: SimModel, seed: u64, runs: u64, trace: bool) -> Result<()> {
         failing.extend(store_failing.into_iter().map(|r| ("store", r)));
         digests.push(digest);
     }
-    if model == SimModel::PoolWorld {
+    if matches!(model, SimModel::PoolWorld | SimModel::All) {
         if trace {
             for seed in seed..end {
                 let (report, lines) = ftkv_tasks::sim_world::run(seed, true);

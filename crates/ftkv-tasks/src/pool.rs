@@ -347,13 +347,14 @@ impl<P: Problem, F: Fabric> Driver<'_, P, F> {
                 rejoined => rejoined,
             };
         }
-        loop {
-            let commands = self.machine.start();
-            match self.execute(commands) {
-                Ok(_) => return Ok(()),
-                Err(e) if e.needs_recovery() => self.recover()?,
-                Err(e) => return Err(e),
-            }
+        let commands = self.machine.start();
+        match self.execute(commands) {
+            Ok(_) => Ok(()),
+            // The recovery's rejoin writes a fresh checkpoint and synchronises in place of the
+            // start: starting again would add a barrier that the others, who started before
+            // the failure and rejoined from their work, never join.
+            Err(e) if e.needs_recovery() => self.recover(),
+            Err(e) => Err(e),
         }
     }
 

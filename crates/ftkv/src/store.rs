@@ -138,10 +138,16 @@ impl<F: Fabric> Store<F> {
     /// The outcome is uniform: ULFM lets a duplication that a member died in succeed on some
     /// members and fail on others, which would leave some with a communicator whose
     /// collectives wait forever for the others. So every member, also one that already knows
-    /// of a failure, then joins an agreement on whether all got it, and each returns the new
+    /// of a failure (it revokes the store's communicator first, which ends the others'
+    /// duplication), then joins an agreement on whether all got it, and each returns the new
     /// communicator only if all did.
     pub fn communicator(&self) -> Result<F> {
         let healthy = self.ensure_healthy();
+        if healthy.is_err() {
+            // The others may be inside the duplication, which waits for this member: the
+            // revocation ends it for them (a recovery is due anyway).
+            let _ = self.comm.revoke();
+        }
         let duplicated = healthy.and_then(|()| self.comm.dup().map_err(|e| self.failure(e)));
         let agreed = self.comm.agree(duplicated.is_ok() as u32);
         let duplicated = duplicated?;

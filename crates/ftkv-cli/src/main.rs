@@ -792,6 +792,11 @@ fn run_sim_scale(sizes: &[String], seed: u64) -> Result<()> {
     Ok(())
 }
 
+/// One run of a world model: its report and, when traced, its steps.
+type WorldRun = fn(u64, bool) -> (ftkv::sim::RunReport, Vec<String>);
+/// A world model's campaign: the failing runs and the digest.
+type WorldCampaign = fn(u64, u64) -> (Vec<ftkv::sim::RunReport>, u64);
+
 fn run_sim(model: SimModel, seed: u64, runs: u64, trace: bool) -> Result<()> {
     let started = std::time::Instant::now();
     if trace {
@@ -804,17 +809,29 @@ fn run_sim(model: SimModel, seed: u64, runs: u64, trace: bool) -> Result<()> {
         anyhow::ensure!(!trace, "--trace is not available for --model txn");
         return run_txn_sim(seed, runs, started);
     }
-    if matches!(model, SimModel::World | SimModel::All) {
+    let worlds: [(SimModel, &'static str, WorldRun, WorldCampaign); 2] = [
+        (SimModel::World, "world", ftkv::sim_store::run, ftkv::sim_store::campaign),
+        (
+            SimModel::PoolWorld,
+            "pool-world",
+            ftkv_tasks::sim_world::run,
+            ftkv_tasks::sim_world::campaign,
+        ),
+    ];
+    for (world_model, name, run, campaign) in worlds {
+        if model != world_model && model != SimModel::All {
+            continue;
+        }
         if trace {
             for seed in seed..end {
-                let (report, lines) = ftkv::sim_store::run(seed, true);
-                println!("world seed={seed} {} steps={}", report.scenario, report.steps);
+                let (report, lines) = run(seed, true);
+                println!("{name} seed={seed} {} steps={}", report.scenario, report.steps);
                 lines.iter().for_each(|line| println!("  {line}"));
             }
         }
-        let (world_failing, digest) = ftkv::sim_store::campaign(seed, runs);
-        println!("world runs={runs} violations={} digest={digest:016x}", world_failing.len());
-        failing.extend(world_failing.into_iter().map(|r| ("world", r)));
+        let (world_failing, digest) = campaign(seed, runs);
+        println!("{name} runs={runs} violations={} digest={digest:016x}", world_failing.len());
+        failing.extend(world_failing.into_iter().map(|r| (name, r)));
         digests.push(digest);
     }
     if matches!(model, SimModel::Store | SimModel::All) {
@@ -828,19 +845,6 @@ fn run_sim(model: SimModel, seed: u64, runs: u64, trace: bool) -> Result<()> {
         let (store_failing, digest) = ftkv::sim::campaign(seed, runs);
         println!("store runs={runs} violations={} digest={digest:016x}", store_failing.len());
         failing.extend(store_failing.into_iter().map(|r| ("store", r)));
-        digests.push(digest);
-    }
-    if matches!(model, SimModel::PoolWorld | SimModel::All) {
-        if trace {
-            for seed in seed..end {
-                let (report, lines) = ftkv_tasks::sim_world::run(seed, true);
-                println!("pool-world seed={seed} {} steps={}", report.scenario, report.steps);
-                lines.iter().for_each(|line| println!("  {line}"));
-            }
-        }
-        let (pool_failing, digest) = ftkv_tasks::sim_world::campaign(seed, runs);
-        println!("pool-world runs={runs} violations={} digest={digest:016x}", pool_failing.len());
-        failing.extend(pool_failing.into_iter().map(|r| ("pool-world", r)));
         digests.push(digest);
     }
     use ftkv_tasks::sim::Mode;

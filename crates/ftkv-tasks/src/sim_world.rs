@@ -11,12 +11,11 @@
 //! must name the same failed workers, those that died; a worker that panics or returns an
 //! error, or a run that does not end within its virtual time limit, is a violation.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use ftkv::fabric::local::{LocalCluster, LocalFabric};
-use ftkv::sim::{mix, RunReport};
+use ftkv::sim::RunReport;
 use ftkv::world::{Fault, World, WorldConfig};
 use ftkv::Recovery;
 use rand::rngs::SmallRng;
@@ -116,33 +115,10 @@ impl Scenario {
     }
 }
 
-/// The runs of a campaign from `first_seed`: reports of the failing ones and a digest of all,
-/// folded in seed order (runs go on as many threads as the machine has cores).
+/// The runs of a campaign from `first_seed`: reports of the failing ones and a digest of all
+/// ([`ftkv::world::campaign`]).
 pub fn campaign(first_seed: u64, runs: u64) -> (Vec<RunReport>, u64) {
-    let lanes = std::thread::available_parallelism().map_or(1, |n| n.get() as u64).min(runs);
-    let next = AtomicU64::new(first_seed);
-    let end = first_seed + runs;
-    let mut reports: Vec<RunReport> = std::thread::scope(|s| {
-        let lanes: Vec<_> = (0..lanes)
-            .map(|_| {
-                s.spawn(|| {
-                    let mut mine = Vec::new();
-                    loop {
-                        let seed = next.fetch_add(1, Ordering::Relaxed);
-                        if seed >= end {
-                            return mine;
-                        }
-                        mine.push(run(seed, false).0);
-                    }
-                })
-            })
-            .collect();
-        lanes.into_iter().flat_map(|lane| lane.join().expect("a campaign lane")).collect()
-    });
-    reports.sort_by_key(|r| r.seed);
-    let digest = reports.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, r| mix(h, r.digest));
-    reports.retain(|r| !r.violations.is_empty());
-    (reports, digest)
+    ftkv::world::campaign(first_seed, runs, |seed| run(seed, false).0)
 }
 
 /// Runs the scenario of `seed`; with `trace`, also returns one line per step and per fault.

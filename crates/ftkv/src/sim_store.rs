@@ -21,7 +21,7 @@ use rand::{Rng, SeedableRng};
 
 use crate::fabric::local::{LocalCluster, LocalFabric};
 use crate::history::{allowed, observe, planned_write, value, Observed, Op};
-use crate::sim::{mix, RunReport};
+use crate::sim::RunReport;
 use crate::world::{Fault, World, WorldConfig};
 use crate::{rt, Config, Key, Store};
 
@@ -167,35 +167,10 @@ impl Meeting {
     }
 }
 
-/// The runs of a campaign: reports of the failing ones and a digest of all.
-///
-/// Runs go on as many threads as the machine has cores (each run's world is its own); the
-/// digest folds the runs' digests in seed order, so it does not depend on the threads.
+/// The runs of a campaign: reports of the failing ones and a digest of all
+/// ([`crate::world::campaign`]).
 pub fn campaign(first_seed: u64, runs: u64) -> (Vec<RunReport>, u64) {
-    let lanes = std::thread::available_parallelism().map_or(1, |n| n.get() as u64).min(runs);
-    let next = std::sync::atomic::AtomicU64::new(first_seed);
-    let end = first_seed + runs;
-    let mut reports: Vec<RunReport> = std::thread::scope(|s| {
-        let lanes: Vec<_> = (0..lanes)
-            .map(|_| {
-                s.spawn(|| {
-                    let mut mine = Vec::new();
-                    loop {
-                        let seed = next.fetch_add(1, Ordering::Relaxed);
-                        if seed >= end {
-                            return mine;
-                        }
-                        mine.push(run(seed, false).0);
-                    }
-                })
-            })
-            .collect();
-        lanes.into_iter().flat_map(|lane| lane.join().expect("a campaign lane")).collect()
-    });
-    reports.sort_by_key(|r| r.seed);
-    let digest = reports.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, r| mix(h, r.digest));
-    reports.retain(|r| !r.violations.is_empty());
-    (reports, digest)
+    crate::world::campaign(first_seed, runs, |seed| run(seed, false).0)
 }
 
 /// Runs the scenario of `seed`; with `trace`, also returns one line per step and per fault.

@@ -24,6 +24,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use crate::fabric::local::Killed;
+use crate::sim::RunReport;
 
 /// Virtual time a step takes.
 pub const TICK: Duration = Duration::from_micros(1);
@@ -180,9 +181,7 @@ impl World {
 
     /// Plans `fault`.
     pub fn plan(&self, fault: Fault) {
-        let mut sched = self.shared.lock();
-        sched.planned.push(fault);
-        sched.planned.sort_by_key(|f| std::cmp::Reverse(fault_step(f)));
+        self.shared.lock().plan(fault);
     }
 
     /// Who carries out the faults.
@@ -315,6 +314,12 @@ impl Shared {
 }
 
 impl Sched {
+    /// Adds `fault` to the planned ones, kept latest first.
+    fn plan(&mut self, fault: Fault) {
+        self.planned.push(fault);
+        self.planned.sort_by_key(|f| std::cmp::Reverse(fault_step(f)));
+    }
+
     /// The next task to run: a random one of those ready (a slow rank's task only one time in
     /// four), the clock moved to the earliest wake-up when every task sleeps. `None` when no
     /// task can ever run again.
@@ -580,31 +585,49 @@ pub fn plan_here(at: impl FnOnce(u64) -> Fault) {
     let Some(task) = current() else { return };
     let mut sched = task.shared.lock();
     let fault = at(sched.steps);
-    sched.planned.push(fault);
-    sched.planned.sort_by_key(|f| std::cmp::Reverse(fault_step(f)));
+    sched.plan(fault);
 }
 
-/// The longest a message travels on a world.
-const MAX_MESSAGE_DELAY: Duration = Duration::from_micros(300);
-
-/// A seeded delay for a message sent now, up to [`MAX_MESSAGE_DELAY`]; outside a world `None`.
-pub(crate) fn message_delay() -> Option<Duration> {
+/// A seeded span of up to `longest` (whole microseconds); outside a world `None`.
+pub(crate) fn seeded_delay(longest: Duration) -> Option<Duration> {
     let task = current()?;
     let mut sched = task.shared.lock();
-    let micros = sched.rng.gen_range(0..=MAX_MESSAGE_DELAY.as_micros() as u64);
+    let micros = sched.rng.gen_range(0..=longest.as_micros() as u64);
     Some(Duration::from_micros(micros))
 }
 
-/// The longest a process takes to learn of another's failure on a world.
-const MAX_NOTICE_DELAY: Duration = Duration::from_millis(2);
-
-/// A seeded while after which a process learns of a failure, up to [`MAX_NOTICE_DELAY`];
-/// outside a world `None`.
-pub(crate) fn notice_delay() -> Option<Duration> {
-    let task = current()?;
-    let mut sched = task.shared.lock();
-    let micros = sched.rng.gen_range(0..=MAX_NOTICE_DELAY.as_micros() as u64);
-    Some(Duration::from_micros(micros))
+/// Runs `run(seed)` for `runs` seeds from `first_seed` on as many threads as the machine has
+/// cores (each run's world is its own) and returns the failing runs' reports and a digest of
+/// all, folded in seed order, so that it does not depend on the threads.
+pub fn campaign(
+    first_seed: u64,
+    runs: u64,
+    run: impl Fn(u64) -> RunReport + Sync,
+) -> (Vec<RunReport>, u64) {
+    let lanes = std::thread::available_parallelism().map_or(1, |n| n.get() as u64).min(runs);
+    let next = std::sync::atomic::AtomicU64::new(first_seed);
+    let end = first_seed + runs;
+    let mut reports: Vec<RunReport> = std::thread::scope(|s| {
+        let lanes: Vec<_> = (0..lanes)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut mine = Vec::new();
+                    loop {
+                        let seed = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        if seed >= end {
+                            return mine;
+                        }
+                        mine.push(run(seed));
+                    }
+                })
+            })
+            .collect();
+        lanes.into_iter().flat_map(|lane| lane.join().expect("a campaign lane")).collect()
+    });
+    reports.sort_by_key(|r| r.seed);
+    let digest = reports.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, r| mix(h, r.digest));
+    reports.retain(|r| !r.violations.is_empty());
+    (reports, digest)
 }
 
 /// A seeded coin that comes up `true` with probability `p`; outside a world `None`.

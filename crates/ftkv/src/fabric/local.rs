@@ -290,20 +290,20 @@ pub fn panic_message(payload: &(dyn Any + Send)) -> String {
     }
 }
 
-/// How long after a death a rank learns of it: a seeded while on a simulated world, at once
+/// How long after a death a rank learns of it: a seeded 0–2 ms on a simulated world, at once
 /// otherwise.
 fn notice_delay() -> Duration {
     #[cfg(feature = "sim")]
-    if let Some(delay) = crate::world::notice_delay() {
+    if let Some(delay) = crate::world::seeded_delay(Duration::from_millis(2)) {
         return delay;
     }
     Duration::ZERO
 }
 
-/// How long a message travels: a seeded delay on a simulated world, none otherwise.
+/// How long a message travels: a seeded 0–300 µs on a simulated world, none otherwise.
 fn delay() -> Duration {
     #[cfg(feature = "sim")]
-    if let Some(delay) = crate::world::message_delay() {
+    if let Some(delay) = crate::world::seeded_delay(Duration::from_micros(300)) {
         return delay;
     }
     Duration::ZERO

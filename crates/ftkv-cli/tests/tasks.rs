@@ -194,14 +194,16 @@ fn t1_is_exact_after_two_random_kills() {
 
 /// Localized recovery with 1, 2 and 3 workers killed at protocol points, some of them while
 /// they settle a failed worker's work in store transactions: exact, and nobody stops for a
-/// global recovery.
+/// global recovery. Each later kill is planned at a point its rank reaches once the earlier one
+/// died (the dead worker's buddy settles and adopts): a victim's failpoint on a worker that is
+/// not the root's holder fired in 39 of 40 runs only, when the 0.1 s job robbed it too late.
 #[test]
 fn localized_recovery_is_exact_with_one_two_and_three_kills() {
     let cases: [(&str, &[usize]); 4] = [
         ("steal_victim_before_send@0#1", &[0]),
         ("steal_thief_before_ack@1#1;buddy_after_adopting@2#1", &[1, 2]),
         ("steal_thief_before_checkpoint@3#1;tx_commit@4#1", &[3, 4]),
-        ("steal_thief_before_checkpoint@1#1;tx_apply@2#1;steal_victim_after_loot@5#2", &[1, 2, 5]),
+        ("steal_thief_before_checkpoint@1#1;tx_apply@2#1;buddy_after_adopting@3#1", &[1, 2, 3]),
     ];
     for (failpoints, killed) in cases {
         let out = pool_job_with(QUEENS, 7, 3, failpoints, &["--localized"]);

@@ -739,14 +739,15 @@ enum SimModel {
     /// and localized recovery, kills at named protocol points and at any step;
     /// `ftkv_tasks::sim_world`).
     PoolWorld,
+    /// The production store's transactions on a deterministic world: coordinators, the
+    /// backups' resolution and the in-doubt finish, kills at any step and at every named step
+    /// of the protocol (`ftkv::sim_transactions`).
+    TxnWorld,
     /// The task pool with localized recovery: settles as atomic transactions, the end gathered
     /// by messages (`ftkv_tasks::sim`, `Mode::Localized`).
     PoolLocalized,
-    /// Multi-key transactions with coordinator kills at every step (`ftkv::sim_txn`; worker
-    /// threads scheduled by the seed, not virtual time).
-    Txn,
-    /// The store's recovery, the store and the pool driver on the world, and the pool
-    /// (global and localized), `--runs` scenarios each.
+    /// The store's recovery, the store, its transactions and the pool driver on the world,
+    /// and the pool (global and localized), `--runs` scenarios each.
     All,
     /// Placement and recovery decisions at 1,024 to 16,384 workers (`--sizes`): messages,
     /// bytes and ranks of a localized repair and of a global recovery, and placement balance,
@@ -805,12 +806,14 @@ fn run_sim(model: SimModel, seed: u64, runs: u64, trace: bool) -> Result<()> {
     let end = seed.saturating_add(runs);
     let mut failing = Vec::new();
     let mut digests = Vec::new();
-    if model == SimModel::Txn {
-        anyhow::ensure!(!trace, "--trace is not available for --model txn");
-        return run_txn_sim(seed, runs, started);
-    }
-    let worlds: [(SimModel, &'static str, WorldRun, WorldCampaign); 2] = [
+    let worlds: [(SimModel, &'static str, WorldRun, WorldCampaign); 3] = [
         (SimModel::World, "world", ftkv::sim_store::run, ftkv::sim_store::campaign),
+        (
+            SimModel::TxnWorld,
+            "txn-world",
+            ftkv::sim_transactions::run,
+            ftkv::sim_transactions::campaign,
+        ),
         (
             SimModel::PoolWorld,
             "pool-world",
@@ -889,31 +892,6 @@ fn run_sim(model: SimModel, seed: u64, runs: u64, trace: bool) -> Result<()> {
         started.elapsed().as_secs_f64()
     );
     anyhow::ensure!(failing.is_empty(), "{} of {total} simulated runs failed", failing.len());
-    Ok(())
-}
-
-/// `ftkv sim --model txn`: the transaction campaign, with its kills counted per step.
-fn run_txn_sim(seed: u64, runs: u64, started: std::time::Instant) -> Result<()> {
-    let out = ftkv::sim_txn::campaign(seed, runs);
-    for report in &out.failing {
-        println!("txn {report}");
-    }
-    let kills: Vec<String> = out.kills_by_step.iter().map(|(at, n)| format!("{at}: {n}")).collect();
-    println!(
-        "txn runs={runs} violations={} digest={:016x} committed={} aborted={} kills={{{}}} \
-         seconds={:.2}",
-        out.failing.len(),
-        out.digest,
-        out.committed,
-        out.aborted,
-        kills.join(", "),
-        started.elapsed().as_secs_f64()
-    );
-    anyhow::ensure!(
-        out.failing.is_empty(),
-        "{} of {runs} simulated runs failed",
-        out.failing.len()
-    );
     Ok(())
 }
 

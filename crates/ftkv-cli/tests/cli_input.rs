@@ -325,10 +325,10 @@ fn sim_runs_without_mpi_and_replays_its_digest() {
         assert!(line.starts_with(&format!("runs={runs} violations=0 digest=")), "{line}");
         line.split_whitespace().nth(2).expect("the digest").to_owned()
     };
-    // All models: the store's recovery, the store and the pool driver on the deterministic
-    // world, the pool with global and with localized recovery.
-    assert_eq!(summary("--seed 5", 1500), summary("--seed 5", 1500));
-    assert_ne!(summary("--seed 5", 1500), summary("--seed 6", 1500));
+    // All models: the store's recovery, the store, its transactions and the pool driver on
+    // the deterministic world, the pool with global and with localized recovery.
+    assert_eq!(summary("--seed 5", 1800), summary("--seed 5", 1800));
+    assert_ne!(summary("--seed 5", 1800), summary("--seed 6", 1800));
     let localized = summary("--seed 5 --model pool-localized", 300);
     assert_eq!(localized, summary("--seed 5 --model pool-localized", 300));
     let pool = summary("--seed 5 --model pool", 300);

@@ -104,8 +104,8 @@ pub enum Mode {
     /// Revoke, the one agreement, the store's recovery, rejoin ([`crate::pool`]'s global path).
     Global,
     /// [`protocol::Worker::on_failures`] on each worker once it notices a death, its settles
-    /// run atomically on the simulated store (the transactions' own protocol is simulated by
-    /// `ftkv::sim_txn`), and the end gathered by messages ([`Command::End`]).
+    /// run atomically on the simulated store (the transactions' own protocol runs on the
+    /// world in `ftkv::sim_transactions`), and the end gathered by messages ([`Command::End`]).
     Localized,
 }
 

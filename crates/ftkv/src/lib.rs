@@ -70,8 +70,8 @@ pub mod rt;
 pub mod sim;
 #[cfg(feature = "sim")]
 pub mod sim_store;
-#[cfg(any(test, feature = "sim"))]
-pub mod sim_txn;
+#[cfg(feature = "sim")]
+pub mod sim_transactions;
 pub mod slot;
 mod store;
 pub mod txn;

@@ -129,7 +129,7 @@ struct Finals {
 
 /// The survivors' meeting points outside the store (the harness's, not the protocol's): for
 /// each point, the highest point each rank reached.
-struct Meeting {
+pub(crate) struct Meeting {
     cluster: LocalCluster,
     reached: Vec<AtomicUsize>,
 }
@@ -140,6 +140,21 @@ const WRITTEN: usize = 2;
 const READ: usize = 3;
 
 impl Meeting {
+    /// A meeting of the ranks of `cluster`, none of them at a point yet.
+    pub(crate) fn new(cluster: &LocalCluster, ranks: usize) -> Meeting {
+        let reached = (0..ranks).map(|_| AtomicUsize::new(0)).collect();
+        Meeting { cluster: cluster.clone(), reached }
+    }
+
+    /// Marks `point` reached by `me` and waits until every other live rank has too (the
+    /// stores' creation: no recovery is possible yet).
+    pub(crate) fn wait_for_all(&self, point: usize, me: i32) {
+        self.reached[me as usize].store(point, Ordering::Release);
+        while !self.all_at(point) {
+            rt::sleep(MEETING_POLL);
+        }
+    }
+
     /// Whether every rank is dead or has reached `point`.
     fn all_at(&self, point: usize) -> bool {
         (0..self.reached.len()).all(|r| {
@@ -157,11 +172,25 @@ impl Meeting {
     /// the store asks, until this rank's store knows of every death and needs no recovery: so
     /// no survivor starts a recovery once another passed the last point.
     fn wait_at(&self, point: usize, store: &mut Store<LocalFabric>) {
-        self.reached[store.worker() as usize].store(point, Ordering::Release);
-        while !self.all_at(point) || store.needs_recovery() || !self.knows_every_death(store) {
+        self.wait_tending(point, store, |store| {
             if store.needs_recovery() {
                 recover(store);
             }
+        });
+    }
+
+    /// [`Meeting::wait_at`] that calls `tend` at every look instead of recovering: it must
+    /// recover when the store needs it, and may do other chores (resolve failed workers'
+    /// transactions).
+    pub(crate) fn wait_tending(
+        &self,
+        point: usize,
+        store: &mut Store<LocalFabric>,
+        mut tend: impl FnMut(&mut Store<LocalFabric>),
+    ) {
+        self.reached[store.worker() as usize].store(point, Ordering::Release);
+        while !self.all_at(point) || store.needs_recovery() || !self.knows_every_death(store) {
+            tend(store);
             rt::sleep(MEETING_POLL);
         }
     }
@@ -182,8 +211,7 @@ pub fn run(seed: u64, trace: bool) -> (RunReport, Vec<String>) {
         cluster.arm(victim, point, 1);
     }
     let history: Arc<History> = Arc::default();
-    let reached = (0..scenario.ranks).map(|_| AtomicUsize::new(0)).collect();
-    let meeting = Arc::new(Meeting { cluster: cluster.clone(), reached });
+    let meeting = Arc::new(Meeting::new(&cluster, scenario.ranks));
     let body = {
         let (scenario, history, meeting) = (scenario.clone(), history.clone(), meeting.clone());
         move |fabric: LocalFabric| worker(fabric, &scenario, &history, &meeting)
@@ -259,10 +287,7 @@ fn worker(
 ) -> Finals {
     let mut store = Store::create(&fabric, scenario.config()).expect("creating the store");
     let me = store.worker();
-    meeting.reached[me as usize].store(CREATED, Ordering::Release);
-    while !meeting.all_at(CREATED) {
-        rt::sleep(MEETING_POLL);
-    }
+    meeting.wait_for_all(CREATED, me);
     if let Some(&(_, after)) = scenario.kills.iter().find(|&&(v, _)| v == me) {
         crate::world::plan_here(|now| Fault::Kill { rank: me, at: now + after });
     }

@@ -1,5 +1,5 @@
 //! Logs of transaction ids, and their judge: the workload of the transaction simulator and
-//! tests ([`crate::sim_txn`], `tests/transactions.rs`, `ftkv-mpitest store-txn`). Each
+//! tests (`ftkv::sim_transactions`, `tests/transactions.rs`, `ftkv-mpitest store-txn`). Each
 //! transaction appends its id to the log (the value) of every key it locks; what the logs hold
 //! afterwards shows whether transactions were atomic and serializable.
 

@@ -26,21 +26,21 @@ pub struct Agreed {
     pub unacknowledged_failures: bool,
 }
 
-/// Held shared by every thread of this process inside a fault-tolerant agreement, and tried
-/// exclusively by [`Comm::progress_beside_agreements`].
-static AGREEMENTS: RwLock<()> = RwLock::new(());
+/// Held shared by every thread of this process inside a fault-tolerant call (revoke, shrink,
+/// agree), and tried exclusively by [`Comm::progress_beside_fault_tolerant_calls`].
+static FAULT_TOLERANT_CALLS: RwLock<()> = RwLock::new(());
 
-/// Runs `call` unless a thread of this process is inside a fault-tolerant agreement, which
-/// `call` must not run beside when it makes MPI progress (see
-/// [`Comm::progress_beside_agreements`]); `None` when one is.
-pub fn beside_agreements<R>(call: impl FnOnce() -> R) -> Option<R> {
-    let _alone = AGREEMENTS.try_write().ok()?;
+/// Runs `call` unless a thread of this process is inside a fault-tolerant call, which `call`
+/// must not run beside when it makes MPI progress (see
+/// [`Comm::progress_beside_fault_tolerant_calls`]); `None` when one is.
+pub fn beside_fault_tolerant_calls<R>(call: impl FnOnce() -> R) -> Option<R> {
+    let _alone = FAULT_TOLERANT_CALLS.try_write().ok()?;
     Some(call())
 }
 
-/// Marks the calling thread inside an agreement until the guard drops.
-fn inside_agreement() -> RwLockReadGuard<'static, ()> {
-    AGREEMENTS.read().unwrap_or_else(PoisonError::into_inner)
+/// Marks the calling thread inside a fault-tolerant call until the guard drops.
+fn inside_fault_tolerant_call() -> RwLockReadGuard<'static, ()> {
+    FAULT_TOLERANT_CALLS.read().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// An MPI communicator with `MPI_ERRORS_RETURN`. Freed on drop unless predefined.
@@ -267,12 +267,16 @@ impl Comm {
     }
 
     /// Makes MPI progress (an `MPI_Iprobe` with `tag`) unless a thread of this process is inside
-    /// a fault-tolerant agreement ([`Comm::shrink`], [`Comm::agree`]), which makes progress
-    /// itself: Open MPI 5.0.11's agreement crashes (SIGSEGV in
+    /// a fault-tolerant call ([`Comm::revoke`], [`Comm::shrink`], [`Comm::agree`]), which makes
+    /// progress itself. Beside one, Open MPI 5.0.11 fails: its agreement crashes (SIGSEGV in
     /// `ompi_errhandler_proc_failed_internal`) when another thread runs its callbacks from
-    /// `opal_progress` meanwhile. `true` when it made progress.
-    pub fn progress_beside_agreements(&self, tag: i32) -> Result<bool> {
-        beside_agreements(|| self.iprobe(ANY_SOURCE, tag).map(|_| true)).unwrap_or(Ok(false))
+    /// `opal_progress`; its revoke, whose reliable broadcast also sends to dead members, can
+    /// wait forever over TCP (closing a dead peer's endpoint under that endpoint's lock, it waits
+    /// in libevent's `event_del` for a receive callback that the other thread's progress runs
+    /// and that waits for the same lock). `true` when it made progress.
+    pub fn progress_beside_fault_tolerant_calls(&self, tag: i32) -> Result<bool> {
+        beside_fault_tolerant_calls(|| self.iprobe(ANY_SOURCE, tag).map(|_| true))
+            .unwrap_or(Ok(false))
     }
 
     /// A round trip to `dest`: sends an 8-byte ping with `ping_tag` and waits for the answer
@@ -308,10 +312,15 @@ impl Comm {
     }
 
     /// `MPIX_Comm_revoke`: every member's pending and future operations on this communicator
-    /// (except shrink, agree, ack and get_failed) fail with `Revoked`. Local, does not block.
+    /// (except shrink, agree, ack and get_failed) fail with `Revoked`. Local, does not block
+    /// (no other thread of this process progresses MPI meanwhile: see
+    /// [`Comm::progress_beside_fault_tolerant_calls`]).
     pub fn revoke(&self) -> Result<()> {
+        let inside = inside_fault_tolerant_call();
         // SAFETY: `self.raw` is a valid communicator.
-        check(unsafe { ffi::MPIX_Comm_revoke(self.raw) }, "MPIX_Comm_revoke")
+        let rc = unsafe { ffi::MPIX_Comm_revoke(self.raw) };
+        drop(inside);
+        check(rc, "MPIX_Comm_revoke")
     }
 
     /// `MPIX_Comm_is_revoked`.
@@ -330,7 +339,7 @@ impl Comm {
     /// the reason `dup` ends with one.
     pub fn shrink(&self) -> Result<Comm> {
         let mut raw = null_comm();
-        let inside = inside_agreement();
+        let inside = inside_fault_tolerant_call();
         // SAFETY: `self.raw` is a valid communicator; `raw` a valid out-pointer.
         let rc = unsafe { ffi::MPIX_Comm_shrink(self.raw, &mut raw) };
         drop(inside);
@@ -344,7 +353,7 @@ impl Comm {
     /// surviving members. Works on a revoked communicator.
     pub fn agree(&self, flag: u32) -> Result<Agreed> {
         let mut value = flag as c_int;
-        let inside = inside_agreement();
+        let inside = inside_fault_tolerant_call();
         // SAFETY: `self.raw` is a valid communicator; `value` a valid in/out pointer.
         let rc = unsafe { ffi::MPIX_Comm_agree(self.raw, &mut value) };
         drop(inside);

@@ -90,8 +90,8 @@ pub trait Fabric: Send + Sync + Sized + 'static {
     /// Each member's rank in `origin` (of which this communicator is a subset), in rank order.
     fn ranks_in(&self, origin: &Self) -> FabricResult<Vec<i32>>;
     /// Lets failure notifications arrive (MPI learns of failures only while it progresses);
-    /// skipped while another thread of this process is inside an agreement, which progresses
-    /// itself.
+    /// skipped while another thread of this process is inside a fault-tolerant call (revoke,
+    /// shrink, agree), which progresses itself.
     fn progress(&self) -> FabricResult<()>;
     /// A round trip to `target`'s [`Fabric::answer_pings`]; `ProcFailed` or `Timeout` when
     /// `target` is dead.

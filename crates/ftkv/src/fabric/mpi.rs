@@ -95,7 +95,7 @@ impl Fabric for Comm {
     }
 
     fn progress(&self) -> FabricResult<()> {
-        Ok(self.progress_beside_agreements(PING_TAG).map(drop)?)
+        Ok(self.progress_beside_fault_tolerant_calls(PING_TAG).map(drop)?)
     }
 
     fn ping(&self, target: i32, timeout: Duration) -> FabricResult<()> {
@@ -129,9 +129,9 @@ impl Fabric for Comm {
     }
 
     /// `MPI_Isend` with the notices' own tag; the request waits among the notices in flight.
-    /// Never beside an agreement (see [`Comm::progress_beside_agreements`]).
+    /// Never beside a fault-tolerant call (see [`Comm::progress_beside_fault_tolerant_calls`]).
     fn send_notice(&self, notice: &[u8], dest: i32) -> FabricResult<bool> {
-        let sent = ftkv_mpi::beside_agreements(|| {
+        let sent = ftkv_mpi::beside_fault_tolerant_calls(|| {
             let sent = self.isend(notice.to_vec(), dest, NOTICE_TAG)?;
             finish_notices(Some(sent));
             Ok::<_, MpiError>(())
@@ -140,9 +140,9 @@ impl Fabric for Comm {
     }
 
     /// `MPI_Iprobe` for any source with the notices' tag, then `MPI_Recv` of what it found;
-    /// never beside an agreement.
+    /// never beside a fault-tolerant call.
     fn try_receive_notice(&self) -> FabricResult<Option<Message>> {
-        let received = ftkv_mpi::beside_agreements(|| {
+        let received = ftkv_mpi::beside_fault_tolerant_calls(|| {
             finish_notices(None);
             let Some(status) = self.iprobe(ANY_SOURCE, NOTICE_TAG)? else { return Ok(None) };
             let mut data = vec![0u8; status.len];

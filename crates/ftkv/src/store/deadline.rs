@@ -309,8 +309,9 @@ impl<F: Fabric> Watcher<F> {
             }
         }
         let Some(comm) = &self.parts.failures else { return };
-        // Lets failure notifications arrive unless the store's thread is inside an agreement,
-        // which lets them arrive itself; an error here is a failure to learn of later.
+        // Lets failure notifications arrive unless the store's thread is inside a fault-tolerant
+        // call (revoke, shrink, agree), which lets them arrive itself; an error here is a
+        // failure to learn of later.
         let _ = comm.progress();
         if let Ok(ranks) = comm.failed_ranks() {
             let members = ranks.into_iter().filter_map(|r| usize::try_from(r).ok());

@@ -51,6 +51,9 @@ pub enum Kill {
     Point(&'static str, usize),
     /// This many steps after it starts the pool.
     Step(u64),
+    /// Stops (SIGSTOP) this many steps after it starts the pool, and is declared failed by the
+    /// others' failure detector this long after (ULFM's detector timeout).
+    Stop(u64, Duration),
 }
 
 /// One run's scenario, drawn from its seed.
@@ -75,8 +78,11 @@ impl Scenario {
             let victim = rng.gen_range(0..ranks as i32);
             let how = if rng.gen_bool(0.5) {
                 Kill::Point(POINTS[rng.gen_range(0..POINTS.len())], rng.gen_range(1..=3))
-            } else {
+            } else if rng.gen_bool(0.7) {
                 Kill::Step(rng.gen_range(CREATED_BY..4_000))
+            } else {
+                let declared = Duration::from_micros(rng.gen_range(500..20_000));
+                Kill::Stop(rng.gen_range(CREATED_BY..4_000), declared)
             };
             (victim, how)
         });
@@ -153,19 +159,25 @@ fn simulate<P: Problem + Send + 'static>(
         slow: scenario.slow.clone(),
     });
     let cluster = LocalCluster::new(scenario.ranks);
-    let step_kill = match scenario.kill {
+    let step_fault = match scenario.kill {
         Some((victim, Kill::Point(point, nth))) => {
             cluster.arm(victim, point, nth);
             None
         }
-        Some((victim, Kill::Step(after))) => Some((victim, after)),
+        Some((victim, Kill::Step(after))) => Some((victim, after, None)),
+        Some((victim, Kill::Stop(after, declared))) => Some((victim, after, Some(declared))),
         None => None,
     };
     let config = scenario.config();
     let problem = Arc::new(problem);
     let body = move |fabric: LocalFabric| {
-        if let Some((victim, after)) = step_kill.filter(|&(v, _)| v == fabric_rank(&fabric)) {
-            ftkv::world::plan_here(|now| Fault::Kill { rank: victim, at: now + after });
+        if let Some((rank, after, declared)) = step_fault.filter(|f| f.0 == fabric_rank(&fabric)) {
+            ftkv::world::plan_here(|now| match declared {
+                Some(declared) => {
+                    Fault::Stall { rank, at: now + after, declared_after: Some(declared) }
+                }
+                None => Fault::Kill { rank, at: now + after },
+            });
         }
         pool::run(&fabric, &*problem, &config).map_err(|e| e.to_string())
     };

@@ -42,6 +42,9 @@ pub struct Scenario {
     pub kills: Vec<(i32, u64)>,
     /// A victim that dies instead at its first pass through a recovery's failpoint.
     pub in_recovery: Option<(i32, &'static str)>,
+    /// Victims that stop instead of dying (SIGSTOP), and when after their stop the others'
+    /// failure detector declares them failed (ULFM's detector timeout).
+    pub stalls: Vec<(i32, Duration)>,
     pub slow: Vec<i32>,
     pub writes: u32,
 }
@@ -79,32 +82,40 @@ impl Scenario {
         let in_recovery = (kills.len() == 2 && rng.gen_bool(0.5))
             .then(|| (kills[1].0, points[rng.gen_range(0..points.len())]));
         let slow = if rng.gen_bool(0.25) { vec![rng.gen_range(0..ranks as i32)] } else { vec![] };
-        Scenario {
-            seed,
-            ranks,
-            hosts,
-            copies,
-            localized: rng.gen_bool(0.5),
-            kills,
-            in_recovery,
-            slow,
-            writes: rng.gen_range(10..=40),
+        let localized = rng.gen_bool(0.5);
+        let writes = rng.gen_range(10..=40);
+        let mut stalls = Vec::new();
+        for &(victim, _) in &kills {
+            let stops = in_recovery.is_none_or(|(v, _)| v != victim) && rng.gen_bool(0.3);
+            if stops {
+                stalls.push((victim, Duration::from_micros(rng.gen_range(500..20_000))));
+            }
         }
+        Scenario { seed, ranks, hosts, copies, localized, kills, in_recovery, stalls, slow, writes }
     }
 
     fn describe(&self) -> String {
         let mode = if self.localized { "localized" } else { "global" };
         format!(
             "{} ranks on hosts {:?}, {} copies, {mode}, {} writes, kills {:?}, in recovery {:?}, \
-             slow {:?}",
+             stalls {:?}, slow {:?}",
             self.ranks,
             self.hosts,
             self.copies,
             self.writes,
             self.kills,
             self.in_recovery,
+            self.stalls,
             self.slow
         )
+    }
+
+    /// Victim `rank`'s fault at step `at`: a kill, or a stop that is declared failed later.
+    fn fault(&self, rank: i32, at: u64) -> Fault {
+        match self.stalls.iter().find(|&&(v, _)| v == rank) {
+            Some(&(_, declared)) => Fault::Stall { rank, at, declared_after: Some(declared) },
+            None => Fault::Kill { rank, at },
+        }
     }
 
     fn config(&self) -> Config {
@@ -289,12 +300,12 @@ fn worker(
     let me = store.worker();
     meeting.wait_for_all(CREATED, me);
     if let Some(&(_, after)) = scenario.kills.iter().find(|&&(v, _)| v == me) {
-        crate::world::plan_here(|now| Fault::Kill { rank: me, at: now + after });
+        crate::world::plan_here(|now| scenario.fault(me, now + after));
     }
     write(&mut store, scenario, history);
     if scenario.kills.iter().any(|&(v, _)| v == me) {
         // A victim dies within its writes: one that got here first dies now.
-        crate::world::plan_here(|now| Fault::Kill { rank: me, at: now });
+        crate::world::plan_here(|now| scenario.fault(me, now));
         rt::step("victim's end");
     }
     meeting.wait_at(WRITTEN, &mut store);

@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 
 pub mod events;
+pub mod global_recovery;
 pub mod nqueens;
 pub mod pool;
 pub mod problem;

@@ -42,6 +42,7 @@ use std::time::{Duration, Instant};
 
 pub use crate::events::RecoveryInfo;
 use crate::events::{self, PoolEvent};
+use crate::global_recovery::{self as recovery, GlobalRecovery};
 use ftkv::codec;
 use ftkv::fabric::{Fabric, FabricError};
 use ftkv::txn::{Decision, Outcome as TxOutcome, Txn};
@@ -665,41 +666,64 @@ impl<P: Problem, F: Fabric> Driver<'_, P, F> {
         Ok(sum_contributions(&words))
     }
 
-    /// Recovers until a recovery completes without another failure.
+    /// Recovers until a recovery completes without another failure: carries out the commands
+    /// of the recovery loop's engine ([`GlobalRecovery`]). Fails with the first error that is
+    /// not another failure.
     fn recover(&mut self) -> Result<()> {
         let started = rt::now();
+        let mut engine = GlobalRecovery::default();
+        let mut event = recovery::Event::Failed;
+        let mut error = None;
         loop {
-            if let Err(e) = self.comm.revoke() {
-                events::emit(PoolEvent::Warning(format!("revoking the pool communicator: {e}")));
-            }
-            if let Err(e) = self.store.interrupt() {
-                events::emit(PoolEvent::Warning(format!("revoking the store communicator: {e}")));
-            }
-            self.join_agreement();
-            events::emit(PoolEvent::Recovering);
-            let report = match self.store.recover() {
-                Ok(report) => report,
-                // A failure met at the recovery's end (the replaced windows' collective free):
-                // the store needs the next one.
-                Err(e) if e.needs_recovery() => continue,
-                Err(e) => return Err(e.into()),
-            };
-            match self.rejoin() {
-                Ok(()) => {
+            event = match engine.next(event) {
+                recovery::Command::Revoke => {
+                    self.revoke_communicators();
+                    recovery::Event::Revoked
+                }
+                recovery::Command::JoinAgreement => {
+                    self.join_agreement();
+                    recovery::Event::Agreed
+                }
+                recovery::Command::RecoverStore => {
+                    events::emit(PoolEvent::Recovering);
+                    // A failure met at the recovery's end (the replaced windows' collective
+                    // free) is another failure: the store needs the next one.
+                    let recovered = self.store.recover().map(|report| recovery::StoreRecovered {
+                        failed: report.failed,
+                        store_ms: report.duration.as_secs_f64() * 1e3,
+                    });
+                    recovery::Event::StoreRecovered(interrupted(recovered, &mut error))
+                }
+                recovery::Command::Rejoin => {
+                    recovery::Event::Rejoined(interrupted(self.rejoin(), &mut error))
+                }
+                recovery::Command::Recovered(report) => {
                     let info = RecoveryInfo {
                         localized: false,
                         failed: report.failed,
                         adopted: std::mem::take(&mut self.adopted),
-                        store_ms: report.duration.as_secs_f64() * 1e3,
+                        store_ms: report.store_ms,
                         total_ms: rt::since(started).as_secs_f64() * 1e3,
                     };
                     events::emit(PoolEvent::Recovered(info.clone()));
                     self.recoveries.push(info);
                     return Ok(());
                 }
-                Err(e) if e.needs_recovery() => continue,
-                Err(e) => return Err(e),
+                recovery::Command::Fail => {
+                    return Err(error.expect("the engine fails on an error the driver kept"))
+                }
             }
+        }
+    }
+
+    /// Revokes the pool's communicator and interrupts the store's; a failure to do either is
+    /// a warning (the communicator may already be revoked).
+    fn revoke_communicators(&mut self) {
+        if let Err(e) = self.comm.revoke() {
+            events::emit(PoolEvent::Warning(format!("revoking the pool communicator: {e}")));
+        }
+        if let Err(e) = self.store.interrupt() {
+            events::emit(PoolEvent::Warning(format!("revoking the store communicator: {e}")));
         }
     }
 
@@ -720,13 +744,15 @@ impl<P: Problem, F: Fabric> Driver<'_, P, F> {
     /// worker's part of the plan).
     fn rejoin(&mut self) -> Result<()> {
         self.comm = self.store.communicator()?;
+        // The new communicator's one agreement is still to come, also when a failure ends
+        // this rejoin before its end: the next round of the recovery loop joins it.
+        self.agreed = false;
         let decision = self.store.finish_transactions()?;
         if let Some((settle, state)) = self.in_doubt.take() {
             if decision == Some(Decision::Committed) {
                 self.machine.settled(settle, state);
             }
         }
-        self.agreed = false;
         let live = self.store.live().to_vec();
         self.ranks = live.clone();
         self.known_failed = self.store.failed();
@@ -747,6 +773,23 @@ impl<P: Problem, F: Fabric> Driver<'_, P, F> {
         }
         Stored::decode(&checkpoints, &loots).map_err(PoolError::Corrupt)
     }
+}
+
+/// A step of the recovery loop as its engine takes it: another failure, or an error the
+/// driver keeps in `error` (the engine then says to fail with it).
+fn interrupted<T, E: Into<PoolError>>(
+    step: std::result::Result<T, E>,
+    error: &mut Option<PoolError>,
+) -> std::result::Result<T, recovery::Interrupted> {
+    step.map_err(|e| {
+        let e = e.into();
+        if e.needs_recovery() {
+            recovery::Interrupted::AnotherFailure
+        } else {
+            *error = Some(e);
+            recovery::Interrupted::Fatal
+        }
+    })
 }
 
 /// A failed victim's stored loot: its bytes, decoded, and the stored checkpoint of its thief

@@ -3,9 +3,9 @@
 //! repairer and recovery, and (with localized recovery) the settles' transactions run
 //! unchanged as tasks of one seeded scheduler with a virtual clock. One seed fixes the problem
 //! (UTS or N-Queens), the workers, copies, recovery mode, checkpoint interval and batch, the
-//! interleaving of every task and the faults: a kill at a named point of the steal, adoption
-//! and rejoin protocols (`steal_victim_after_loot`, …) or at any step of the run, and a slow
-//! worker. A failing seed replays exactly (`ftkv sim --model pool-world --seed S --trace`).
+//! interleaving of every task and the faults: up to `copies − 1` victims, each killed at a
+//! named point of the steal, adoption and rejoin protocols (`steal_victim_after_loot`, …) or at
+//! any step of the run, or stopped there and declared failed later, and a slow worker. A failing seed replays exactly (`ftkv sim --model pool-world --seed S --trace`).
 //!
 //! Every survivor must end with the sequential count (`problem::check_exact`), all survivors
 //! must name the same failed workers, those that died; a worker that panics or returns an
@@ -65,7 +65,8 @@ pub struct Scenario {
     pub localized: bool,
     pub checkpoint_every: u64,
     pub look_every: usize,
-    pub kill: Option<(i32, Kill)>,
+    /// Each victim and how it dies: up to `copies − 1` of them.
+    pub kills: Vec<(i32, Kill)>,
     pub slow: Vec<i32>,
 }
 
@@ -73,9 +74,14 @@ impl Scenario {
     /// The scenario of `seed` (its problem is drawn by [`run`] from the same seed).
     fn of(rng: &mut SmallRng, seed: u64) -> Scenario {
         let ranks = rng.gen_range(2..=5usize);
-        let copies = rng.gen_range(1..=2usize.min(ranks - 1));
-        let kill = (copies >= 2 && rng.gen_bool(0.8)).then(|| {
+        let copies = rng.gen_range(1..=3usize.min(ranks - 1));
+        let count = if copies >= 2 && rng.gen_bool(0.8) { rng.gen_range(1..copies) } else { 0 };
+        let mut kills: Vec<(i32, Kill)> = Vec::new();
+        while kills.len() < count {
             let victim = rng.gen_range(0..ranks as i32);
+            if kills.iter().any(|&(v, _)| v == victim) {
+                continue;
+            }
             let how = if rng.gen_bool(0.5) {
                 Kill::Point(POINTS[rng.gen_range(0..POINTS.len())], rng.gen_range(1..=3))
             } else if rng.gen_bool(0.7) {
@@ -84,8 +90,8 @@ impl Scenario {
                 let declared = Duration::from_micros(rng.gen_range(500..20_000));
                 Kill::Stop(rng.gen_range(CREATED_BY..4_000), declared)
             };
-            (victim, how)
-        });
+            kills.push((victim, how));
+        }
         let slow = if rng.gen_bool(0.2) { vec![rng.gen_range(0..ranks as i32)] } else { vec![] };
         Scenario {
             seed,
@@ -94,7 +100,7 @@ impl Scenario {
             localized: rng.gen_bool(0.5),
             checkpoint_every: rng.gen_range(3..=40),
             look_every: rng.gen_range(1..=16),
-            kill,
+            kills,
             slow,
         }
     }
@@ -115,8 +121,8 @@ impl Scenario {
         let mode = if self.localized { "localized" } else { "global" };
         format!(
             "{problem} on {} workers, {} copies, {mode}, checkpoint every {} tasks, look every \
-             {}, kill {:?}, slow {:?}",
-            self.ranks, self.copies, self.checkpoint_every, self.look_every, self.kill, self.slow
+             {}, kills {:?}, slow {:?}",
+            self.ranks, self.copies, self.checkpoint_every, self.look_every, self.kills, self.slow
         )
     }
 }
@@ -159,19 +165,19 @@ fn simulate<P: Problem + Send + 'static>(
         slow: scenario.slow.clone(),
     });
     let cluster = LocalCluster::new(scenario.ranks);
-    let step_fault = match scenario.kill {
-        Some((victim, Kill::Point(point, nth))) => {
-            cluster.arm(victim, point, nth);
-            None
+    let mut step_faults = Vec::new();
+    for &(victim, how) in &scenario.kills {
+        match how {
+            Kill::Point(point, nth) => cluster.arm(victim, point, nth),
+            Kill::Step(after) => step_faults.push((victim, after, None)),
+            Kill::Stop(after, declared) => step_faults.push((victim, after, Some(declared))),
         }
-        Some((victim, Kill::Step(after))) => Some((victim, after, None)),
-        Some((victim, Kill::Stop(after, declared))) => Some((victim, after, Some(declared))),
-        None => None,
-    };
+    }
     let config = scenario.config();
     let problem = Arc::new(problem);
     let body = move |fabric: LocalFabric| {
-        if let Some((rank, after, declared)) = step_fault.filter(|f| f.0 == fabric_rank(&fabric)) {
+        let me = fabric_rank(&fabric);
+        if let Some(&(rank, after, declared)) = step_faults.iter().find(|f| f.0 == me) {
             ftkv::world::plan_here(|now| match declared {
                 Some(declared) => {
                     Fault::Stall { rank, at: now + after, declared_after: Some(declared) }

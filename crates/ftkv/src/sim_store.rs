@@ -136,6 +136,9 @@ struct Finals {
     reads: Vec<((i32, u16), Observed)>,
     own_copies: Vec<(u16, Vec<Observed>)>,
     live: usize,
+    /// The store's workers after each recovery that changed them, in order: every survivor
+    /// commits the same recoveries (each commit is agreed), so every survivor's list is the same.
+    recovered_to: Vec<Vec<i32>>,
 }
 
 /// The survivors' meeting points outside the store (the harness's, not the protocol's): for
@@ -182,10 +185,10 @@ impl Meeting {
     /// Marks `point` reached by `me` and waits for every other live rank, recovering whenever
     /// the store asks, until this rank's store knows of every death and needs no recovery: so
     /// no survivor starts a recovery once another passed the last point.
-    fn wait_at(&self, point: usize, store: &mut Store<LocalFabric>) {
+    fn wait_at(&self, point: usize, store: &mut Store<LocalFabric>, recovered_to: &mut Recovered) {
         self.wait_tending(point, store, |store| {
             if store.needs_recovery() {
-                recover(store);
+                recover(store, recovered_to);
             }
         });
     }
@@ -239,6 +242,17 @@ pub fn run(seed: u64, trace: bool) -> (RunReport, Vec<String>) {
             Ok(Some(finals)) => violations.extend(judge(rank, finals, &history, scenario.copies)),
             Ok(None) => {}
         }
+    }
+    let recoveries: Vec<(usize, &Recovered)> = results
+        .iter()
+        .enumerate()
+        .filter_map(|(rank, r)| match r {
+            Ok(Some(finals)) => Some((rank, &finals.recovered_to)),
+            _ => None,
+        })
+        .collect();
+    if recoveries.windows(2).any(|w| w[0].1 != w[1].1) {
+        violations.push(format!("the survivors committed different recoveries: {recoveries:?}"));
     }
     let survivors = results.iter().filter(|r| matches!(r, Ok(Some(_)))).count();
     if outcome.aborted.is_none() && survivors == 0 {
@@ -302,28 +316,35 @@ fn worker(
     if let Some(&(_, after)) = scenario.kills.iter().find(|&&(v, _)| v == me) {
         crate::world::plan_here(|now| scenario.fault(me, now + after));
     }
-    write(&mut store, scenario, history);
+    let mut recovered_to = Vec::new();
+    write(&mut store, scenario, history, &mut recovered_to);
     if scenario.kills.iter().any(|&(v, _)| v == me) {
         // A victim dies within its writes: one that got here first dies now.
         crate::world::plan_here(|now| scenario.fault(me, now));
         rt::step("victim's end");
     }
-    meeting.wait_at(WRITTEN, &mut store);
-    let finals = loop {
+    meeting.wait_at(WRITTEN, &mut store, &mut recovered_to);
+    let mut finals = loop {
         match read_all(&mut store, scenario.localized) {
             Ok(finals) => break finals,
             Err(e) if e.needs_recovery() => {
-                recover(&mut store);
+                recover(&mut store, &mut recovered_to);
             }
             Err(e) => panic!("rank {me}: reading: {e}"),
         }
     };
-    meeting.wait_at(READ, &mut store);
+    meeting.wait_at(READ, &mut store, &mut recovered_to);
+    finals.recovered_to = recovered_to;
     finals
 }
 
 /// The rank's planned writes, each recorded before and acknowledged after.
-fn write(store: &mut Store<LocalFabric>, scenario: &Scenario, history: &History) {
+fn write(
+    store: &mut Store<LocalFabric>,
+    scenario: &Scenario,
+    history: &History,
+    recovered_to: &mut Recovered,
+) {
     let me = store.worker();
     let mut rng = SmallRng::seed_from_u64(scenario.seed ^ ((me as u64 + 1) << 32));
     for seq in 1..=scenario.writes {
@@ -340,18 +361,26 @@ fn write(store: &mut Store<LocalFabric>, scenario: &Scenario, history: &History)
         match result {
             Ok(()) => acknowledge(history, (me, kind), seq),
             Err(e) if e.needs_recovery() => {
-                recover(store);
+                recover(store, recovered_to);
             }
             Err(e) => panic!("rank {me}: write {seq}: {e}"),
         }
     }
 }
 
+/// The store's workers after each recovery that changed them (see [`Finals`]).
+type Recovered = Vec<Vec<i32>>;
+
 /// Recovers until a recovery succeeds: one that a failure interrupted at its end (freeing the
-/// replaced windows) returns that failure, and the survivors recover again.
-fn recover(store: &mut Store<LocalFabric>) {
+/// replaced windows) returns that failure, and the survivors recover again. Notes the store's
+/// workers after each call in `recovered_to` when they changed.
+fn recover(store: &mut Store<LocalFabric>, recovered_to: &mut Recovered) {
     loop {
-        match store.recover() {
+        let result = store.recover();
+        if recovered_to.last().map(Vec::as_slice) != Some(store.live()) {
+            recovered_to.push(store.live().to_vec());
+        }
+        match result {
             Ok(_) => return,
             Err(e) if e.needs_recovery() => continue,
             Err(e) => panic!("a recovery among the survivors: {e:?}"),
@@ -391,7 +420,7 @@ fn read_all(store: &mut Store<LocalFabric>, localized: bool) -> crate::Result<Fi
         own_copies.push((kind, held.iter().map(|(_, v)| observe(me, v.as_deref())).collect()));
     }
     let live = (0..store.workers() as i32).filter(|w| !store.failed().contains(w)).count();
-    Ok(Finals { reads, own_copies, live })
+    Ok(Finals { reads, own_copies, live, recovered_to: Vec::new() })
 }
 
 #[cfg(test)]

@@ -802,10 +802,22 @@ impl<'p, P: Problem> Worker<'p, P> {
         self.pending = None;
     }
 
+    /// What each worker's state includes, as the store holds it; this worker's own from its
+    /// state, which it has just written: the store holds the same, or nothing when it had no
+    /// holder to put it on (this worker is the only survivor), and reading nothing there as
+    /// the initial state counted loot twice (the world found it: 2 workers, 1 copy).
     fn seen(&self, stored: &Stored<P::Task>) -> Vec<Seen> {
         let workers = self.state.received.len();
         (0..workers)
             .map(|w| {
+                if w as i32 == self.me {
+                    return Seen {
+                        last_given: self.state.last_given,
+                        received: self.state.received.clone(),
+                        adopted: self.state.adopted.clone(),
+                        loot: self.pending.as_ref().map(|p| (p.steal_id, p.thief)),
+                    };
+                }
                 let initial;
                 let c = match &stored.checkpoints[w] {
                     Some(c) => c,

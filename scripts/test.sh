@@ -36,7 +36,7 @@ step "the store and the pool build without MPI (no ftkv-mpi in the build)"
 cargo build --release -p ftkv -p ftkv-tasks --no-default-features --features ftkv/sim,ftkv-tasks/sim --quiet
 step "unit, scenario and real-MPI tests"
 cargo test --workspace --release
-step "simulated store recoveries, the production store, its transactions and the pool driver on a deterministic world, and pool runs (global and localized): 10000 seeded scenarios each, kills at any step (no MPI)"
+step "simulated store recoveries, and the production store, its transactions and the pool driver (global and localized) on a deterministic world: 10000 seeded scenarios each, kills and stops at any step (no MPI)"
 target/release/ftkv sim --runs 10000 --seed 1
 step "placement and recovery decisions at 1,024 workers over 16 and 64 hosts (no MPI)"
 target/release/ftkv sim --model scale --sizes 1024x16,1024x64

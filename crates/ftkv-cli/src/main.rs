@@ -733,8 +733,6 @@ enum SimModel {
     /// fencing, growth) on a deterministic world: every thread a task of one seeded scheduler,
     /// virtual time, kills at any step (`ftkv::sim_store`).
     World,
-    /// The task pool with global recovery (`ftkv_tasks::sim`).
-    Pool,
     /// The production pool driver over the production store on a deterministic world (global
     /// and localized recovery, kills at named protocol points and at any step;
     /// `ftkv_tasks::sim_world`).
@@ -743,11 +741,8 @@ enum SimModel {
     /// backups' resolution and the in-doubt finish, kills at any step and at every named step
     /// of the protocol (`ftkv::sim_transactions`).
     TxnWorld,
-    /// The task pool with localized recovery: settles as atomic transactions, the end gathered
-    /// by messages (`ftkv_tasks::sim`, `Mode::Localized`).
-    PoolLocalized,
-    /// The store's recovery, the store, its transactions and the pool driver on the world,
-    /// and the pool (global and localized), `--runs` scenarios each.
+    /// The store's recovery, and the store, its transactions and the pool driver on the
+    /// world, `--runs` scenarios each.
     All,
     /// Placement and recovery decisions at 1,024 to 16,384 workers (`--sizes`): messages,
     /// bytes and ranks of a localized repair and of a global recovery, and placement balance,
@@ -849,37 +844,6 @@ fn run_sim(model: SimModel, seed: u64, runs: u64, trace: bool) -> Result<()> {
         println!("store runs={runs} violations={} digest={digest:016x}", store_failing.len());
         failing.extend(store_failing.into_iter().map(|r| ("store", r)));
         digests.push(digest);
-    }
-    use ftkv_tasks::sim::Mode;
-    let pools = [
-        (SimModel::Pool, Mode::Global, "pool"),
-        (SimModel::PoolLocalized, Mode::Localized, "pool-localized"),
-    ];
-    for (pool_model, mode, name) in pools {
-        if model != pool_model && model != SimModel::All {
-            continue;
-        }
-        if trace {
-            for seed in seed..end {
-                let run = ftkv_tasks::sim::run_traced(seed, mode);
-                println!("{name} seed={seed} {}", run.report.scenario);
-                run.log.iter().for_each(|step| println!("  {step}"));
-            }
-        }
-        let pool = ftkv_tasks::sim::campaign_in(seed, runs, mode);
-        let kills: Vec<String> = pool.kills.iter().map(|(at, n)| format!("{at}: {n}")).collect();
-        println!(
-            "{name} runs={runs} violations={} digest={:016x} steals={} recoveries={} \
-             fall_backs={} kills={{{}}}",
-            pool.failing.len(),
-            pool.digest,
-            pool.steals,
-            pool.rejoins,
-            pool.fall_backs,
-            kills.join(", ")
-        );
-        failing.extend(pool.failing.into_iter().map(|r| (name, r)));
-        digests.push(pool.digest);
     }
     for (model, report) in &failing {
         println!("{model} {report}");

@@ -159,6 +159,20 @@ fn keys_of_live_owners_lost_with_their_only_holder_are_written_again() {
     t1_demo(1, &["--copies", "1", "--seed", "2"]);
 }
 
+/// Two workers, one copy, one killed: the survivor's keys lost their only holder and the new
+/// windows have none for them, so the survivor plans its recovery from its own state, not
+/// from the store. (Reading nothing there as the initial state counted loot twice on the
+/// simulated world, when the victim died after its thief received the loot; these two kills
+/// did not show it on MPI, 3 runs each way: they guard the lone survivor's path.)
+#[test]
+fn a_lone_survivor_with_one_copy_stays_exact() {
+    for failpoint in ["steal_victim_before_send@0#1", "steal_thief_before_ack@1#1"] {
+        let out = pool_job(QUEENS, 2, 1, failpoint);
+        let killed = if failpoint.contains("@0") { 0 } else { 1 };
+        assert_exact(&out, 2, &[killed], None, QUEENS_SOLUTIONS);
+    }
+}
+
 #[test]
 fn buddy_killed_after_adopting() {
     let out = pool_job(QUEENS, 5, 2, "steal_thief_before_ack@1#1;buddy_after_adopting@2#1");

@@ -10,8 +10,6 @@ pub mod nqueens;
 pub mod pool;
 pub mod problem;
 pub mod protocol;
-#[cfg(any(test, feature = "sim"))]
-pub mod sim;
 #[cfg(feature = "sim")]
 pub mod sim_world;
 pub mod state;

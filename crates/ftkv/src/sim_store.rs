@@ -42,6 +42,9 @@ pub struct Scenario {
     pub kills: Vec<(i32, u64)>,
     /// A victim that dies instead at its first pass through a recovery's failpoint.
     pub in_recovery: Option<(i32, &'static str)>,
+    /// A second victim that dies instead inside its first barrier after the first victim's
+    /// death (a recovery's, which then ends differently for the survivors).
+    pub inside_barrier: Option<i32>,
     /// Victims that stop instead of dying (SIGSTOP), and when after their stop the others'
     /// failure detector declares them failed (ULFM's detector timeout).
     pub stalls: Vec<(i32, Duration)>,
@@ -81,6 +84,8 @@ impl Scenario {
         let points = ["recovery_after_shrink", "recovery_mid_copy"];
         let in_recovery = (kills.len() == 2 && rng.gen_bool(0.5))
             .then(|| (kills[1].0, points[rng.gen_range(0..points.len())]));
+        let inside_barrier =
+            (kills.len() == 2 && in_recovery.is_none() && rng.gen_bool(0.5)).then(|| kills[1].0);
         let slow = if rng.gen_bool(0.25) { vec![rng.gen_range(0..ranks as i32)] } else { vec![] };
         let localized = rng.gen_bool(0.5);
         let writes = rng.gen_range(10..=40);
@@ -91,20 +96,33 @@ impl Scenario {
                 stalls.push((victim, Duration::from_micros(rng.gen_range(500..20_000))));
             }
         }
-        Scenario { seed, ranks, hosts, copies, localized, kills, in_recovery, stalls, slow, writes }
+        Scenario {
+            seed,
+            ranks,
+            hosts,
+            copies,
+            localized,
+            kills,
+            in_recovery,
+            inside_barrier,
+            stalls,
+            slow,
+            writes,
+        }
     }
 
     fn describe(&self) -> String {
         let mode = if self.localized { "localized" } else { "global" };
         format!(
             "{} ranks on hosts {:?}, {} copies, {mode}, {} writes, kills {:?}, in recovery {:?}, \
-             stalls {:?}, slow {:?}",
+             inside a barrier {:?}, stalls {:?}, slow {:?}",
             self.ranks,
             self.hosts,
             self.copies,
             self.writes,
             self.kills,
             self.in_recovery,
+            self.inside_barrier,
             self.stalls,
             self.slow
         )
@@ -313,8 +331,13 @@ fn worker(
     let mut store = Store::create(&fabric, scenario.config()).expect("creating the store");
     let me = store.worker();
     meeting.wait_for_all(CREATED, me);
-    if let Some(&(_, after)) = scenario.kills.iter().find(|&&(v, _)| v == me) {
+    let step_kill = scenario.kills.iter().find(|&&(v, _)| v == me);
+    if let Some(&(_, after)) = step_kill.filter(|_| scenario.inside_barrier != Some(me)) {
         crate::world::plan_here(|now| scenario.fault(me, now + after));
+    }
+    if scenario.inside_barrier == Some(me) {
+        let after = scenario.kills[0].0;
+        crate::world::plan_here(|_| Fault::KillWaiting { rank: me, label: "in a barrier", after });
     }
     let mut recovered_to = Vec::new();
     write(&mut store, scenario, history, &mut recovered_to);

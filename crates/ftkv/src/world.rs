@@ -44,6 +44,10 @@ pub enum Fault {
     /// `rank` stops at step `at` and never runs again (SIGSTOP); after `declared_after` of
     /// virtual time, if given, the fabric declares it failed (ULFM's detector timeout).
     Stall { rank: i32, at: u64, declared_after: Option<Duration> },
+    /// `rank` dies at its first step that waits with `label` ("in a barrier") once rank
+    /// `after` died: inside a collective it joined (a recovery's, say), which then ends
+    /// differently for the others.
+    KillWaiting { rank: i32, label: &'static str, after: i32 },
 }
 
 /// How a world runs.
@@ -108,6 +112,8 @@ struct Sched {
     slow: Vec<i32>,
     /// Planned faults not struck yet, latest first.
     planned: Vec<Fault>,
+    /// Planned [`Fault::KillWaiting`]s not struck yet.
+    waiting_kills: Vec<(i32, &'static str, i32)>,
     /// Stopped ranks to declare failed, with the virtual time when.
     declare_at: Vec<(Duration, i32)>,
     doomed: Vec<i32>,
@@ -165,6 +171,7 @@ impl World {
             limit: config.limit,
             slow: config.slow,
             planned: Vec::new(),
+            waiting_kills: Vec::new(),
             declare_at: Vec::new(),
             doomed: Vec::new(),
             stalled: Vec::new(),
@@ -237,6 +244,7 @@ impl Drop for World {
 fn fault_step(fault: &Fault) -> u64 {
     match *fault {
         Fault::Kill { at, .. } | Fault::Stall { at, .. } => at,
+        Fault::KillWaiting { .. } => unreachable!("planned apart: it strikes at a wait"),
     }
 }
 
@@ -316,8 +324,27 @@ impl Shared {
 impl Sched {
     /// Adds `fault` to the planned ones, kept latest first.
     fn plan(&mut self, fault: Fault) {
+        if let Fault::KillWaiting { rank, label, after } = fault {
+            self.waiting_kills.push((rank, label, after));
+            return;
+        }
         self.planned.push(fault);
         self.planned.sort_by_key(|f| std::cmp::Reverse(fault_step(f)));
+    }
+
+    /// Whether a planned [`Fault::KillWaiting`] strikes `rank` waiting with `label` now (it is
+    /// then struck: the rank is doomed).
+    fn strike_waiting(&mut self, rank: i32, label: &'static str) -> bool {
+        let doomed = &self.doomed;
+        let due = |&(r, l, after): &(i32, &'static str, i32)| {
+            r == rank && l == label && doomed.contains(&after)
+        };
+        let Some(index) = self.waiting_kills.iter().position(due) else { return false };
+        self.waiting_kills.remove(index);
+        self.doomed.push(rank);
+        let line = format!("step {} at {:?}: rank {rank} killed {label}", self.steps, self.clock);
+        self.struck.push(line);
+        true
     }
 
     /// The next task to run: a random one of those ready (a slow rank's task only one time in
@@ -384,6 +411,7 @@ impl Sched {
                     }
                     ("stopped", rank)
                 }
+                Fault::KillWaiting { .. } => unreachable!("planned apart"),
             };
             let line = format!("step {} at {:?}: rank {rank} {what}", self.steps, self.clock);
             self.struck.push(line);
@@ -503,7 +531,11 @@ impl TaskRef {
                 format!("{} {:?} {}: {what}", sched.steps, sched.clock, sched.tasks[self.id].name);
             sched.trace.as_mut().expect("checked").push(line);
         }
-        let kills = sched.strike_due();
+        let mut kills = sched.strike_due();
+        let rank = sched.tasks[self.id].rank;
+        if !unwinding && sched.strike_waiting(rank, what) {
+            kills.push(rank);
+        }
         let declared = sched.take_declared();
         if sched.clock > sched.limit {
             let why = format!("no end within {:?} of virtual time (a hang)", sched.limit);
@@ -514,7 +546,6 @@ impl TaskRef {
             }
             return;
         }
-        let rank = sched.tasks[self.id].rank;
         if sched.doomed.contains(&rank) && !unwinding {
             drop(sched);
             self.carry_out(&kills, &declared);

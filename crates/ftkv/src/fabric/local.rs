@@ -121,6 +121,9 @@ enum Kind {
 struct Rendezvous {
     deposits: Vec<Option<Vec<u8>>>,
     outcome: Option<Vec<u8>>,
+    /// A member that joined the collective and died before its outcome was decided: each
+    /// caller may then fail ([`fails_after_a_death`]).
+    died_inside: Option<usize>,
 }
 
 impl LocalCluster {
@@ -446,18 +449,25 @@ impl LocalFabric {
         let entry = state
             .rendezvous
             .entry(key)
-            .or_insert_with(|| Rendezvous { deposits: vec![None; size], outcome: None });
+            .or_insert_with(|| Rendezvous {
+                deposits: vec![None; size],
+                outcome: None,
+                died_inside: None,
+            });
         entry.deposits[self.rank as usize] = Some(mine);
         let mut decide = Some(decide);
         loop {
             match self.progress_of(&state, key, kind)? {
-                Progress::Decided(outcome) => return Ok(outcome),
-                Progress::Complete(deposits) => {
+                Progress::Decided(outcome, died_inside) => {
+                    return outcome_for_this_caller(outcome, died_inside)
+                }
+                Progress::Complete(deposits, died_inside) => {
                     let outcome = (decide.take().expect("decided once"))(&mut state, &deposits);
-                    state.rendezvous.get_mut(&key).expect("present").outcome =
-                        Some(outcome.clone());
+                    let entry = state.rendezvous.get_mut(&key).expect("present");
+                    entry.outcome = Some(outcome.clone());
+                    entry.died_inside = died_inside;
                     self.world.changed.notify_all();
-                    return Ok(outcome);
+                    return outcome_for_this_caller(outcome, died_inside);
                 }
                 Progress::Waiting => state = self.world.wait(what, state),
             }
@@ -476,7 +486,7 @@ impl LocalFabric {
     ) -> FabricResult<Progress> {
         let entry = &state.rendezvous[&key];
         if let Some(outcome) = &entry.outcome {
-            return Ok(Progress::Decided(outcome.clone()));
+            return Ok(Progress::Decided(outcome.clone(), entry.died_inside));
         }
         let comm = &state.comms[self.comm];
         let dead = |rank: usize| state.dead[comm.members[rank] as usize];
@@ -496,15 +506,10 @@ impl LocalFabric {
         if missing.iter().any(|&r| !dead(r)) {
             return Ok(Progress::Waiting);
         }
-        if kind == Kind::Collective {
-            let joined_then_died = (0..comm.members.len()).find(|&r| dead(r));
-            if let Some(r) = joined_then_died.filter(|_| fails_after_a_death()) {
-                return Err(FabricError::ProcFailed {
-                    op: "local collective",
-                    peer: Some(r as i32),
-                });
-            }
-        }
+        let died_inside = match kind {
+            Kind::Collective => (0..comm.members.len()).find(|&r| dead(r)),
+            _ => None,
+        };
         let present = (0..comm.members.len())
             .map(|r| {
                 if kind == Kind::Collective || !dead(r) {
@@ -514,7 +519,7 @@ impl LocalFabric {
                 }
             })
             .collect();
-        Ok(Progress::Complete(present))
+        Ok(Progress::Complete(present, died_inside))
     }
 
     fn new_comm(state: &mut State, members: Vec<i32>) -> Vec<u8> {
@@ -528,9 +533,24 @@ impl LocalFabric {
 }
 
 enum Progress {
-    Decided(Vec<u8>),
-    Complete(Vec<Option<Vec<u8>>>),
+    /// The outcome, and a member that died inside the collective.
+    Decided(Vec<u8>, Option<usize>),
+    /// Every live member's deposit (a dead one's too for a collective: it joined), and a
+    /// member that died inside the collective.
+    Complete(Vec<Option<Vec<u8>>>, Option<usize>),
     Waiting,
+}
+
+/// The collective's outcome for this caller: when a member joined it and died before it
+/// completed, a failure on some callers and the outcome on others, each caller's by a seeded
+/// coin ([`fails_after_a_death`]), as ULFM reports failures per process.
+fn outcome_for_this_caller(outcome: Vec<u8>, died_inside: Option<usize>) -> FabricResult<Vec<u8>> {
+    match died_inside {
+        Some(r) if fails_after_a_death() => {
+            Err(FabricError::ProcFailed { op: "local collective", peer: Some(r as i32) })
+        }
+        _ => Ok(outcome),
+    }
 }
 
 impl Fabric for LocalFabric {

@@ -446,14 +446,11 @@ impl LocalFabric {
         let key = (self.comm, kind, call);
         let mut state = self.alive_state();
         let size = state.comms[self.comm].members.len();
-        let entry = state
-            .rendezvous
-            .entry(key)
-            .or_insert_with(|| Rendezvous {
-                deposits: vec![None; size],
-                outcome: None,
-                died_inside: None,
-            });
+        let entry = state.rendezvous.entry(key).or_insert_with(|| Rendezvous {
+            deposits: vec![None; size],
+            outcome: None,
+            died_inside: None,
+        });
         entry.deposits[self.rank as usize] = Some(mine);
         let mut decide = Some(decide);
         loop {

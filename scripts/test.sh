@@ -52,10 +52,11 @@ FTKV_TEST_BTL=tcp cargo test --workspace --release --test mpi_layer --test store
 step "real-MPI store and task tests over 3 simulated hosts, and the C example"
 # A 1 GiB value crosses the hosts' links in the 256 MiB growth test's extents already (a 1 GiB
 # one takes 50 s there); configuration checks happen before any link exists; the intruder test
-# makes its own hosts.
+# makes its own hosts; a lone survivor of 2 ranks on 2 hosts is a minority, which leaves the
+# store by design (`Error::Partitioned`).
 FTKV_NODES=3 cargo test --workspace --release --test store --test tasks --test c_example -- \
   --skip a_1_gib_value --skip mismatched_or_invalid --skip bad_input \
-  --skip connections_from_outside
+  --skip connections_from_outside --skip a_lone_survivor_with_one_copy_stays_exact
 step "chaos: 6 runs, 6 ranks, 2 copies, 1 kill each"
 target/release/ftkv chaos --runs 6 --ranks 6 --copies 2 --kills 1 --seed 1
 step "chaos across 3 simulated hosts: 3 runs, 6 ranks, 2 copies, 1 kill each"

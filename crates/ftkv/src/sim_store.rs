@@ -57,17 +57,9 @@ impl Scenario {
     /// global or localized recovery, up to `copies − 1` kills within the writes.
     pub fn of(seed: u64) -> Scenario {
         let mut rng = SmallRng::seed_from_u64(seed);
-        let ranks = rng.gen_range(3..=6usize);
-        let host_count = rng.gen_range(1..=3usize.min(ranks - 1));
-        let by_node = rng.gen_bool(0.5);
-        let per_host = ranks.div_ceil(host_count);
-        let hosts = (0..ranks)
-            .map(|r| if by_node { r % host_count } else { r / per_host } as u32)
-            .collect();
+        let (ranks, hosts) = ranks_on_hosts(&mut rng);
         let copies = rng.gen_range(1..=3usize.min(ranks - 1));
-        // Up to `copies − 1` kills, leaving a majority of the ranks alive (a recovery that
-        // finds a minority alive refuses to go on: `Error::Partitioned`).
-        let kill_count = rng.gen_range(0..=(copies - 1).min((ranks - 1) / 2));
+        let kill_count = kill_count(&mut rng, copies, ranks);
         let mut kills: Vec<(i32, u64)> = Vec::new();
         while kills.len() < kill_count {
             let victim = rng.gen_range(0..ranks as i32);
@@ -145,6 +137,23 @@ impl Scenario {
         }
         config
     }
+}
+
+/// 3–6 ranks on 1–3 hosts, mapped by slot or by node: the rank count and each rank's host.
+pub(crate) fn ranks_on_hosts(rng: &mut SmallRng) -> (usize, Vec<u32>) {
+    let ranks = rng.gen_range(3..=6usize);
+    let host_count = rng.gen_range(1..=3usize.min(ranks - 1));
+    let by_node = rng.gen_bool(0.5);
+    let per_host = ranks.div_ceil(host_count);
+    let hosts =
+        (0..ranks).map(|r| if by_node { r % host_count } else { r / per_host } as u32).collect();
+    (ranks, hosts)
+}
+
+/// How many of `ranks` to kill: up to `copies − 1`, leaving a majority alive (a recovery that
+/// finds a minority alive refuses to go on: `Error::Partitioned`).
+pub(crate) fn kill_count(rng: &mut SmallRng, copies: usize, ranks: usize) -> usize {
+    rng.gen_range(0..=(copies - 1).min((ranks - 1) / 2))
 }
 
 /// Every key's writes, as its owner tried them.

@@ -32,7 +32,7 @@ use rand::{Rng, SeedableRng};
 
 use crate::fabric::local::{LocalCluster, LocalFabric};
 use crate::sim::RunReport;
-use crate::sim_store::Meeting;
+use crate::sim_store::{kill_count, ranks_on_hosts, Meeting};
 use crate::txn::{Decision, Expect, Outcome, TxId, Txn};
 use crate::txn_log::{self, log_of};
 use crate::world::{Fault, World, WorldConfig};
@@ -86,15 +86,9 @@ impl Scenario {
     /// localized recovery, 1–4 transactions per rank, up to `copies − 1` kills.
     pub fn of(seed: u64) -> Scenario {
         let mut rng = SmallRng::seed_from_u64(seed);
-        let ranks = rng.gen_range(3..=6usize);
-        let host_count = rng.gen_range(1..=3usize.min(ranks - 1));
-        let by_node = rng.gen_bool(0.5);
-        let per_host = ranks.div_ceil(host_count);
-        let hosts = (0..ranks)
-            .map(|r| if by_node { r % host_count } else { r / per_host } as u32)
-            .collect();
+        let (ranks, hosts) = ranks_on_hosts(&mut rng);
         let copies = rng.gen_range(2..=3usize.min(ranks - 1));
-        let kill_count = rng.gen_range(0..=(copies - 1).min((ranks - 1) / 2));
+        let kill_count = kill_count(&mut rng, copies, ranks);
         let mut kills: Vec<(i32, Death)> = Vec::new();
         while kills.len() < kill_count {
             let victim = rng.gen_range(0..ranks as i32);

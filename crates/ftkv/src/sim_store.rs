@@ -3,7 +3,8 @@
 //! on the in-process fabric, with every thread a task of one seeded scheduler and a virtual
 //! clock. One seed fixes the scenario (ranks, hosts and their mapping, copies, recovery mode,
 //! value sizes), the interleaving of every task and the faults: kills at any step of the
-//! writes, a slow rank. A failing seed replays exactly (`ftkv sim --model world --seed S
+//! writes, stops, a put that never returns, a recovery's shrink that never returns (on one
+//! survivor or on every rank), a slow rank. A failing seed replays exactly (`ftkv sim --model world --seed S
 //! --trace`).
 //!
 //! Each rank writes its two keys (the shared workload of [`crate::history`]), recovering when
@@ -27,8 +28,11 @@ use crate::{rt, Config, Key, Store};
 
 /// Virtual time a run may take before it counts as a hang.
 const LIMIT: Duration = Duration::from_secs(60);
-/// Virtual time between two looks of a survivor waiting for the others.
+/// Virtual time between a survivor's first two looks while it waits for the others; each
+/// further pause doubles, up to [`MEETING_POLL_MAX`] (a victim stuck in a call for the
+/// watchdog's seconds costs few steps).
 const MEETING_POLL: Duration = Duration::from_micros(200);
+const MEETING_POLL_MAX: Duration = Duration::from_millis(20);
 
 /// One run's scenario, drawn from its seed.
 #[derive(Debug, Clone)]
@@ -50,6 +54,22 @@ pub struct Scenario {
     pub stalls: Vec<(i32, Duration)>,
     pub slow: Vec<i32>,
     pub writes: u32,
+    /// A victim whose `nth` put never returns instead (a call stuck in MPI): the store's
+    /// watchdog ends it.
+    pub stuck_put: Option<(i32, usize)>,
+    /// A recovery's shrink that never returns, as Open MPI's can stay stuck.
+    pub stuck_shrink: Option<StuckShrink>,
+}
+
+/// Where a recovery's shrink never returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StuckShrink {
+    /// On this survivor, after the shrink returned on the others (which wait for it in the
+    /// next step): its recovery deadline ends it, and the others recover without it.
+    Alone(i32),
+    /// On every rank: each one's recovery deadline ends it, so the job ends instead of
+    /// hanging (no survivor is left).
+    Everywhere,
 }
 
 impl Scenario {
@@ -88,6 +108,15 @@ impl Scenario {
                 stalls.push((victim, Duration::from_micros(rng.gen_range(500..20_000))));
             }
         }
+        let plain_victim = kills.first().map(|&(v, _)| v).filter(|&v| {
+            stalls.iter().all(|&(s, _)| s != v)
+                && in_recovery.is_none_or(|(r, _)| r != v)
+                && inside_barrier != Some(v)
+        });
+        let stuck_put = plain_victim
+            .filter(|_| rng.gen_bool(0.1))
+            .map(|v| (v, rng.gen_range(1..=writes as usize / 2)));
+        let stuck_shrink = stuck_shrink(&mut rng, ranks, copies, &kills);
         Scenario {
             seed,
             ranks,
@@ -100,6 +129,8 @@ impl Scenario {
             stalls,
             slow,
             writes,
+            stuck_put,
+            stuck_shrink,
         }
     }
 
@@ -107,7 +138,7 @@ impl Scenario {
         let mode = if self.localized { "localized" } else { "global" };
         format!(
             "{} ranks on hosts {:?}, {} copies, {mode}, {} writes, kills {:?}, in recovery {:?}, \
-             inside a barrier {:?}, stalls {:?}, slow {:?}",
+             inside a barrier {:?}, stalls {:?}, stuck put {:?}, stuck shrink {:?}, slow {:?}",
             self.ranks,
             self.hosts,
             self.copies,
@@ -116,6 +147,8 @@ impl Scenario {
             self.in_recovery,
             self.inside_barrier,
             self.stalls,
+            self.stuck_put,
+            self.stuck_shrink,
             self.slow
         )
     }
@@ -128,14 +161,83 @@ impl Scenario {
         }
     }
 
+    /// Whether `rank` may end in this scenario: a victim, or a rank a stuck shrink ends.
+    fn may_end(&self, rank: i32) -> bool {
+        self.kills.iter().any(|&(v, _)| v == rank)
+            || match self.stuck_shrink {
+                Some(StuckShrink::Alone(stuck)) => stuck == rank,
+                Some(StuckShrink::Everywhere) => true,
+                None => false,
+            }
+    }
+
+    /// Arms the stuck calls on `cluster`.
+    fn arm_stuck_calls(&self, cluster: &LocalCluster) {
+        if let Some((victim, nth)) = self.stuck_put {
+            cluster.stop_at(victim, "put_stall", nth);
+        }
+        match self.stuck_shrink {
+            Some(StuckShrink::Alone(stuck)) => cluster.stop_at(stuck, "recovery_after_shrink", 1),
+            Some(StuckShrink::Everywhere) => {
+                (0..self.ranks as i32).for_each(|r| cluster.stop_at(r, "recovery_stall_shrink", 1))
+            }
+            None => {}
+        }
+    }
+
     fn config(&self) -> Config {
         let mut config = Config::new(["checkpoint", "loot"], self.copies);
         config.initial_capacity = 256;
         config.max_value = 8 << 10;
+        // Fixed here, not read from the environment: the same seed runs alike everywhere.
+        config.suspicion = SUSPICION;
+        config.recovery_watchdog = RECOVERY_WATCHDOG;
+        config.watchdog = WATCHDOG;
+        let spans_hosts = self.hosts.iter().any(|&h| h != self.hosts[0]);
+        if self.stuck_put.is_some() && spans_hosts {
+            // The victim sits in its put for the cross-host watchdog's seconds: a slower
+            // detector poll spares the steps.
+            config.poll_interval = STUCK_POLL;
+        }
         if self.localized {
             config = config.localized();
         }
         config
+    }
+}
+
+/// The scenarios' suspicion bound: across hosts the watchdog is then the store's floor there
+/// ([`crate::config::CROSS_HOST_WATCHDOG`]).
+const SUSPICION: Duration = Duration::from_secs(2);
+/// The scenarios' watchdog on one host: far above a put's virtual time, also to a stopped
+/// holder until it is declared (at most 20 ms).
+const WATCHDOG: Duration = Duration::from_millis(100);
+/// The detector's poll when a stuck put waits for the cross-host watchdog.
+const STUCK_POLL: Duration = Duration::from_millis(10);
+/// The scenarios' recovery watchdog: far above a recovery step's virtual time with every
+/// member inside, short enough that a stuck shrink costs few steps.
+const RECOVERY_WATCHDOG: Duration = Duration::from_millis(500);
+
+/// A recovery's shrink that never returns: on one survivor in half the scenarios where
+/// one more failure leaves every key a copy and a majority alive, on every rank in one of
+/// twenty of the others with kills.
+fn stuck_shrink(
+    rng: &mut SmallRng,
+    ranks: usize,
+    copies: usize,
+    kills: &[(i32, u64)],
+) -> Option<StuckShrink> {
+    if kills.is_empty() {
+        return None;
+    }
+    let may_fail = (copies - 1).min((ranks - 1) / 2);
+    if kills.len() < may_fail {
+        let survivors: Vec<i32> =
+            (0..ranks as i32).filter(|r| kills.iter().all(|&(v, _)| v != *r)).collect();
+        let stuck = survivors[rng.gen_range(0..survivors.len())];
+        rng.gen_bool(0.5).then_some(StuckShrink::Alone(stuck))
+    } else {
+        rng.gen_bool(0.05).then_some(StuckShrink::Everywhere)
     }
 }
 
@@ -191,8 +293,9 @@ impl Meeting {
     /// stores' creation: no recovery is possible yet).
     pub(crate) fn wait_for_all(&self, point: usize, me: i32) {
         self.reached[me as usize].store(point, Ordering::Release);
+        let mut pause = MEETING_POLL;
         while !self.all_at(point) {
-            rt::sleep(MEETING_POLL);
+            pause = pause_longer(pause);
         }
     }
 
@@ -230,11 +333,18 @@ impl Meeting {
         mut tend: impl FnMut(&mut Store<LocalFabric>),
     ) {
         self.reached[store.worker() as usize].store(point, Ordering::Release);
+        let mut pause = MEETING_POLL;
         while !self.all_at(point) || store.needs_recovery() || !self.knows_every_death(store) {
             tend(store);
-            rt::sleep(MEETING_POLL);
+            pause = pause_longer(pause);
         }
     }
+}
+
+/// Sleeps `pause` of virtual time; the next pause of a meeting's wait.
+fn pause_longer(pause: Duration) -> Duration {
+    rt::sleep(pause);
+    (pause * 2).min(MEETING_POLL_MAX)
 }
 
 /// The runs of a campaign: reports of the failing ones and a digest of all
@@ -251,6 +361,7 @@ pub fn run(seed: u64, trace: bool) -> (RunReport, Vec<String>) {
     if let Some((victim, point)) = scenario.in_recovery {
         cluster.arm(victim, point, 1);
     }
+    scenario.arm_stuck_calls(&cluster);
     let history: Arc<History> = Arc::default();
     let meeting = Arc::new(Meeting::new(&cluster, scenario.ranks));
     let body = {
@@ -281,8 +392,14 @@ pub fn run(seed: u64, trace: bool) -> (RunReport, Vec<String>) {
     if recoveries.windows(2).any(|w| w[0].1 != w[1].1) {
         violations.push(format!("the survivors committed different recoveries: {recoveries:?}"));
     }
-    let survivors = results.iter().filter(|r| matches!(r, Ok(Some(_)))).count();
-    if outcome.aborted.is_none() && survivors == 0 {
+    let ended: Vec<i32> =
+        (0..results.len() as i32).filter(|&r| matches!(results[r as usize], Ok(None))).collect();
+    let unplanned: Vec<i32> = ended.iter().copied().filter(|&r| !scenario.may_end(r)).collect();
+    if !unplanned.is_empty() {
+        violations.push(format!("ranks {unplanned:?} ended, no fault was planned for them"));
+    }
+    let everyone_may_end = scenario.stuck_shrink == Some(StuckShrink::Everywhere);
+    if outcome.aborted.is_none() && ended.len() == results.len() && !everyone_may_end {
         violations.push("no rank survived".into());
     }
     let report = RunReport {
@@ -340,8 +457,10 @@ fn worker(
     let mut store = Store::create(&fabric, scenario.config()).expect("creating the store");
     let me = store.worker();
     meeting.wait_for_all(CREATED, me);
-    let step_kill = scenario.kills.iter().find(|&&(v, _)| v == me);
-    if let Some(&(_, after)) = step_kill.filter(|_| scenario.inside_barrier != Some(me)) {
+    let step_kill = scenario.kills.iter().find(|&&(v, _)| v == me).filter(|_| {
+        scenario.inside_barrier != Some(me) && scenario.stuck_put.is_none_or(|(v, _)| v != me)
+    });
+    if let Some(&(_, after)) = step_kill {
         crate::world::plan_here(|now| scenario.fault(me, now + after));
     }
     if scenario.inside_barrier == Some(me) {
@@ -458,6 +577,25 @@ fn read_all(store: &mut Store<LocalFabric>, localized: bool) -> crate::Result<Fi
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_scenarios_include_every_stuck_call() {
+        let scenarios: Vec<Scenario> = (1..=10_000).map(Scenario::of).collect();
+        let count = |f: &dyn Fn(&Scenario) -> bool| scenarios.iter().filter(|s| f(s)).count();
+        let across_hosts = |s: &Scenario| s.hosts.iter().any(|&h| h != s.hosts[0]);
+        let puts = count(&|s| s.stuck_put.is_some());
+        let puts_across = count(&|s| s.stuck_put.is_some() && across_hosts(s));
+        let alone = count(&|s| matches!(s.stuck_shrink, Some(StuckShrink::Alone(_))));
+        let everywhere = count(&|s| s.stuck_shrink == Some(StuckShrink::Everywhere));
+        let global_alone =
+            count(&|s| !s.localized && matches!(s.stuck_shrink, Some(StuckShrink::Alone(_))));
+        eprintln!(
+            "stuck puts {puts} ({puts_across} across hosts), shrinks alone {alone} \
+                   ({global_alone} global), everywhere {everywhere}"
+        );
+        assert!(puts_across >= 100 && puts - puts_across >= 50, "{puts} {puts_across}");
+        assert!(global_alone >= 80 && everywhere >= 100, "{alone} {everywhere}");
+    }
 
     #[test]
     fn the_same_seed_gives_the_same_run() {

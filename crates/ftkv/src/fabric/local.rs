@@ -726,6 +726,12 @@ impl Fabric for LocalFabric {
         state.stopped.push(self.me);
         self.world.changed.notify_all();
         while !state.resumed.contains(&self.me) {
+            // A stopped thread ends with its process (killed, or ended by one of its own
+            // threads); a process only declared failed by the others lives on, stopped.
+            if state.dead[self.me as usize] && !state.declared[self.me as usize] {
+                drop(state);
+                panic::resume_unwind(Box::new(Killed(self.me)));
+            }
             state = self.world.wait("stopped", state);
         }
         state.resumed.retain(|&r| r != self.me);

@@ -10,6 +10,7 @@ pub mod nqueens;
 pub mod pool;
 pub mod problem;
 pub mod protocol;
+pub mod settle;
 #[cfg(feature = "sim")]
 pub mod sim_world;
 pub mod state;

@@ -23,7 +23,8 @@
 //! dealt with; a change runs its part ([`protocol::Worker::on_failures`]): as a buddy it moves
 //! a dead worker's stored checkpoint into its own, as a thief or buddy it resolves a dead
 //! victim's loot key, as a victim it takes back loot its dead thief never checkpointed, each
-//! in one [`Store::transaction`] ([`Settle`]). Every other worker only forgets the dead one.
+//! in one [`Store::transaction`] ([`Settle`]; its engine, [`crate::settle`], decides what it
+//! reads, writes and changes). Every other worker only forgets the dead one.
 //! A store that cannot repair a failure locally sends everyone down the global path; a settle
 //! whose transaction that interrupted is finished after the global recovery
 //! ([`Store::finish_transactions`]) and takes effect on its worker if it committed.
@@ -45,14 +46,13 @@ use crate::events::{self, PoolEvent};
 use crate::global_recovery::{self as recovery, GlobalRecovery};
 use ftkv::codec;
 use ftkv::fabric::{Fabric, FabricError};
-use ftkv::txn::{Decision, Outcome as TxOutcome, Txn};
 use ftkv::{rt, Key, Recovery, Store};
 
 use crate::problem::Problem;
 pub use crate::protocol::Interval;
 pub use crate::protocol::Sums;
 use crate::protocol::{self, sum_contributions, Command, Settings, Settle, Slot, Stored};
-use crate::state::{Checkpoint, Loot};
+use crate::settle::{self, Effect, Settling};
 use crate::uts::Counts;
 
 /// The one tag of the pool's messages on its communicator.
@@ -232,17 +232,17 @@ struct Driver<'p, P: Problem, F: Fabric> {
     adopted: Vec<i32>,
     last_progress: Instant,
     recoveries: Vec<RecoveryInfo>,
-    /// A settle whose transaction call failed (the store fell back to global recovery), with
-    /// the state it would commit: the recovery's [`Store::finish_transactions`] decides it.
-    in_doubt: Option<(Settle, Checkpoint<P::Task>)>,
+    /// A settle whose transaction call failed after computing a change (the store fell back
+    /// to global recovery): the recovery's [`Store::finish_transactions`] decides it.
+    in_doubt: Option<Settling<P>>,
 }
 
 /// Runs `problem` on every rank of `world` (collective) and returns the result on every
 /// survivor. Workers may be killed at any moment; the survivors finish with the exact result
 /// as long as no more than `copies − 1` workers fail between two recoveries.
 ///
-/// The fabric `F` is MPI in production; on [`ftkv::fabric::local`] the same protocol runs on
-/// threads, without MPI.
+/// The fabric `F` is MPI in production; on `ftkv::fabric::local` (ftkv's `sim` feature) the
+/// same protocol runs on threads, without MPI.
 pub fn run<P: Problem, F: Fabric>(world: &F, problem: &P, config: &PoolConfig) -> Result<Outcome> {
     let started = rt::now();
     let mut store_config = ftkv::Config::new(["checkpoint", "loot"], config.copies);
@@ -524,109 +524,59 @@ impl<P: Problem, F: Fabric> Driver<'_, P, F> {
         Key::new(owner, slot as u16)
     }
 
-    /// Runs one [`Settle`] as a store transaction (see its variants).
+    /// Runs one [`Settle`]: carries out the commands of its engine ([`Settling`]). Fails with
+    /// the first store error, which leaves the settle in doubt when its transaction call failed
+    /// after computing a change (the recovery's [`Driver::rejoin`] finishes it), or when the
+    /// store holds a corrupt loot or checkpoint.
     fn settle(&mut self, settle: Settle) -> Result<()> {
-        let me = self.machine.me();
-        let mine = Self::key(me, Slot::Checkpoint);
-        let (txn, plan) = match settle {
-            Settle::Adopt { dead } => {
-                let theirs = Self::key(dead, Slot::Checkpoint);
-                (Txn { reads: vec![mine, theirs], ..Txn::default() }, SettlePlan::Adopt(dead))
-            }
-            Settle::Loot { victim } => {
-                let Some((stored, loot, thiefs)) = self.loot_to_resolve(victim)? else {
+        let mut settling = Settling::new(settle);
+        let mut event = settle::Event::Start;
+        let mut error = None;
+        loop {
+            event = match settling.next(event, &self.machine) {
+                settle::Command::ReadLoot { owner } => {
+                    settle::Event::LootRead(self.store.get(Self::key(owner, Slot::Loot))?)
+                }
+                settle::Command::ReadCheckpoint { owner } => settle::Event::CheckpointRead(
+                    self.store.get(Self::key(owner, Slot::Checkpoint))?,
+                ),
+                settle::Command::Transact(txn) => {
+                    let machine = &self.machine;
+                    let engine = &mut settling;
+                    match self.store.transaction(&txn, |reads| engine.writes(reads, machine)) {
+                        Ok(outcome) => settle::Event::Transacted(outcome),
+                        Err(e) => {
+                            error = Some(e);
+                            settle::Event::TransactionFailed
+                        }
+                    }
+                }
+                settle::Command::Write(_) => {
+                    unreachable!("a settle's writes are computed inside its transaction")
+                }
+                settle::Command::TakeEffect(effect) => {
+                    self.take_effect(effect);
                     return Ok(());
-                };
-                let reads = vec![mine, Self::key(victim, Slot::Checkpoint)];
-                let loot_key = Self::key(victim, Slot::Loot);
-                let expect = ftkv::txn::Expect::Value(Some(stored));
-                let txn = Txn { reads, conditions: vec![(loot_key, expect)], ..Txn::default() };
-                (txn, SettlePlan::Loot { victim, loot, thiefs })
-            }
-            Settle::TakeBack { thief } => {
-                let thiefs = self.stored_checkpoint(thief)?;
-                let own_loot = Self::key(me, Slot::Loot);
-                let txn = Txn { reads: vec![mine, own_loot], ..Txn::default() };
-                (txn, SettlePlan::TakeBack { thiefs })
-            }
-        };
-        let mut state = None;
-        let mut corrupt = false;
-        let machine = &self.machine;
-        let outcome = self.store.transaction(&txn, |reads| {
-            // The failed worker's checkpoint that an adoption or a loot resolution reads.
-            let failed_checkpoint = match &plan {
-                SettlePlan::Adopt(dead) => Some(*dead),
-                SettlePlan::Loot { victim, .. } => Some(*victim),
-                SettlePlan::TakeBack { .. } => None,
-            };
-            let stored = reads.iter().find(|(key, ..)| {
-                failed_checkpoint.is_some_and(|w| *key == Self::key(w, Slot::Checkpoint))
-            });
-            let second = stored.and_then(|(.., value)| value.as_deref()).map(Checkpoint::decode);
-            corrupt = matches!(second, Some(None));
-            let second = second.flatten();
-            let mut writes = Vec::new();
-            let new_state = match &plan {
-                SettlePlan::Adopt(_) if corrupt => None,
-                SettlePlan::Adopt(dead) => {
-                    machine.with_adopted(*dead, second).map(|(new, emptied)| {
-                        writes.push((Self::key(*dead, Slot::Checkpoint), Some(emptied.encode())));
-                        new
-                    })
                 }
-                SettlePlan::Loot { victim, loot, thiefs } => {
-                    writes.push((Self::key(*victim, Slot::Loot), None));
-                    machine.with_loot(*victim, loot, second.as_ref(), thiefs.as_ref())
+                settle::Command::Corrupt(what) => return Err(PoolError::Corrupt(what)),
+                settle::Command::RememberInDoubt => {
+                    self.in_doubt = Some(settling);
+                    return Err(error.expect("a failed transaction call's error").into());
                 }
-                SettlePlan::TakeBack { thiefs } => {
-                    writes.push((Self::key(me, Slot::Loot), None));
-                    machine.with_taken_back(thiefs.as_ref())
+                settle::Command::Fail => {
+                    return Err(error.expect("a failed transaction call's error").into())
                 }
-            };
-            if let Some(new) = &new_state {
-                writes.push((mine, Some(new.encode())));
             }
-            state = new_state;
-            writes
-        });
-        let outcome = match outcome {
-            Ok(outcome) => outcome,
-            Err(e) => {
-                self.in_doubt = state.map(|state| (settle, state));
-                return Err(e.into());
-            }
-        };
-        if corrupt {
-            return Err(PoolError::Corrupt("checkpoint"));
         }
-        if let (TxOutcome::Committed { .. }, Some(state)) = (outcome, state) {
-            self.machine.settled(settle, state);
-        } else if matches!(settle, Settle::TakeBack { .. }) {
-            self.machine.clear_pending();
-        }
-        Ok(())
     }
 
-    /// The stored loot of failed `victim` when this worker resolves it (its bytes, decoded),
-    /// with the stored checkpoint of its thief when that one failed too.
-    fn loot_to_resolve(&mut self, victim: i32) -> Result<Option<LootToResolve<P::Task>>> {
-        let Some(bytes) = self.store.get(Self::key(victim, Slot::Loot))? else { return Ok(None) };
-        let loot = Loot::decode(&bytes).ok_or(PoolError::Corrupt("loot"))?;
-        if !self.machine.resolves_loot(victim, &loot) {
-            return Ok(None);
+    /// Applies what a settle changes on this worker.
+    fn take_effect(&mut self, effect: Effect<P::Task>) {
+        match effect {
+            Effect::Settled { settle, state } => self.machine.settled(settle, state),
+            Effect::ClearPending => self.machine.clear_pending(),
+            Effect::Unchanged => {}
         }
-        let thiefs = if loot.thief == self.machine.me() {
-            None
-        } else {
-            self.stored_checkpoint(loot.thief)?
-        };
-        Ok(Some((bytes, loot, thiefs)))
-    }
-
-    fn stored_checkpoint(&mut self, worker: i32) -> Result<Option<Checkpoint<P::Task>>> {
-        let stored = self.store.get(Self::key(worker, Slot::Checkpoint))?;
-        stored.map(|b| Checkpoint::decode(&b).ok_or(PoolError::Corrupt("checkpoint"))).transpose()
     }
 
     fn delete_loot(&mut self, owner: i32) -> Result<()> {
@@ -748,10 +698,9 @@ impl<P: Problem, F: Fabric> Driver<'_, P, F> {
         // this rejoin before its end: the next round of the recovery loop joins it.
         self.agreed = false;
         let decision = self.store.finish_transactions()?;
-        if let Some((settle, state)) = self.in_doubt.take() {
-            if decision == Some(Decision::Committed) {
-                self.machine.settled(settle, state);
-            }
+        if let Some(mut settling) = self.in_doubt.take() {
+            let effect = settling.effect_of(decision, &self.machine);
+            self.take_effect(effect);
         }
         let live = self.store.live().to_vec();
         self.ranks = live.clone();
@@ -790,17 +739,6 @@ fn interrupted<T, E: Into<PoolError>>(
             recovery::Interrupted::Fatal
         }
     })
-}
-
-/// A failed victim's stored loot: its bytes, decoded, and the stored checkpoint of its thief
-/// when that one failed too.
-type LootToResolve<T> = (Vec<u8>, Loot<T>, Option<Checkpoint<T>>);
-
-/// What a [`Settle`] transaction needs besides the values it reads.
-enum SettlePlan<T> {
-    Adopt(i32),
-    Loot { victim: i32, loot: Loot<T>, thiefs: Option<Checkpoint<T>> },
-    TakeBack { thiefs: Option<Checkpoint<T>> },
 }
 
 #[cfg(test)]

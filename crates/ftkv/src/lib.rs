@@ -77,6 +77,7 @@ mod store;
 pub mod txn;
 pub mod txn_engine;
 pub mod txn_log;
+pub mod txn_resolution;
 #[cfg(feature = "sim")]
 pub mod world;
 

@@ -37,6 +37,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::key::Key;
 use crate::txn_engine::{Command, Coordinator, Event, Op, Refusal};
+use crate::txn_resolution::{self, Duty, FinishOwn, ResolveFailed, Resolver};
 
 /// A transaction's id, also the value of the lock words it holds: the coordinator's worker id
 /// + 1 in the high half (0 means "free"), its sequence number in the low half.
@@ -190,12 +191,7 @@ pub fn run<B: Backend>(
     let mut event = Event::Start;
     loop {
         event = match coordinator.next(event) {
-            Command::Io { step, op } => {
-                if let Some(step) = step {
-                    backend.step(step)?;
-                }
-                perform(backend, id, op)?
-            }
+            Command::Io { step, op } => execute(backend, step, op)?,
             Command::ResolveDutiesAndWait => {
                 resolve_duties(backend)?;
                 backend.wait()?;
@@ -214,14 +210,23 @@ pub fn run<B: Backend>(
     }
 }
 
-/// Executes one operation of the coordinator `id` on `backend`; what it found.
-fn perform<B: Backend>(backend: &mut B, id: TxId, op: Op) -> Result<Event, B::Error> {
+/// Runs the failure-injection point `step` (when there is one), then `op`, on `backend`; what
+/// `op` found. Fails with the first backend error, before `op` when `step` failed.
+fn execute<B: Backend>(
+    backend: &mut B,
+    step: Option<&'static str>,
+    op: Op,
+) -> Result<Event, B::Error> {
+    if let Some(step) = step {
+        backend.step(step)?;
+    }
     Ok(match op {
+        Op::ReadRecord(coordinator) => Event::Record(backend.read_record(coordinator)?),
         Op::WriteRecord(record) => {
-            backend.write_record(id.coordinator(), &record)?;
+            backend.write_record(record.id.coordinator(), &record)?;
             Event::Done
         }
-        Op::SwapLock(key) => Event::Swapped(backend.swap_lock(key, FREE, id.0)?),
+        Op::SwapLock(key, id) => Event::Swapped(backend.swap_lock(key, FREE, id.0)?),
         Op::Read(key) => {
             let (version, value) = backend.read(key)?;
             Event::Read(version, value)
@@ -230,31 +235,11 @@ fn perform<B: Backend>(backend: &mut B, id: TxId, op: Op) -> Result<Event, B::Er
             backend.write(key, version, value.as_deref())?;
             Event::Done
         }
-        Op::ReleaseLock(key) => {
+        Op::ReleaseLock(key, id) => {
             backend.release_lock(key, id.0)?;
             Event::Done
         }
     })
-}
-
-fn unlock<B: Backend>(backend: &mut B, keys: &[Key], id: TxId) -> Result<(), B::Error> {
-    for &key in keys.iter().rev() {
-        backend.step("tx_unlock")?;
-        backend.release_lock(key, id.0)?;
-    }
-    Ok(())
-}
-
-/// Applies a committed record's writes, marks it done and releases its locks.
-fn apply<B: Backend>(backend: &mut B, record: &TxRecord) -> Result<(), B::Error> {
-    for (key, version, value) in &record.writes {
-        backend.step("tx_apply")?;
-        backend.write(*key, *version, value.as_deref())?;
-    }
-    backend.step("tx_done")?;
-    let done = TxRecord { state: RecordState::Done, ..record.clone() };
-    backend.write_record(record.id.coordinator(), &done)?;
-    unlock(backend, &record.keys, record.id)
 }
 
 /// Resolves every failed coordinator this worker is the backup of. A waiting coordinator does
@@ -279,21 +264,11 @@ pub enum Resolution {
 
 /// Resolves the open transaction of the failed `coordinator`: the backup's duty, run by one
 /// backup at a time (the first live holder of the coordinator's record) once it learns of the
-/// failure ([`resolve_duties`]). The newest record
-/// version is first written again to every live holder, so that a backup that takes over after
-/// this one fails reads the same decision.
+/// failure ([`resolve_duties`]). A committed record is first written again to every live
+/// holder, so that a backup that takes over after this one fails reads the same decision. The
+/// runtime of [`ResolveFailed`]'s [`Resolver`].
 pub fn resolve<B: Backend>(backend: &mut B, coordinator: i32) -> Result<Resolution, B::Error> {
-    backend.step("tx_resolve")?;
-    let Some(record) = backend.read_record(coordinator)? else {
-        return Ok(Resolution::Nothing);
-    };
-    let (id, open) = (record.id, record.state);
-    close(backend, record)?;
-    Ok(match open {
-        RecordState::Committed => Resolution::RolledForward(id),
-        RecordState::Locking => Resolution::Aborted(id),
-        RecordState::Done | RecordState::Aborted => Resolution::Nothing,
-    })
+    resolve_for(backend, ResolveFailed { coordinator })
 }
 
 /// How a coordinator's own transaction ended, as its record decided.
@@ -309,38 +284,21 @@ pub enum Decision {
 /// error that the coordinator survived (a global recovery interrupted it): rolls a `Committed`
 /// record forward, aborts a `Locking` one, releases its locks, and returns the decision. No
 /// record of `id` (an older transaction's record is the newest) means its announcement never
-/// became durable, so nothing of it was written.
+/// became durable, so nothing of it was written. The runtime of [`FinishOwn`]'s [`Resolver`].
 pub fn finish_own<B: Backend>(backend: &mut B, id: TxId) -> Result<Decision, B::Error> {
-    backend.step("tx_finish")?;
-    let record = backend.read_record(id.coordinator())?;
-    let Some(record) = record.filter(|r| r.id == id) else { return Ok(Decision::Aborted) };
-    Ok(match close(backend, record)? {
-        RecordState::Done => Decision::Committed,
-        _ => Decision::Aborted,
-    })
+    resolve_for(backend, FinishOwn { id })
 }
 
-/// Brings `record` to its end state (`Done` or `Aborted`) and releases its locks: a
-/// `Committed` one is written again to every live holder and rolled forward, a `Locking` one
-/// is marked `Aborted`. Returns the end state.
-fn close<B: Backend>(backend: &mut B, mut record: TxRecord) -> Result<RecordState, B::Error> {
-    let coordinator = record.id.coordinator();
-    match record.state {
-        RecordState::Done | RecordState::Aborted => {
-            unlock(backend, &record.keys, record.id)?;
-            Ok(record.state)
-        }
-        RecordState::Committed => {
-            backend.write_record(coordinator, &record)?;
-            apply(backend, &record)?;
-            Ok(RecordState::Done)
-        }
-        RecordState::Locking => {
-            record.state = RecordState::Aborted;
-            backend.step("tx_abort")?;
-            backend.write_record(coordinator, &record)?;
-            unlock(backend, &record.keys, record.id)?;
-            Ok(RecordState::Aborted)
-        }
+/// Runs the resolution of `duty` on `backend`: executes the [`Resolver`]'s commands until it
+/// reports. Fails with the first backend error, where the resolution is (the record decides,
+/// and the next resolution of it starts again from the record).
+fn resolve_for<B: Backend, D: Duty>(backend: &mut B, duty: D) -> Result<D::Report, B::Error> {
+    let mut resolver = Resolver::new(duty);
+    let mut event = Event::Start;
+    loop {
+        event = match resolver.next(event) {
+            txn_resolution::Command::Io { step, op } => execute(backend, step, op)?,
+            txn_resolution::Command::Finish(report) => return Ok(report),
+        };
     }
 }

@@ -10,19 +10,22 @@
 use crate::key::Key;
 use crate::txn::{Expect, Outcome, RecordState, TxId, TxRecord, Txn};
 
-/// One I/O operation of the coordinator.
+/// One I/O operation of a coordinator or of a resolution ([`crate::txn_resolution`]). Each
+/// names the transaction it acts for, so one executor runs both.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Op {
-    /// Writes the coordinator's transaction record to every live holder of it.
+    /// The newest transaction record of the coordinator.
+    ReadRecord(i32),
+    /// Writes the record to every live holder of its coordinator's record (a new version).
     WriteRecord(TxRecord),
     /// Compare-and-swap of the key's lock word from free to the transaction's id.
-    SwapLock(Key),
+    SwapLock(Key, TxId),
     /// The newest version of the key and its value.
     Read(Key),
     /// Writes the value (`None`: deletes) at the version to every live holder of the key.
     Write(Key, u64, Option<Vec<u8>>),
     /// Frees the key's lock word where it holds the transaction's id.
-    ReleaseLock(Key),
+    ReleaseLock(Key, TxId),
 }
 
 /// What the coordinator asks its runtime for next.
@@ -60,6 +63,8 @@ pub enum Event {
     Swapped(Option<u64>),
     /// A read: the key's newest version and value.
     Read(u64, Option<Vec<u8>>),
+    /// A record read: the coordinator's newest transaction record (`None`: it has none).
+    Record(Option<TxRecord>),
     /// The update's writes.
     Updated(Vec<(Key, Option<Vec<u8>>)>),
 }
@@ -175,7 +180,7 @@ impl<'t> Coordinator<'t> {
 
     fn swap(&mut self, index: usize, attempts: usize) -> Command {
         self.phase = Phase::Locking { index, attempts: attempts + 1 };
-        io(Some("tx_lock"), Op::SwapLock(self.keys[index]))
+        io(Some("tx_lock"), Op::SwapLock(self.keys[index], self.record.id))
     }
 
     fn read(&mut self, index: usize, step: Option<&'static str>) -> Command {
@@ -249,7 +254,7 @@ impl<'t> Coordinator<'t> {
         }
         let key = self.keys[remaining - 1];
         self.phase = Phase::Unlocking { remaining: remaining - 1, end };
-        io(Some("tx_unlock"), Op::ReleaseLock(key))
+        io(Some("tx_unlock"), Op::ReleaseLock(key, self.record.id))
     }
 
     /// The committed outcome: the values read, in [`Txn::reads`] order.
@@ -327,8 +332,8 @@ mod tests {
         let writes = vec![(key(1), 5, Some(b"new".to_vec())), (key(2), 10, Some(b"too".to_vec()))];
         let expected = vec![
             io(Some("tx_announce"), record(RecordState::Locking, &keys, vec![])),
-            io(Some("tx_lock"), Op::SwapLock(key(1))),
-            io(Some("tx_lock"), Op::SwapLock(key(2))),
+            io(Some("tx_lock"), Op::SwapLock(key(1), ID)),
+            io(Some("tx_lock"), Op::SwapLock(key(2), ID)),
             io(Some("tx_read"), Op::Read(key(1))),
             io(None, Op::Read(key(2))),
             Command::Update(vec![(key(1), 4, Some(b"old".to_vec())), (key(2), 9, None)]),
@@ -336,8 +341,8 @@ mod tests {
             io(Some("tx_apply"), Op::Write(key(1), 5, Some(b"new".to_vec()))),
             io(Some("tx_apply"), Op::Write(key(2), 10, Some(b"too".to_vec()))),
             io(Some("tx_done"), record(RecordState::Done, &keys, writes)),
-            io(Some("tx_unlock"), Op::ReleaseLock(key(2))),
-            io(Some("tx_unlock"), Op::ReleaseLock(key(1))),
+            io(Some("tx_unlock"), Op::ReleaseLock(key(2), ID)),
+            io(Some("tx_unlock"), Op::ReleaseLock(key(1), ID)),
             Command::Finish(Ok(Outcome::Committed { reads: vec![(key(2), 9, None)] })),
         ];
         assert_eq!(drive(&mut coordinator, events), expected);
@@ -361,13 +366,13 @@ mod tests {
         ];
         let expected = vec![
             io(Some("tx_announce"), record(RecordState::Locking, &keys, vec![])),
-            io(Some("tx_lock"), Op::SwapLock(key(1))),
-            io(Some("tx_lock"), Op::SwapLock(key(3))),
+            io(Some("tx_lock"), Op::SwapLock(key(1), ID)),
+            io(Some("tx_lock"), Op::SwapLock(key(3), ID)),
             Command::ResolveDutiesAndWait,
-            io(Some("tx_lock"), Op::SwapLock(key(3))),
+            io(Some("tx_lock"), Op::SwapLock(key(3), ID)),
             Command::ResolveDutiesAndWait,
             io(Some("tx_abort"), record(RecordState::Aborted, &keys, vec![])),
-            io(Some("tx_unlock"), Op::ReleaseLock(key(1))),
+            io(Some("tx_unlock"), Op::ReleaseLock(key(1), ID)),
             Command::Finish(Err(Refusal::Contended { key: key(3), attempts: 2 })),
         ];
         assert_eq!(drive(&mut coordinator, events), expected);
@@ -395,8 +400,8 @@ mod tests {
         ];
         let commands = drive(&mut coordinator, events);
         assert_eq!(commands[5], io(Some("tx_abort"), record(RecordState::Aborted, &keys, vec![])));
-        assert_eq!(commands[6], io(Some("tx_unlock"), Op::ReleaseLock(key(2))));
-        assert_eq!(commands[7], io(Some("tx_unlock"), Op::ReleaseLock(key(1))));
+        assert_eq!(commands[6], io(Some("tx_unlock"), Op::ReleaseLock(key(2), ID)));
+        assert_eq!(commands[7], io(Some("tx_unlock"), Op::ReleaseLock(key(1), ID)));
         assert_eq!(commands[8], Command::Finish(Ok(Outcome::Aborted { condition: key(2) })));
     }
 
@@ -416,7 +421,7 @@ mod tests {
         let commands = drive(&mut coordinator, events);
         let aborted = record(RecordState::Aborted, &[key(1)], vec![]);
         assert_eq!(commands[4], io(Some("tx_abort"), aborted));
-        assert_eq!(commands[5], io(Some("tx_unlock"), Op::ReleaseLock(key(1))));
+        assert_eq!(commands[5], io(Some("tx_unlock"), Op::ReleaseLock(key(1), ID)));
         assert_eq!(commands[6], Command::Finish(Err(Refusal::UnlockedWrite { key: key(9) })));
         assert!(!commands.iter().any(|c| matches!(c, Command::Io { op: Op::Write(..), .. })));
     }

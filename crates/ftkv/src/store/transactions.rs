@@ -231,13 +231,16 @@ impl<F: Fabric> Store<F> {
 
     /// The failed workers whose record's first live holder is this worker.
     fn backup_duties(&self, record_kind: u16) -> Vec<i32> {
-        let failed = self.health.failed_workers(self.workers);
+        // Every failure known here: also those of a global recovery, which this rank may have
+        // learned of only there (its detector, new since, has not seen them).
+        let failed = self.failed();
         let first_live = |coordinator: i32| {
             let route = self.route(Key::new(coordinator, record_kind)).ok()?;
-            route.iter().find(|c| !self.health.is_failed(c.worker)).map(|c| c.worker)
+            route.iter().find(|c| !failed.contains(&c.worker)).map(|c| c.worker)
         };
         failed
-            .into_iter()
+            .iter()
+            .copied()
             .filter(|c| *c != self.me && !self.tx.resolved.contains(c))
             .filter(|&c| first_live(c) == Some(self.me))
             .collect()

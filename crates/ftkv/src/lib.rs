@@ -78,6 +78,7 @@ pub mod txn;
 pub mod txn_engine;
 pub mod txn_log;
 pub mod txn_resolution;
+pub mod txn_types;
 #[cfg(feature = "sim")]
 pub mod world;
 

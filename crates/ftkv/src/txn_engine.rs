@@ -8,7 +8,7 @@
 //! where it is: the record decides, and the backups finish it.
 
 use crate::key::Key;
-use crate::txn::{Expect, Outcome, RecordState, TxId, TxRecord, Txn};
+use crate::txn_types::{Expect, Outcome, RecordState, TxId, TxRecord, Txn};
 
 /// One I/O operation of a coordinator or of a resolution ([`crate::txn_resolution`]). Each
 /// names the transaction it acts for, so one executor runs both.

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use crate::fabric::local::Killed;
+use crate::fabric::killed::Killed;
 use crate::sim::RunReport;
 
 /// Virtual time a step takes.

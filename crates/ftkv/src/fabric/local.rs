@@ -18,9 +18,7 @@ use std::time::Duration;
 
 use super::{Agreed, Fabric, FabricError, FabricResult, FabricWindow, Message, RmaOps};
 
-/// The unwinding payload of a killed rank's threads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Killed(pub i32);
+pub use super::killed::Killed;
 
 /// A set of thread ranks sharing one simulated machine.
 #[derive(Clone)]

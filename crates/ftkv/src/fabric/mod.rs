@@ -10,6 +10,8 @@ use std::any::Any;
 use std::time::Duration;
 
 #[cfg(any(test, feature = "sim"))]
+pub mod killed;
+#[cfg(any(test, feature = "sim"))]
 pub mod local;
 #[cfg(feature = "mpi")]
 mod mpi;

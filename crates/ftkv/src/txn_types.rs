@@ -34,7 +34,7 @@ pub enum Expect {
 }
 
 /// A transaction: keys to read, conditions that must all hold, and writes (`None` deletes).
-/// [`run`] adds the writes its `update` computes from the values read.
+/// [`crate::txn::run`] adds the writes its `update` computes from the values read.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Txn {
     pub reads: Vec<Key>,

@@ -399,7 +399,7 @@ enum BenchCommand {
 #[derive(clap::Args)]
 struct PoolArgs {
     /// UTS tree: the reference's flags (e.g. "-t 1 -a 3 -d 10 -b 4 -r 19"), a sample name
-    /// (default, T1 to T5, T1L, T2L, T3L), or `queens:N` for N-Queens.
+    /// (default, T1 to T5, T1L, T2L, T3L), `queens:N` for N-Queens, or `fib:N` for Fibonacci.
     #[arg(long, default_value = "T1", allow_hyphen_values = true)]
     tree: String,
     /// Number of ranks, one worker on each.

@@ -9,6 +9,7 @@ use anyhow::{bail, ensure, Context, Result};
 use ftkv::Recovery;
 use ftkv_mpi::Mpi;
 use ftkv_tasks::events::Progress as PoolProgress;
+use ftkv_tasks::fib::Fib;
 use ftkv_tasks::nqueens::NQueens;
 use ftkv_tasks::pool::{self, Interval, PoolConfig};
 use ftkv_tasks::problem::{check_exact, Reference};
@@ -22,20 +23,27 @@ use crate::launch::{kill_random_rank, JobOutput, Launch};
 use crate::progress::Progress;
 use crate::rank_errors::find_rank_error;
 
-/// What the pool computes: a UTS tree (the reference's flags or a sample name) or N-Queens.
+/// What the pool computes: a UTS tree (the reference's flags or a sample name), N-Queens or
+/// Fibonacci.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Workload {
     Uts(String),
     Queens(u32),
+    Fib(u32),
 }
 
 impl Workload {
-    /// `queens:N` or UTS parameters.
+    /// `queens:N`, `fib:N` or UTS parameters.
     pub fn parse(text: &str) -> Result<Workload> {
         if let Some(n) = text.trim().strip_prefix("queens:") {
             let n: u32 = n.parse().context("queens:N needs a number")?;
             NQueens::new(n).map_err(anyhow::Error::msg)?;
             return Ok(Workload::Queens(n));
+        }
+        if let Some(n) = text.trim().strip_prefix("fib:") {
+            let n: u32 = n.parse().context("fib:N needs a number")?;
+            Fib::new(n).map_err(anyhow::Error::msg)?;
+            return Ok(Workload::Fib(n));
         }
         uts::Params::parse(text)?;
         Ok(Workload::Uts(text.to_string()))
@@ -50,16 +58,27 @@ impl Workload {
                 }
             }
             Workload::Queens(n) => format!("{n}-Queens"),
+            Workload::Fib(n) => format!("Fibonacci fib({n})"),
         }
     }
 
-    /// Published (nodes, leaves) for UTS sample trees, (-, solutions) for N-Queens.
+    /// Published (nodes, leaves) for UTS sample trees, (-, solutions) for N-Queens, the closed
+    /// forms (2·F(N+1) − 1, F(N)) for Fibonacci.
     fn published(&self) -> Option<(Option<u64>, u64)> {
         match self {
             Workload::Uts(text) => {
                 uts::Params::parse(text).ok()?.published().map(|(_, n, l)| (Some(n), l))
             }
             Workload::Queens(n) => NQueens::new(*n).ok()?.published().map(|s| (None, s)),
+            Workload::Fib(n) => Fib::new(*n).ok().map(|f| f.expected()).map(|(n, l)| (Some(n), l)),
+        }
+    }
+
+    /// What [`Workload::published`] gives: published counts, or Fibonacci's closed forms.
+    fn reference_name(&self) -> &'static str {
+        match self {
+            Workload::Uts(_) | Workload::Queens(_) => "published",
+            Workload::Fib(_) => "closed form",
         }
     }
 
@@ -67,6 +86,7 @@ impl Workload {
         match self {
             Workload::Uts(text) => format!("uts:{text}"),
             Workload::Queens(n) => format!("queens:{n}"),
+            Workload::Fib(n) => format!("fib:{n}"),
         }
     }
 
@@ -109,6 +129,7 @@ pub fn rank_main(
         Workload::Queens(n) => {
             pool::run(&world, &NQueens::new(*n).map_err(anyhow::Error::msg)?, &config)?
         }
+        Workload::Fib(n) => pool::run(&world, &Fib::new(*n).map_err(anyhow::Error::msg)?, &config)?,
     };
     let t = outcome.total;
     let result = RankResult {
@@ -743,7 +764,8 @@ fn print_verdict(demo: &Demo, r: &RunReport) {
     );
     match (demo.workload.published(), r.matches_published) {
         (Some((nodes, leaves)), Some(ok)) => println!(
-            "published: {}{} leaves -> {}",
+            "{}: {}{} leaves -> {}",
+            demo.workload.reference_name(),
             nodes.map(|n| format!("{n} nodes, ")).unwrap_or_default(),
             leaves,
             if ok { "MATCH" } else { "MISMATCH" }

@@ -107,6 +107,16 @@ fn failure_free_runs_are_exact() {
     assert_exact(&out, 4, &[], Some(1_732), 1_050);
     let out = pool_job(QUEENS, 5, 2, "");
     assert_exact(&out, 5, &[], None, QUEENS_SOLUTIONS);
+    let out = pool_job("fib:25", 4, 2, "");
+    assert_exact(&out, 4, &[], Some(242_785), 75_025);
+}
+
+/// Fibonacci as independent tasks with a victim killed mid-steal: the closed forms
+/// (2·F(33) − 1 nodes, F(32) leaves).
+#[test]
+fn fibonacci_stays_exact_with_a_victim_killed_mid_steal() {
+    let out = pool_job("fib:32", 4, 2, "steal_victim_after_loot@0#1");
+    assert_exact(&out, 4, &[0], Some(7_049_155), 2_178_309);
 }
 
 #[test]

@@ -1,10 +1,11 @@
 //! The application ftkv exists for: task-parallel computations with known answers (UTS,
-//! N-Queens) on a work-stealing pool whose workers checkpoint into the store and survive
+//! N-Queens, Fibonacci) on a work-stealing pool whose workers checkpoint into the store and survive
 //! SIGKILLed workers with the exact result ([`pool`]).
 
 #![forbid(unsafe_code)]
 
 pub mod events;
+pub mod fib;
 pub mod global_recovery;
 pub mod nqueens;
 pub mod pool;

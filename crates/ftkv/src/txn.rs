@@ -19,11 +19,11 @@
 //! 5. **Apply** every write at its target version, mark the record `Done`, release the locks.
 //!
 //! When the coordinator fails, its backup (the first live holder of its record, one at a time)
-//! resolves the record: it first makes the newest version it reads durable on every live
-//! holder (so a later backup reads the same decision), then rolls a `Committed` record forward
-//! (every write again, at the same version with the same bytes: idempotent while the locks stay
-//! held in the dead transaction's name) or marks a `Locking` one `Aborted`, and releases the
-//! dead transaction's locks. Writes happen only after the commit was acknowledged everywhere,
+//! resolves the record: a `Committed` record is first written again to every live holder (so
+//! a later backup reads the same decision) and then rolled forward (every write again, at the
+//! same version with the same bytes: idempotent while the locks stay held in the dead
+//! transaction's name); a `Locking` one is marked `Aborted`; then the dead transaction's locks
+//! are released. Writes happen only after the commit was acknowledged everywhere,
 //! so a transaction is applied on every key or on none. Locks held until after the writes make
 //! committed transactions serializable (two-phase locking); reads outside transactions are not
 //! isolated from them.

@@ -46,7 +46,7 @@ use crate::events::{self, PoolEvent};
 use crate::global_recovery::{self as recovery, GlobalRecovery};
 use ftkv::codec;
 use ftkv::fabric::{Fabric, FabricError};
-use ftkv::{rt, Key, Recovery, Store};
+use ftkv::{rt, Recovery, Store};
 
 use crate::problem::Problem;
 pub use crate::protocol::Interval;
@@ -424,7 +424,7 @@ impl<P: Problem, F: Fabric> Driver<'_, P, F> {
             match command {
                 Command::Send { to, message } => self.send(to, &message)?,
                 Command::Put { slot, bytes } => {
-                    self.store.put(Key::new(self.machine.me(), slot as u16), &bytes)?
+                    self.store.put(slot.key(self.machine.me()), &bytes)?
                 }
                 Command::DeleteLoot { owner } => self.delete_loot(owner)?,
                 Command::Sync => self.store.sync()?,
@@ -520,10 +520,6 @@ impl<P: Problem, F: Fabric> Driver<'_, P, F> {
         Ok(sums)
     }
 
-    fn key(owner: i32, slot: Slot) -> Key {
-        Key::new(owner, slot as u16)
-    }
-
     /// Runs one [`Settle`]: carries out the commands of its engine ([`Settling`]). Fails with
     /// the first store error, which leaves the settle in doubt when its transaction call failed
     /// after computing a change (the recovery's [`Driver::rejoin`] finishes it), or when the
@@ -535,11 +531,11 @@ impl<P: Problem, F: Fabric> Driver<'_, P, F> {
         loop {
             event = match settling.next(event, &self.machine) {
                 settle::Command::ReadLoot { owner } => {
-                    settle::Event::LootRead(self.store.get(Self::key(owner, Slot::Loot))?)
+                    settle::Event::LootRead(self.store.get(Slot::Loot.key(owner))?)
                 }
-                settle::Command::ReadCheckpoint { owner } => settle::Event::CheckpointRead(
-                    self.store.get(Self::key(owner, Slot::Checkpoint))?,
-                ),
+                settle::Command::ReadCheckpoint { owner } => {
+                    settle::Event::CheckpointRead(self.store.get(Slot::Checkpoint.key(owner))?)
+                }
                 settle::Command::Transact(txn) => {
                     let machine = &self.machine;
                     let engine = &mut settling;
@@ -580,7 +576,7 @@ impl<P: Problem, F: Fabric> Driver<'_, P, F> {
     }
 
     fn delete_loot(&mut self, owner: i32) -> Result<()> {
-        let key = Key::new(owner, Slot::Loot as u16);
+        let key = Slot::Loot.key(owner);
         if owner == self.machine.me() {
             self.store.delete(key)?;
         } else {
@@ -717,8 +713,8 @@ impl<P: Problem, F: Fabric> Driver<'_, P, F> {
         let workers = self.store.workers() as i32;
         let (mut checkpoints, mut loots) = (Vec::new(), Vec::new());
         for w in 0..workers {
-            checkpoints.push(self.store.get(Key::new(w, Slot::Checkpoint as u16))?);
-            loots.push(self.store.get(Key::new(w, Slot::Loot as u16))?);
+            checkpoints.push(self.store.get(Slot::Checkpoint.key(w))?);
+            loots.push(self.store.get(Slot::Loot.key(w))?);
         }
         Stored::decode(&checkpoints, &loots).map_err(PoolError::Corrupt)
     }

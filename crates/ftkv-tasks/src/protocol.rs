@@ -84,6 +84,13 @@ pub enum Slot {
     Loot = 1,
 }
 
+impl Slot {
+    /// This slot's store key of worker `owner`.
+    pub fn key(self, owner: i32) -> ftkv::Key {
+        ftkv::Key::new(owner, self as u16)
+    }
+}
+
 /// What a worker asks its driver to do, in order (see the module's execution contract).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Command<T> {

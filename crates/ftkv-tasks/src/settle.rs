@@ -129,17 +129,19 @@ enum Plan<T> {
 impl<T> Plan<T> {
     /// The transaction of worker `me`, without the writes that follow from its reads.
     fn txn(&self, me: i32) -> Txn {
-        let mine = checkpoint_key(me);
+        let mine = Slot::Checkpoint.key(me);
         match self {
             Plan::Adopt { dead } => {
-                Txn { reads: vec![mine, checkpoint_key(*dead)], ..Txn::default() }
+                Txn { reads: vec![mine, Slot::Checkpoint.key(*dead)], ..Txn::default() }
             }
             Plan::Loot { victim, stored, .. } => Txn {
-                reads: vec![mine, checkpoint_key(*victim)],
-                conditions: vec![(loot_key(*victim), Expect::Value(Some(stored.clone())))],
+                reads: vec![mine, Slot::Checkpoint.key(*victim)],
+                conditions: vec![(Slot::Loot.key(*victim), Expect::Value(Some(stored.clone())))],
                 ..Txn::default()
             },
-            Plan::TakeBack { .. } => Txn { reads: vec![mine, loot_key(me)], ..Txn::default() },
+            Plan::TakeBack { .. } => {
+                Txn { reads: vec![mine, Slot::Loot.key(me)], ..Txn::default() }
+            }
         }
     }
 
@@ -315,20 +317,20 @@ impl<P: Problem> Settling<P> {
         let state = match plan {
             Plan::Adopt { .. } if corrupt => None,
             Plan::Adopt { dead } => machine.with_adopted(*dead, failed).map(|(new, emptied)| {
-                writes.push((checkpoint_key(*dead), Some(emptied.encode())));
+                writes.push((Slot::Checkpoint.key(*dead), Some(emptied.encode())));
                 new
             }),
             Plan::Loot { victim, loot, thiefs, .. } => {
-                writes.push((loot_key(*victim), None));
+                writes.push((Slot::Loot.key(*victim), None));
                 machine.with_loot(*victim, loot, failed.as_ref(), thiefs.as_ref())
             }
             Plan::TakeBack { thiefs } => {
-                writes.push((loot_key(me), None));
+                writes.push((Slot::Loot.key(me), None));
                 machine.with_taken_back(thiefs.as_ref())
             }
         };
         if let Some(new) = &state {
-            writes.push((checkpoint_key(me), Some(new.encode())));
+            writes.push((Slot::Checkpoint.key(me), Some(new.encode())));
         }
         self.phase = Phase::Written(Written { state, corrupt });
         Command::Write(writes)
@@ -385,17 +387,9 @@ fn checkpoint_in<T: Copy + serde::de::DeserializeOwned>(
     reads: &Reads,
     owner: i32,
 ) -> Result<Option<Checkpoint<T>>, Corrupt> {
-    let key = checkpoint_key(owner);
+    let key = Slot::Checkpoint.key(owner);
     let stored = reads.iter().find(|(read, ..)| *read == key);
     decode_checkpoint(stored.and_then(|(.., value)| value.as_deref()))
-}
-
-fn checkpoint_key(owner: i32) -> Key {
-    Key::new(owner, Slot::Checkpoint as u16)
-}
-
-fn loot_key(owner: i32) -> Key {
-    Key::new(owner, Slot::Loot as u16)
 }
 
 #[cfg(test)]
@@ -472,7 +466,7 @@ mod tests {
     }
 
     fn adopt_txn() -> Txn {
-        Txn { reads: vec![checkpoint_key(0), checkpoint_key(2)], ..Txn::default() }
+        Txn { reads: vec![Slot::Checkpoint.key(0), Slot::Checkpoint.key(2)], ..Txn::default() }
     }
 
     #[test]
@@ -488,8 +482,8 @@ mod tests {
                 "its checkpoint joins this worker's and is written back emptied",
                 Some(theirs.encode()),
                 vec![
-                    (checkpoint_key(2), Some(emptied.encode())),
-                    (checkpoint_key(0), Some(with_theirs.encode())),
+                    (Slot::Checkpoint.key(2), Some(emptied.encode())),
+                    (Slot::Checkpoint.key(0), Some(with_theirs.encode())),
                 ],
                 settled(Settle::Adopt { dead: 2 }, with_theirs),
             ),
@@ -497,8 +491,8 @@ mod tests {
                 "a worker that never wrote one is adopted at its initial state",
                 None,
                 vec![
-                    (checkpoint_key(2), Some(initial_emptied.encode())),
-                    (checkpoint_key(0), Some(with_initial.encode())),
+                    (Slot::Checkpoint.key(2), Some(initial_emptied.encode())),
+                    (Slot::Checkpoint.key(0), Some(with_initial.encode())),
                 ],
                 settled(Settle::Adopt { dead: 2 }, with_initial),
             ),
@@ -512,8 +506,8 @@ mod tests {
         ];
         for (case, theirs, writes, end) in table {
             let read = reads(&[
-                (checkpoint_key(0), Some(initial(0).encode())),
-                (checkpoint_key(2), theirs),
+                (Slot::Checkpoint.key(0), Some(initial(0).encode())),
+                (Slot::Checkpoint.key(2), theirs),
             ]);
             let events = vec![Event::Start, Event::Locked(&read), committed()];
             let (commands, _) = drive(Settle::Adopt { dead: 2 }, &machine, events);
@@ -541,8 +535,8 @@ mod tests {
 
     fn loot_txn(stored: &Loot<Board>) -> Txn {
         Txn {
-            reads: vec![checkpoint_key(0), checkpoint_key(1)],
-            conditions: vec![(loot_key(1), Expect::Value(Some(stored.encode())))],
+            reads: vec![Slot::Checkpoint.key(0), Slot::Checkpoint.key(1)],
+            conditions: vec![(Slot::Loot.key(1), Expect::Value(Some(stored.encode())))],
             ..Txn::default()
         }
     }
@@ -557,19 +551,21 @@ mod tests {
             (
                 "left out: the loot joins this worker's pool",
                 stored(1, 1, [0; 3]),
-                vec![(loot_key(1), None), (checkpoint_key(0), Some(taken.encode()))],
+                vec![(Slot::Loot.key(1), None), (Slot::Checkpoint.key(0), Some(taken.encode()))],
                 settled(Settle::Loot { victim: 1 }, taken),
             ),
             (
                 "still in the victim's pool: the key is only deleted",
                 stored(4, 0, [0; 3]),
-                vec![(loot_key(1), None)],
+                vec![(Slot::Loot.key(1), None)],
                 UNCHANGED,
             ),
         ];
         for (case, victims, writes, end) in table {
-            let read =
-                reads(&[(checkpoint_key(0), None), (checkpoint_key(1), Some(victims.encode()))]);
+            let read = reads(&[
+                (Slot::Checkpoint.key(0), None),
+                (Slot::Checkpoint.key(1), Some(victims.encode())),
+            ]);
             let events = vec![
                 Event::Start,
                 Event::LootRead(Some(stolen.encode())),
@@ -595,19 +591,19 @@ mod tests {
         let victims = stored(1, 1, [0; 3]);
         let taken = machine.with_loot(1, &stolen, Some(&victims), None).unwrap();
         let reads_of_the_victim =
-            [(checkpoint_key(0), None), (checkpoint_key(1), Some(victims.encode()))];
+            [(Slot::Checkpoint.key(0), None), (Slot::Checkpoint.key(1), Some(victims.encode()))];
         // (case, thief 2's stored checkpoint, writes, end)
         let table = [
             (
                 "the thief never checkpointed it: the buddy takes it",
                 stored(0, 0, [0; 3]),
-                vec![(loot_key(1), None), (checkpoint_key(0), Some(taken.encode()))],
+                vec![(Slot::Loot.key(1), None), (Slot::Checkpoint.key(0), Some(taken.encode()))],
                 settled(Settle::Loot { victim: 1 }, taken),
             ),
             (
                 "the thief checkpointed it: the key is only deleted",
                 stored(3, 0, [0, 1, 0]),
-                vec![(loot_key(1), None)],
+                vec![(Slot::Loot.key(1), None)],
                 UNCHANGED,
             ),
         ];
@@ -644,25 +640,25 @@ mod tests {
         let machine = victim_of_thief_1();
         let back = machine.with_taken_back(None).unwrap();
         let kept = machine.with_taken_back(Some(&stored(2, 0, [1, 0, 0]))).unwrap();
-        let txn = Txn { reads: vec![checkpoint_key(0), loot_key(0)], ..Txn::default() };
+        let txn = Txn { reads: vec![Slot::Checkpoint.key(0), Slot::Loot.key(0)], ..Txn::default() };
         let take_back = Settle::TakeBack { thief: 1 };
         // (case, thief 1's stored checkpoint, writes, end)
         let table = [
             (
                 "the thief never checkpointed it: back in the pool",
                 None,
-                vec![(loot_key(0), None), (checkpoint_key(0), Some(back.encode()))],
+                vec![(Slot::Loot.key(0), None), (Slot::Checkpoint.key(0), Some(back.encode()))],
                 settled(take_back, back),
             ),
             (
                 "the thief checkpointed it: the pool stays, the loot in flight is forgotten",
                 Some(stored(2, 0, [1, 0, 0]).encode()),
-                vec![(loot_key(0), None), (checkpoint_key(0), Some(kept.encode()))],
+                vec![(Slot::Loot.key(0), None), (Slot::Checkpoint.key(0), Some(kept.encode()))],
                 settled(take_back, kept),
             ),
         ];
         for (case, thiefs, writes, end) in table {
-            let read = reads(&[(checkpoint_key(0), None), (loot_key(0), None)]);
+            let read = reads(&[(Slot::Checkpoint.key(0), None), (Slot::Loot.key(0), None)]);
             let events = vec![
                 Event::Start,
                 Event::CheckpointRead(thiefs),
@@ -679,14 +675,14 @@ mod tests {
             assert_eq!(commands, expected, "{case}");
         }
         let nothing_in_flight = worker();
-        let read = reads(&[(checkpoint_key(0), None), (loot_key(0), None)]);
+        let read = reads(&[(Slot::Checkpoint.key(0), None), (Slot::Loot.key(0), None)]);
         let events =
             vec![Event::Start, Event::CheckpointRead(None), Event::Locked(&read), committed()];
         let (commands, _) = drive(take_back, &nothing_in_flight, events);
         let expected = vec![
             Command::ReadCheckpoint { owner: 1 },
             Command::Transact(txn),
-            Command::Write(vec![(loot_key(0), None)]),
+            Command::Write(vec![(Slot::Loot.key(0), None)]),
             Command::TakeEffect(Effect::ClearPending),
         ];
         assert_eq!(commands, expected, "nothing in flight any more: the key is deleted");
@@ -697,7 +693,10 @@ mod tests {
         let aborted = |key| Event::Transacted(Outcome::Aborted { condition: key });
         let stolen = loot(1, 0);
         let victims = stored(1, 1, [0; 3]);
-        let read = reads(&[(checkpoint_key(0), None), (checkpoint_key(1), Some(victims.encode()))]);
+        let read = reads(&[
+            (Slot::Checkpoint.key(0), None),
+            (Slot::Checkpoint.key(1), Some(victims.encode())),
+        ]);
         let thief = worker();
         let taken = thief.with_loot(1, &stolen, Some(&victims), None).unwrap();
         let loot_settle = Settle::Loot { victim: 1 };
@@ -706,15 +705,15 @@ mod tests {
         };
         let (commands, _) = drive(loot_settle, &thief, loot_events(committed()));
         assert_eq!(commands.last(), Some(&settled(loot_settle, taken)), "committed");
-        let (commands, _) = drive(loot_settle, &thief, loot_events(aborted(loot_key(1))));
+        let (commands, _) = drive(loot_settle, &thief, loot_events(aborted(Slot::Loot.key(1))));
         assert_eq!(commands.last(), Some(&UNCHANGED), "aborted");
         let before_the_lock =
-            vec![Event::Start, Event::LootRead(Some(stolen.encode())), aborted(loot_key(1))];
+            vec![Event::Start, Event::LootRead(Some(stolen.encode())), aborted(Slot::Loot.key(1))];
         let (commands, _) = drive(loot_settle, &thief, before_the_lock);
         assert_eq!(commands.last(), Some(&UNCHANGED), "the loot key changed: nothing was written");
         let victim = victim_of_thief_1();
         let take_back = Settle::TakeBack { thief: 1 };
-        let events = vec![Event::Start, Event::CheckpointRead(None), aborted(loot_key(0))];
+        let events = vec![Event::Start, Event::CheckpointRead(None), aborted(Slot::Loot.key(0))];
         let (commands, _) = drive(take_back, &victim, events);
         assert_eq!(commands.last(), Some(&Command::TakeEffect(Effect::ClearPending)), "take back");
     }
@@ -723,7 +722,7 @@ mod tests {
     fn a_failed_call_leaves_a_change_in_doubt_until_the_recovery_decides_it() {
         let machine = worker();
         let (adopted, _) = machine.with_adopted(2, None).unwrap();
-        let read = reads(&[(checkpoint_key(0), None), (checkpoint_key(2), None)]);
+        let read = reads(&[(Slot::Checkpoint.key(0), None), (Slot::Checkpoint.key(2), None)]);
         let adopt = Settle::Adopt { dead: 2 };
         // (decision, effect)
         let table = [
@@ -744,8 +743,8 @@ mod tests {
         let machine = worker();
         let adopted_already = stored(0, 0, [0; 3]).emptied(1);
         let read = reads(&[
-            (checkpoint_key(0), None),
-            (checkpoint_key(2), Some(adopted_already.encode())),
+            (Slot::Checkpoint.key(0), None),
+            (Slot::Checkpoint.key(2), Some(adopted_already.encode())),
         ]);
         let cases = [
             ("before the lock", vec![Event::Start, Event::TransactionFailed]),

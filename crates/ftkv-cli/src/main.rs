@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 use ftkv::Recovery;
 use ftkv_cli::args::{self, Opt};
 use ftkv_cli::{bench_store, chaos, env, launch, probe, rank_failure, tasks};
+use ftkv_tasks::model::Model;
 
 #[derive(Parser)]
 #[command(
@@ -113,6 +114,8 @@ enum Command {
         watchdog_ms: u64,
         #[arg(long)]
         localized: bool,
+        #[arg(long, default_value = "dit")]
+        model: String,
     },
     /// Which MPI calls report a dead peer: one-sided calls per window kind, and two-sided calls.
     #[command(long_about = PROBE_HELP)]
@@ -426,6 +429,26 @@ struct PoolArgs {
     /// settle its work in store transactions while the others keep working).
     #[arg(long, value_enum, default_value_t = RecoveryArg::Global)]
     recovery: RecoveryArg,
+    /// The task model: `dit` (dynamic independent tasks: every task adds to its worker's
+    /// result) or `nfj` (nested fork-join: every task returns its subtree's result to its
+    /// parent's frame, thieves return stolen subtrees' results by message).
+    #[arg(long, value_enum, default_value_t = ModelArg::Dit)]
+    model: ModelArg,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum ModelArg {
+    Dit,
+    Nfj,
+}
+
+impl From<ModelArg> for Model {
+    fn from(arg: ModelArg) -> Model {
+        match arg {
+            ModelArg::Dit => Model::Dit,
+            ModelArg::Nfj => Model::Nfj,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -456,6 +479,7 @@ impl PoolArgs {
         tasks::parse_interval(&self.interval)?;
         Ok(tasks::Demo {
             workload: tasks::Workload::parse(&self.tree)?,
+            model: self.model.into(),
             ranks: self.ranks,
             kills: kills.unwrap_or(0),
             interval: self.interval.clone(),
@@ -545,10 +569,12 @@ fn run(command: Command) -> Result<()> {
             suspicion_ms,
             watchdog_ms,
             localized,
+            model,
         } => {
             let bounds = (Duration::from_millis(suspicion_ms), Duration::from_millis(watchdog_ms));
             let recovery = if localized { Recovery::Localized } else { Recovery::Global };
-            tasks::rank_main(&workload, &interval, (copies, recovery), seed, bounds)
+            let model = Model::parse(&model).map_err(anyhow::Error::msg)?;
+            tasks::rank_main(&workload, model, &interval, (copies, recovery), seed, bounds)
         }
         Command::Bench(BenchCommand::Store {
             systems,

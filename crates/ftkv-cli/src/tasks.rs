@@ -10,6 +10,7 @@ use ftkv::Recovery;
 use ftkv_mpi::Mpi;
 use ftkv_tasks::events::Progress as PoolProgress;
 use ftkv_tasks::fib::Fib;
+use ftkv_tasks::model::Model;
 use ftkv_tasks::nqueens::NQueens;
 use ftkv_tasks::pool::{self, Interval, PoolConfig};
 use ftkv_tasks::problem::{check_exact, Reference};
@@ -90,6 +91,15 @@ impl Workload {
         }
     }
 
+    /// The result of this workload's sequential program in `model`, computed on this thread.
+    pub fn sequential(&self, model: Model) -> Result<Counts> {
+        Ok(match self {
+            Workload::Uts(text) => model.sequential(uts::Params::parse(text)?),
+            Workload::Queens(n) => model.sequential(NQueens::new(*n).map_err(anyhow::Error::msg)?),
+            Workload::Fib(n) => model.sequential(Fib::new(*n).map_err(anyhow::Error::msg)?),
+        })
+    }
+
     fn from_arg(arg: &str) -> Result<Workload> {
         match arg.strip_prefix("uts:") {
             Some(text) => Ok(Workload::Uts(text.to_string())),
@@ -105,6 +115,7 @@ const PROGRESS_EVERY: Duration = Duration::from_millis(50);
 /// The rank side: runs the pool and prints its `result {json}` report on every survivor.
 pub fn rank_main(
     workload: &str,
+    model: Model,
     interval: &str,
     (copies, recovery): (usize, Recovery),
     seed: u64,
@@ -125,11 +136,11 @@ pub fn rank_main(
         ..PoolConfig::default()
     };
     let outcome = match &workload {
-        Workload::Uts(text) => pool::run(&world, &uts::Params::parse(text)?, &config)?,
+        Workload::Uts(text) => model.run(&world, uts::Params::parse(text)?, &config)?,
         Workload::Queens(n) => {
-            pool::run(&world, &NQueens::new(*n).map_err(anyhow::Error::msg)?, &config)?
+            model.run(&world, NQueens::new(*n).map_err(anyhow::Error::msg)?, &config)?
         }
-        Workload::Fib(n) => pool::run(&world, &Fib::new(*n).map_err(anyhow::Error::msg)?, &config)?,
+        Workload::Fib(n) => model.run(&world, Fib::new(*n).map_err(anyhow::Error::msg)?, &config)?,
     };
     let t = outcome.total;
     let result = RankResult {
@@ -204,6 +215,7 @@ pub fn parse_interval(text: &str) -> Result<Option<Interval>> {
 #[derive(Debug, Clone)]
 pub struct Demo {
     pub workload: Workload,
+    pub model: Model,
     pub ranks: usize,
     pub kills: usize,
     /// As [`parse_interval`] takes it.
@@ -287,8 +299,9 @@ pub fn run_demo(exe: &Path, demo: &Demo) -> Result<RunReport> {
         );
     }
     eprintln!(
-        "[demo] {} on {} ranks, {} kills, checkpoint every {}, {} copies, {} recovery, seed {}",
+        "[demo] {} as {} on {} ranks, {} kills, checkpoint every {}, {} copies, {} recovery, seed {}",
         demo.workload.describe(),
+        demo.model.name(),
         demo.ranks,
         demo.kills,
         demo.interval,
@@ -298,9 +311,12 @@ pub fn run_demo(exe: &Path, demo: &Demo) -> Result<RunReport> {
     );
     let report = run_pool_job(exe, demo, true)?;
     print_verdict(demo, &report);
+    let sequential = demo.workload.sequential(demo.model)?;
+    let matches_sequential = print_sequential(demo, &report, &sequential);
     if report.matches_published == Some(false) {
         bail!("the result differs from the published count");
     }
+    ensure!(matches_sequential, "the result differs from the sequential program's");
     Ok(report)
 }
 
@@ -314,6 +330,7 @@ fn run_pool_job(exe: &Path, demo: &Demo, show: bool) -> Result<RunReport> {
         demo.seed.to_string(),
         demo.suspicion().as_millis().to_string(),
         DEMO_WATCHDOG.as_millis().to_string(),
+        format!("--model={}", demo.model.name()),
     ];
     if demo.localized {
         args.push("--localized".to_string());
@@ -754,10 +771,26 @@ fn result_of(out: &JobOutput, demo: &Demo, watch: &Watch) -> Result<RunReport> {
     })
 }
 
+/// Prints the sequential program's result beside the pool's and whether they match.
+fn print_sequential(demo: &Demo, r: &RunReport, sequential: &Counts) -> bool {
+    let reference = Reference::from(*sequential);
+    let total = Counts { nodes: r.computation.nodes, leaves: r.computation.leaves, max_depth: 0 };
+    let ok = check_exact(&total, reference).is_ok();
+    println!(
+        "sequential ({} on one thread, this run): {} nodes, {} leaves -> {}",
+        demo.model.name(),
+        sequential.nodes,
+        sequential.leaves,
+        if ok { "MATCH" } else { "MISMATCH" }
+    );
+    ok
+}
+
 fn print_verdict(demo: &Demo, r: &RunReport) {
     println!(
-        "{}: {} nodes, {} leaves, depth {}",
+        "{} ({}): {} nodes, {} leaves, depth {}",
         demo.workload.describe(),
+        demo.model.name(),
         r.computation.nodes,
         r.computation.leaves,
         r.computation.depth

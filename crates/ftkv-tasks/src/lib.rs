@@ -6,7 +6,9 @@
 
 pub mod events;
 pub mod fib;
+pub mod forkjoin;
 pub mod global_recovery;
+pub mod model;
 pub mod nqueens;
 pub mod pool;
 pub mod problem;

@@ -1,6 +1,7 @@
 //! A computation split into independent tasks: each task, when run, adds to the result and may
 //! create more tasks. Results add up, so the order and the worker do not matter.
 
+use crate::forkjoin::Work;
 use crate::uts::{self, Counts, Node};
 
 /// A task-parallel computation with a known answer.
@@ -12,6 +13,12 @@ pub trait Problem: Sync {
     fn roots(&self) -> Vec<Self::Task>;
     /// Runs `task`: adds to `counts` and pushes the tasks it creates.
     fn run(&self, task: &Self::Task, pool: &mut Vec<Self::Task>, counts: &mut Counts);
+
+    /// Runs `task` on a worker of the pool, whose state also holds fork-join frames
+    /// ([`crate::forkjoin`]). Independent tasks need none: the default is [`Problem::run`].
+    fn run_on(&self, task: &Self::Task, work: &mut Work<'_, Self::Task>) {
+        self.run(task, work.pool, work.counts);
+    }
 }
 
 impl Problem for uts::Params {

@@ -23,12 +23,17 @@ use std::time::Duration;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
+use crate::forkjoin::{JoinRef, Work};
 use crate::problem::Problem;
 use crate::state::{buddy, plan, Checkpoint, Loot, Seen};
 use crate::uts::Counts;
 
 /// The shortest time between two termination waves.
 const WAVE_GAP: Duration = Duration::from_millis(1);
+
+/// How long a worker waits for the acknowledgement of a fork-join result it sent before it
+/// sends every unacknowledged result again.
+const RESEND_GAP: Duration = Duration::from_millis(50);
 
 /// When a worker writes its periodic checkpoint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,6 +80,11 @@ pub enum PoolMessage<T> {
     /// The summed contributions and the failed workers every contribution's view named; each
     /// worker that receives it passes it on to the others before it ends.
     Total([u64; 6], Vec<i32>),
+    /// A fork-join result for a frame the receiver holds ([`crate::forkjoin::Owed`]).
+    Join(JoinRef, Counts),
+    /// The receiver of a [`PoolMessage::Join`] checkpointed it applied (or found it applied
+    /// already): its sender may forget it.
+    Joined(JoinRef),
 }
 
 /// One of a worker's two store keys.
@@ -222,6 +232,9 @@ pub struct Worker<'p, P: Problem> {
     done: bool,
     rng: SmallRng,
     last_checkpoint: (Duration, u64),
+    /// When this worker last sent every unacknowledged fork-join result (`None`: at its
+    /// next tick, after a failure changed who holds which frames).
+    last_resend: Option<Duration>,
     counters: Counters,
 }
 
@@ -254,6 +267,7 @@ impl<'p, P: Problem> Worker<'p, P> {
             done: false,
             rng: SmallRng::seed_from_u64(settings.seed ^ ((me as u64) << 40)),
             last_checkpoint: (Duration::ZERO, 0),
+            last_resend: Some(Duration::ZERO),
             counters: Counters::default(),
         }
     }
@@ -321,9 +335,10 @@ impl<'p, P: Problem> Worker<'p, P> {
         if self.state.pool.is_empty() {
             commands.extend(self.ask_for_work());
         } else {
-            self.run_batch();
+            commands.extend(self.run_batch());
             commands.extend(self.maybe_checkpoint(now));
         }
+        commands.extend(self.resend_owed(now));
         commands.extend(self.termination_wave(now));
         if self.done && !self.settings.localized {
             commands.push(Command::Finish);
@@ -331,12 +346,88 @@ impl<'p, P: Problem> Worker<'p, P> {
         commands
     }
 
-    fn run_batch(&mut self) {
+    /// Runs a batch of tasks and sends the fork-join results they owe to other workers.
+    fn run_batch(&mut self) -> Commands<P::Task> {
+        let owed = self.state.joins.owed.len();
+        let problem = self.problem;
+        let state = &mut self.state;
+        let mut work =
+            Work { me: self.me, pool: &mut state.pool, counts: &mut state.counts, joins: &mut state.joins };
         for _ in 0..self.settings.batch {
-            let Some(task) = self.state.pool.pop() else { break };
-            self.problem.run(&task, &mut self.state.pool, &mut self.state.counts);
+            let Some(task) = work.pool.pop() else { break };
+            problem.run_on(&task, &mut work);
             self.counters.tasks += 1;
         }
+        self.route_owed(owed)
+    }
+
+    /// The worker that holds the frames `creator` opened: the creator while it lives, else the
+    /// buddy that adopted them (buddies follow the ring, so a buddy's own buddy is the dead
+    /// creator's buddy once the first buddy died too).
+    fn holder(&self, creator: i32) -> i32 {
+        if self.live.contains(&creator) {
+            creator
+        } else {
+            buddy(creator, &self.live, self.state.received.len())
+        }
+    }
+
+    /// Sends the owed fork-join results from index `from` on to their frames' holders; one
+    /// this worker holds itself (it adopted the frame's creator) is applied here instead, or
+    /// dropped when its frame closed already.
+    fn route_owed(&mut self, from: usize) -> Commands<P::Task> {
+        let mut commands = Vec::new();
+        let mut at = from;
+        while let Some(&owed) = self.state.joins.owed.get(at) {
+            let to = self.holder(owed.to.frame.creator);
+            if to != self.me {
+                commands.push(Command::Send { to, message: PoolMessage::Join(owed.to, owed.counts) });
+                at += 1;
+                continue;
+            }
+            self.state.joins.owed.remove(at);
+            if self.state.joins.holds(owed.to.frame) {
+                self.state.joins.deliver(Some(owed.to), owed.counts, &mut self.state.counts);
+            }
+        }
+        commands
+    }
+
+    /// Every unacknowledged fork-join result again, [`RESEND_GAP`] after the last time (its
+    /// holder may have ignored it, not holding the frame yet, or died) or right after a
+    /// failure.
+    fn resend_owed(&mut self, now: Duration) -> Commands<P::Task> {
+        let due = self.last_resend.is_none_or(|t| now.saturating_sub(t) >= RESEND_GAP);
+        if !due || self.state.joins.owed.is_empty() {
+            return Vec::new();
+        }
+        self.last_resend = Some(now);
+        self.route_owed(0)
+    }
+
+    /// A fork-join result from `source` for a frame this worker should hold: applied if its
+    /// child is still pending, checkpointed, then acknowledged. One for a frame held elsewhere
+    /// (a failure this worker does not know yet) is ignored; its sender sends it again.
+    fn on_join(
+        &mut self,
+        source: i32,
+        to: JoinRef,
+        counts: Counts,
+        now: Duration,
+    ) -> Commands<P::Task> {
+        if self.holder(to.frame.creator) != self.me {
+            return Vec::new();
+        }
+        let owed = self.state.joins.owed.len();
+        if self.state.joins.holds(to.frame) {
+            self.state.joins.deliver(Some(to), counts, &mut self.state.counts);
+        }
+        let sends = self.route_owed(owed);
+        let mut commands = self.checkpoint(now);
+        commands.push(Command::Failpoint("join_before_ack"));
+        commands.push(Command::Send { to: source, message: PoolMessage::Joined(to) });
+        commands.extend(sends);
+        commands
     }
 
     fn maybe_checkpoint(&mut self, now: Duration) -> Commands<P::Task> {
@@ -408,6 +499,11 @@ impl<'p, P: Problem> Worker<'p, P> {
             }
             PoolMessage::Contribution(round, view, words) => {
                 self.on_contribution(round, view, words)
+            }
+            PoolMessage::Join(to, counts) => self.on_join(source, to, counts, now),
+            PoolMessage::Joined(to) => {
+                self.state.joins.acknowledged(to);
+                Vec::new()
             }
             PoolMessage::Total(words, failed) => {
                 let mut commands = self.to_others(PoolMessage::Total(words, failed.clone()));
@@ -501,7 +597,9 @@ impl<'p, P: Problem> Worker<'p, P> {
     /// (busy, loot sent to live workers, loot received from live workers); waiting for an
     /// acknowledgement counts as busy.
     fn status(&self) -> [u64; 3] {
-        let busy = !self.state.pool.is_empty() || self.pending.is_some();
+        let busy = !self.state.pool.is_empty()
+            || self.pending.is_some()
+            || !self.state.joins.is_empty();
         let live_sum = |counts: &[u64]| self.live.iter().map(|&w| counts[w as usize]).sum();
         [busy as u64, live_sum(&self.sent_to), live_sum(&self.received_from)]
     }
@@ -641,6 +739,7 @@ impl<'p, P: Problem> Worker<'p, P> {
         self.live = live.to_vec();
         self.settled_globally = self.failed();
         self.asking = None;
+        self.last_resend = None;
         self.sent_to.fill(0);
         self.received_from.fill(0);
         (self.wave, self.quiet_wave, self.done) = (None, None, false);
@@ -698,6 +797,7 @@ impl<'p, P: Problem> Worker<'p, P> {
             return Vec::new();
         }
         self.live.retain(|w| !newly.contains(w));
+        self.last_resend = None;
         self.restart_waves();
         self.last_wave = now;
         let mut settles = Vec::new();
@@ -743,6 +843,7 @@ impl<'p, P: Problem> Worker<'p, P> {
         let mut mine = self.state.clone();
         mine.pool.extend(theirs.pool.iter().copied());
         mine.counts.add(&theirs.counts);
+        mine.joins.absorb(theirs.joins.clone());
         mine.adopted.push(dead);
         Some((mine, theirs.emptied(self.me)))
     }
@@ -848,6 +949,7 @@ impl<'p, P: Problem> Worker<'p, P> {
         let theirs = checkpoint.unwrap_or_else(|| Checkpoint::initial(self.problem, dead, workers));
         self.state.pool.extend(theirs.pool);
         self.state.counts.add(&theirs.counts);
+        self.state.joins.absorb(theirs.joins);
         self.state.adopted.push(dead);
     }
 }

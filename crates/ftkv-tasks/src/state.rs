@@ -7,6 +7,7 @@
 //! - a thief writes a checkpoint that includes the loot (`received[victim]` ≥ steal id) before
 //!   it acknowledges; the victim deletes the loot key on the acknowledgement.
 
+use crate::forkjoin::Joins;
 use crate::problem::Problem;
 use crate::uts::Counts;
 
@@ -24,6 +25,9 @@ pub struct Checkpoint<T> {
     /// Set on a failed worker's checkpoint once a localized recovery moved its pool and
     /// counts to this worker (they are then empty here; the steal bookkeeping stays).
     pub adopted_by: Option<i32>,
+    /// Open fork-join frames and results owed to other workers' frames
+    /// ([`crate::forkjoin`]; empty for independent tasks).
+    pub joins: Joins,
 }
 
 /// Loot in flight from a victim to a thief (stored through [`ftkv::codec`]).
@@ -44,11 +48,12 @@ impl<T: Copy> Checkpoint<T> {
             adopted: Vec::new(),
             pool: if worker == 0 { problem.roots() } else { Vec::new() },
             adopted_by: None,
+            joins: Joins::default(),
         }
     }
 
     /// What remains of this (failed worker's) checkpoint once `buddy` adopted it: no tasks,
-    /// no counts, the steal bookkeeping unchanged.
+    /// no counts, no frames, the steal bookkeeping unchanged.
     pub fn emptied(&self, buddy: i32) -> Self {
         Checkpoint {
             counts: Counts::default(),
@@ -57,6 +62,7 @@ impl<T: Copy> Checkpoint<T> {
             received: self.received.clone(),
             adopted: self.adopted.clone(),
             last_given: self.last_given,
+            joins: Joins::default(),
         }
     }
 
@@ -287,6 +293,7 @@ mod tests {
             adopted: vec![2],
             pool: vec![board, board],
             adopted_by: None,
+            joins: Joins::default(),
         };
         let bytes = checkpoint.encode();
         assert_eq!(Checkpoint::decode(&bytes), Some(checkpoint));

@@ -1,0 +1,231 @@
+//! Nested fork-join (NFJ) on the pool: a task forks its children and joins their results.
+//!
+//! [`ForkJoin`] turns a tree [`Problem`] into a fork-join program. Running a task runs its
+//! node (its own counts) and, when it has children, opens a [`Frame`] that waits for every
+//! child's result and spawns the children onto the worker's pool, each with a [`JoinRef`] to
+//! its slot in the frame. The worker runs the last child spawned next (work first: the order of
+//! the sequential program), thieves take the oldest spawned children (the continuations of the
+//! oldest open frames). A task without children returns its counts to its parent's frame; a
+//! frame whose children all returned closes and returns its node's counts plus theirs to its
+//! own parent, up to the root, whose result is the computation's.
+//!
+//! Frames stay with the worker that opened them (and move only with its whole state, when a
+//! buddy adopts it). A child stolen by another worker returns its result by message: the
+//! thief records an [`Owed`] result in its state, sends it to the frame's holder and keeps it
+//! until the holder, having checkpointed the result applied, acknowledges it. A frame applies a
+//! result only for a child still pending, so a result sent twice (again after a failure, or by
+//! the buddy that adopted a thief's state) counts once.
+
+use crate::problem::Problem;
+use crate::uts::Counts;
+
+/// A frame's identity: the worker that opened it and that worker's frame serial number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct FrameId {
+    pub creator: i32,
+    pub serial: u64,
+}
+
+/// Where a task's result goes: its slot (child index) in its parent's frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct JoinRef {
+    pub frame: FrameId,
+    pub child: u32,
+}
+
+/// A task of a fork-join program: the problem's task and the join its result goes to
+/// (`None`: a root, whose result is the computation's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Spawned<T> {
+    pub task: T,
+    pub parent: Option<JoinRef>,
+}
+
+/// An open frame: a node waiting for its children's results.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Frame {
+    pub id: FrameId,
+    pub parent: Option<JoinRef>,
+    /// The node's own counts plus its returned children's.
+    pub sum: Counts,
+    /// The children whose results have not returned.
+    pub pending: Vec<u32>,
+}
+
+/// A result for a frame held by another worker, kept until that worker acknowledges it.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Owed {
+    pub to: JoinRef,
+    pub counts: Counts,
+}
+
+/// A worker's fork-join state, part of its checkpoint: its open frames and the results it
+/// owes to frames held elsewhere. Empty for independent tasks.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Joins {
+    /// The serial number of the next frame this worker opens.
+    pub next_serial: u64,
+    pub frames: Vec<Frame>,
+    pub owed: Vec<Owed>,
+}
+
+impl Joins {
+    pub fn is_empty(&self) -> bool {
+        self.frames.is_empty() && self.owed.is_empty()
+    }
+
+    /// Takes over an adopted worker's frames and owed results (their ids stay unique: a frame
+    /// id names its creator).
+    pub fn absorb(&mut self, theirs: Joins) {
+        self.frames.extend(theirs.frames);
+        self.owed.extend(theirs.owed);
+    }
+
+    /// Whether this state holds frame `id`.
+    pub fn holds(&self, id: FrameId) -> bool {
+        self.frames.iter().any(|f| f.id == id)
+    }
+
+    /// Opens a frame of worker `me` and returns its id.
+    fn open(&mut self, me: i32, parent: Option<JoinRef>, sum: Counts, children: u32) -> FrameId {
+        let id = FrameId { creator: me, serial: self.next_serial };
+        self.next_serial += 1;
+        self.frames.push(Frame { id, parent, sum, pending: (0..children).collect() });
+        id
+    }
+
+    /// Returns `counts` to `to` and closes every frame this completes, up to a root (whose
+    /// result goes to `result`) or a frame this state does not hold (an [`Owed`] result).
+    /// A result for a child that is no longer pending changes nothing.
+    pub fn deliver(&mut self, mut to: Option<JoinRef>, mut counts: Counts, result: &mut Counts) {
+        loop {
+            let Some(join) = to else {
+                result.add(&counts);
+                return;
+            };
+            let Some(at) = self.frames.iter().rposition(|f| f.id == join.frame) else {
+                self.owed.push(Owed { to: join, counts });
+                return;
+            };
+            let frame = &mut self.frames[at];
+            let Some(slot) = frame.pending.iter().position(|&c| c == join.child) else { return };
+            frame.pending.swap_remove(slot);
+            frame.sum.add(&counts);
+            if !frame.pending.is_empty() {
+                return;
+            }
+            let closed = self.frames.remove(at);
+            (to, counts) = (closed.parent, closed.sum);
+        }
+    }
+
+    /// Drops the owed result for `to` once its frame's holder acknowledged it.
+    pub fn acknowledged(&mut self, to: JoinRef) {
+        self.owed.retain(|o| o.to != to);
+    }
+}
+
+/// What running a task may change: the worker's pool, its counts (a root's result) and its
+/// fork-join state.
+pub struct Work<'a, T> {
+    /// The worker's id (it names the frames the worker opens).
+    pub me: i32,
+    pub pool: &'a mut Vec<T>,
+    pub counts: &'a mut Counts,
+    pub joins: &'a mut Joins,
+}
+
+/// A tree problem as a nested fork-join program (see the module).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ForkJoin<P> {
+    pub inner: P,
+}
+
+impl<P: Problem> Problem for ForkJoin<P> {
+    type Task = Spawned<P::Task>;
+
+    fn roots(&self) -> Vec<Self::Task> {
+        self.inner.roots().into_iter().map(|task| Spawned { task, parent: None }).collect()
+    }
+
+    /// Runs `task`'s whole subtree at once, forking and joining through frames of its own, and
+    /// counts its result (the sequential fork-join program; the pool runs
+    /// [`Problem::run_on`]).
+    fn run(&self, task: &Self::Task, _pool: &mut Vec<Self::Task>, counts: &mut Counts) {
+        let mut pool = vec![Spawned { task: task.task, parent: None }];
+        let mut joins = Joins::default();
+        let mut work = Work { me: 0, pool: &mut pool, counts, joins: &mut joins };
+        while let Some(next) = work.pool.pop() {
+            self.run_on(&next, &mut work);
+        }
+    }
+
+    /// Runs `task`'s node; opens its frame and spawns its children, or returns its counts to
+    /// its parent when it has none.
+    fn run_on(&self, task: &Self::Task, work: &mut Work<'_, Self::Task>) {
+        let mut own = Counts::default();
+        let mut children = Vec::new();
+        self.inner.run(&task.task, &mut children, &mut own);
+        if children.is_empty() {
+            work.joins.deliver(task.parent, own, work.counts);
+            return;
+        }
+        let frame = work.joins.open(work.me, task.parent, own, children.len() as u32);
+        let spawned = children.into_iter().enumerate().map(|(child, task)| Spawned {
+            task,
+            parent: Some(JoinRef { frame, child: child as u32 }),
+        });
+        work.pool.extend(spawned);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fib::Fib;
+    use crate::problem::solve_sequential;
+    use crate::uts::{self, Params};
+
+    #[test]
+    fn the_sequential_fork_join_program_counts_what_the_independent_tasks_count() {
+        let fib = Fib::new(20).unwrap();
+        assert_eq!(solve_sequential(&ForkJoin { inner: fib }), solve_sequential(&fib));
+        let small = Params::parse("-t 1 -a 3 -d 5 -b 4 -r 19").unwrap();
+        assert_eq!(solve_sequential(&ForkJoin { inner: small }), uts::count_sequential(&small));
+    }
+
+    fn join(serial: u64, child: u32) -> Option<JoinRef> {
+        Some(JoinRef { frame: FrameId { creator: 0, serial }, child })
+    }
+
+    #[test]
+    fn a_result_counts_once_and_closes_its_frames_up_to_the_root() {
+        let mut joins = Joins::default();
+        let node = Counts { nodes: 1, leaves: 0, max_depth: 0 };
+        let leaf = Counts { nodes: 1, leaves: 1, max_depth: 2 };
+        let root = joins.open(0, None, node, 2);
+        let inner = joins.open(0, Some(JoinRef { frame: root, child: 0 }), node, 1);
+        let mut result = Counts::default();
+        joins.deliver(join(inner.serial, 0), leaf, &mut result);
+        joins.deliver(join(inner.serial, 0), leaf, &mut result);
+        assert_eq!(joins.frames.len(), 1, "the inner frame closed into the root");
+        joins.deliver(join(root.serial, 0), leaf, &mut result);
+        assert_eq!(result, Counts::default(), "a result for a joined child counts nothing");
+        joins.deliver(join(root.serial, 1), leaf, &mut result);
+        assert!(joins.is_empty());
+        assert_eq!(result, Counts { nodes: 4, leaves: 2, max_depth: 2 });
+    }
+
+    #[test]
+    fn a_result_for_a_frame_held_elsewhere_is_owed_until_acknowledged() {
+        let mut joins = Joins::default();
+        let mut result = Counts::default();
+        let elsewhere = JoinRef { frame: FrameId { creator: 3, serial: 9 }, child: 1 };
+        let counts = Counts { nodes: 5, leaves: 3, max_depth: 4 };
+        joins.deliver(Some(elsewhere), counts, &mut result);
+        assert_eq!(joins.owed, vec![Owed { to: elsewhere, counts }]);
+        joins.acknowledged(elsewhere);
+        assert!(joins.is_empty());
+        assert_eq!(result, Counts::default());
+    }
+}

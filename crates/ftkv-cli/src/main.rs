@@ -763,6 +763,9 @@ enum SimModel {
     /// and localized recovery, kills at named protocol points and at any step;
     /// `ftkv_tasks::sim_world`).
     PoolWorld,
+    /// `pool-world` with the problems as nested fork-join programs (frames, results returned
+    /// by message; kills also at the results' protocol points; `ftkv_tasks::sim_world`).
+    NfjWorld,
     /// The production store's transactions on a deterministic world: coordinators, the
     /// backups' resolution and the in-doubt finish, kills at any step and at every named step
     /// of the protocol (`ftkv::sim_transactions`).
@@ -827,7 +830,7 @@ fn run_sim(model: SimModel, seed: u64, runs: u64, trace: bool) -> Result<()> {
     let end = seed.saturating_add(runs);
     let mut failing = Vec::new();
     let mut digests = Vec::new();
-    let worlds: [(SimModel, &'static str, WorldRun, WorldCampaign); 3] = [
+    let worlds: [(SimModel, &'static str, WorldRun, WorldCampaign); 4] = [
         (SimModel::World, "world", ftkv::sim_store::run, ftkv::sim_store::campaign),
         (
             SimModel::TxnWorld,
@@ -840,6 +843,12 @@ fn run_sim(model: SimModel, seed: u64, runs: u64, trace: bool) -> Result<()> {
             "pool-world",
             ftkv_tasks::sim_world::run,
             ftkv_tasks::sim_world::campaign,
+        ),
+        (
+            SimModel::NfjWorld,
+            "nfj-world",
+            ftkv_tasks::sim_world::run_nfj,
+            ftkv_tasks::sim_world::campaign_nfj,
         ),
     ];
     for (world_model, name, run, campaign) in worlds {

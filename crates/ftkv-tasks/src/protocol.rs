@@ -381,6 +381,7 @@ impl<'p, P: Problem> Worker<'p, P> {
         while let Some(&owed) = self.state.joins.owed.get(at) {
             let to = self.holder(owed.to.frame.creator);
             if to != self.me {
+                commands.push(Command::Failpoint("join_before_send"));
                 commands.push(Command::Send { to, message: PoolMessage::Join(owed.to, owed.counts) });
                 at += 1;
                 continue;

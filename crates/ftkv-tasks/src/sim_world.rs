@@ -21,6 +21,9 @@ use ftkv::Recovery;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
+use crate::fib::Fib;
+use crate::forkjoin::ForkJoin;
+use crate::model::Model;
 use crate::nqueens::NQueens;
 use crate::pool::{self, Interval, Look, Outcome, PoolConfig};
 use crate::problem::{check_exact, solve_sequential, Problem, Reference};
@@ -43,6 +46,10 @@ pub const POINTS: [&str; 6] = [
     "buddy_after_adopting",
     "rejoin_before_sync",
 ];
+
+/// The named points of the fork-join results' protocol: a worker about to send a result it
+/// owes, a frame's holder that applied and checkpointed a result before it acknowledges it.
+pub const JOIN_POINTS: [&str; 2] = ["join_before_send", "join_before_ack"];
 
 /// How the victim of a run dies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,7 +79,7 @@ pub struct Scenario {
 
 impl Scenario {
     /// The scenario of `seed` (its problem is drawn by [`run`] from the same seed).
-    fn of(rng: &mut SmallRng, seed: u64) -> Scenario {
+    fn of(rng: &mut SmallRng, seed: u64, points: &[&'static str]) -> Scenario {
         let ranks = rng.gen_range(2..=5usize);
         let copies = rng.gen_range(1..=3usize.min(ranks - 1));
         // Up to `copies − 1` victims; with one copy, one victim (whose death loses every copy
@@ -85,7 +92,7 @@ impl Scenario {
                 continue;
             }
             let how = if rng.gen_bool(0.5) {
-                Kill::Point(POINTS[rng.gen_range(0..POINTS.len())], rng.gen_range(1..=3))
+                Kill::Point(points[rng.gen_range(0..points.len())], rng.gen_range(1..=3))
             } else if rng.gen_bool(0.7) {
                 Kill::Step(rng.gen_range(CREATED_BY..4_000))
             } else {
@@ -138,15 +145,59 @@ pub fn campaign(first_seed: u64, runs: u64) -> (Vec<RunReport>, u64) {
 /// Runs the scenario of `seed`; with `trace`, also returns one line per step and per fault.
 pub fn run(seed: u64, trace: bool) -> (RunReport, Vec<String>) {
     let mut rng = SmallRng::seed_from_u64(seed);
-    let scenario = Scenario::of(&mut rng, seed);
+    let scenario = Scenario::of(&mut rng, seed, &POINTS);
+    run_independent(&mut rng, scenario, trace)
+}
+
+/// [`campaign`] of the fork-join programs ([`run_nfj`]).
+pub fn campaign_nfj(first_seed: u64, runs: u64) -> (Vec<RunReport>, u64) {
+    ftkv::world::campaign(first_seed, runs, |seed| run_nfj(seed, false).0)
+}
+
+/// [`run`] with the problem as a nested fork-join program ([`Model::Nfj`]): UTS, N-Queens or
+/// Fibonacci; victims also die at the points of the results' protocol ([`JOIN_POINTS`]), and
+/// the reference is the sequential fork-join program's result.
+pub fn run_nfj(seed: u64, trace: bool) -> (RunReport, Vec<String>) {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let points: Vec<&'static str> = POINTS.iter().chain(&JOIN_POINTS).copied().collect();
+    let scenario = Scenario::of(&mut rng, seed, &points);
+    let model = Model::Nfj;
+    match rng.gen_range(0..3) {
+        0 => {
+            let params = small_uts(&mut rng);
+            let name = format!("{} {}", model.name(), uts_name(&params));
+            simulate(ForkJoin { inner: params }, &name, scenario, trace)
+        }
+        1 => {
+            let problem = NQueens { n: rng.gen_range(6..=8) };
+            let name = format!("{} {}-Queens", model.name(), problem.n);
+            simulate(ForkJoin { inner: problem }, &name, scenario, trace)
+        }
+        _ => {
+            let problem = Fib { n: rng.gen_range(8..=14) };
+            let name = format!("{} fib({})", model.name(), problem.n);
+            simulate(ForkJoin { inner: problem }, &name, scenario, trace)
+        }
+    }
+}
+
+/// A UTS tree of a few hundred nodes.
+fn small_uts(rng: &mut SmallRng) -> uts::Params {
+    uts::Params {
+        depth: rng.gen_range(4..=6),
+        root_id: rng.gen_range(0..1000),
+        ..uts::Params::default()
+    }
+}
+
+fn uts_name(params: &uts::Params) -> String {
+    format!("UTS geometric depth {} root {}", params.depth, params.root_id)
+}
+
+fn run_independent(rng: &mut SmallRng, scenario: Scenario, trace: bool) -> (RunReport, Vec<String>) {
     if rng.gen_bool(0.5) {
-        let params = uts::Params {
-            depth: rng.gen_range(4..=6),
-            root_id: rng.gen_range(0..1000),
-            ..uts::Params::default()
-        };
-        let name = format!("UTS geometric depth {} root {}", params.depth, params.root_id);
-        simulate(params, &name, scenario, trace)
+        let params = small_uts(rng);
+        simulate(params, &uts_name(&params), scenario, trace)
     } else {
         let problem = NQueens { n: rng.gen_range(6..=8) };
         simulate(problem, &format!("{}-Queens", problem.n), scenario, trace)
@@ -252,6 +303,9 @@ mod tests {
             let (a, _) = run(seed, false);
             let (b, _) = run(seed, false);
             assert_eq!(a, b, "seed {seed}");
+            assert!(a.violations.is_empty(), "{a}");
+            let (a, _) = run_nfj(seed, false);
+            assert_eq!(a, run_nfj(seed, false).0, "fork-join seed {seed}");
             assert!(a.violations.is_empty(), "{a}");
         }
     }

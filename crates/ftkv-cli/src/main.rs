@@ -430,8 +430,10 @@ struct PoolArgs {
     #[arg(long, value_enum, default_value_t = RecoveryArg::Global)]
     recovery: RecoveryArg,
     /// The task model: `dit` (dynamic independent tasks: every task adds to its worker's
-    /// result) or `nfj` (nested fork-join: every task returns its subtree's result to its
-    /// parent's frame, thieves return stolen subtrees' results by message).
+    /// result), `nfj` (nested fork-join: every task returns its subtree's result to its
+    /// parent's frame, thieves return stolen subtrees' results by message) or `fbc`
+    /// (future-based cooperation: every child is a future its parent awaits, a thief writes a
+    /// stolen future's value into its victim's futures entry under the victim's lock).
     #[arg(long, value_enum, default_value_t = ModelArg::Dit)]
     model: ModelArg,
 }
@@ -440,6 +442,7 @@ struct PoolArgs {
 enum ModelArg {
     Dit,
     Nfj,
+    Fbc,
 }
 
 impl From<ModelArg> for Model {
@@ -447,6 +450,7 @@ impl From<ModelArg> for Model {
         match arg {
             ModelArg::Dit => Model::Dit,
             ModelArg::Nfj => Model::Nfj,
+            ModelArg::Fbc => Model::Fbc,
         }
     }
 }
@@ -766,6 +770,10 @@ enum SimModel {
     /// `pool-world` with the problems as nested fork-join programs (frames, results returned
     /// by message; kills also at the results' protocol points; `ftkv_tasks::sim_world`).
     NfjWorld,
+    /// `pool-world` with the problems written with futures (results handed over into the
+    /// holder's futures entry under its lock; kills also at every hand-over step;
+    /// `ftkv_tasks::sim_world`).
+    FbcWorld,
     /// The production store's transactions on a deterministic world: coordinators, the
     /// backups' resolution and the in-doubt finish, kills at any step and at every named step
     /// of the protocol (`ftkv::sim_transactions`).
@@ -830,7 +838,7 @@ fn run_sim(model: SimModel, seed: u64, runs: u64, trace: bool) -> Result<()> {
     let end = seed.saturating_add(runs);
     let mut failing = Vec::new();
     let mut digests = Vec::new();
-    let worlds: [(SimModel, &'static str, WorldRun, WorldCampaign); 4] = [
+    let worlds: [(SimModel, &'static str, WorldRun, WorldCampaign); 5] = [
         (SimModel::World, "world", ftkv::sim_store::run, ftkv::sim_store::campaign),
         (
             SimModel::TxnWorld,
@@ -849,6 +857,12 @@ fn run_sim(model: SimModel, seed: u64, runs: u64, trace: bool) -> Result<()> {
             "nfj-world",
             ftkv_tasks::sim_world::run_nfj,
             ftkv_tasks::sim_world::campaign_nfj,
+        ),
+        (
+            SimModel::FbcWorld,
+            "fbc-world",
+            ftkv_tasks::sim_world::run_fbc,
+            ftkv_tasks::sim_world::campaign_fbc,
         ),
     ];
     for (world_model, name, run, campaign) in worlds {

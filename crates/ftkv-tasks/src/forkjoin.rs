@@ -10,11 +10,18 @@
 //! own parent, up to the root, whose result is the computation's.
 //!
 //! Frames stay with the worker that opened them (and move only with its whole state, when a
-//! buddy adopts it). A child stolen by another worker returns its result by message: the
-//! thief records an [`Owed`] result in its state, sends it to the frame's holder and keeps it
-//! until the holder, having checkpointed the result applied, acknowledges it. A frame applies a
-//! result only for a child still pending, so a result sent twice (again after a failure, or by
-//! the buddy that adopted a thief's state) counts once.
+//! buddy adopts it). A child stolen by another worker returns its result to the frame's
+//! holder; the thief records it as [`Owed`] in its state and keeps it until the holder
+//! acknowledges it. A frame applies a result only for a child still pending, so a result
+//! returned twice (again after a failure, or by the buddy that adopted a thief's state)
+//! counts once. How it returns is the program's model:
+//! - [`ForkJoin`] (nested fork-join): by message; the holder checkpoints the result applied
+//!   before it acknowledges;
+//! - [`Futures`] (future-based cooperation): each child is a future its parent awaits; the
+//!   thief borrows the holder's futures entry (the holder lends it to one worker at a time: the
+//!   outer lock), appends the result to it with [`ftkv::Store::put_handed`] and gives it back;
+//!   the holder acknowledges without a checkpoint of its own, since its entry holds the result
+//!   until its next checkpoint does (a buddy that adopts it applies its entry too).
 
 use crate::problem::Problem;
 use crate::uts::Counts;
@@ -123,6 +130,25 @@ impl Joins {
     pub fn acknowledged(&mut self, to: JoinRef) {
         self.owed.retain(|o| o.to != to);
     }
+
+    /// Applies the results of a futures entry to the frames this state holds (the others
+    /// are still owed by their writers).
+    pub fn apply_handed(&mut self, handed: &[Owed], result: &mut Counts) {
+        for owed in handed {
+            if self.holds(owed.to.frame) {
+                self.deliver(Some(owed.to), owed.counts, result);
+            }
+        }
+    }
+}
+
+/// Decodes a futures entry (`None`: not an entry).
+pub fn decode_handed(bytes: &[u8]) -> Option<Vec<Owed>> {
+    ftkv::codec::decode(bytes)
+}
+
+pub fn encode_handed(handed: &[Owed]) -> Vec<u8> {
+    ftkv::codec::encode(&handed.to_vec())
 }
 
 /// What running a task may change: the worker's pool, its counts (a root's result) and its
@@ -141,42 +167,88 @@ pub struct ForkJoin<P> {
     pub inner: P,
 }
 
+/// A tree problem with futures: every node creates a future per child and awaits them all;
+/// results return by hand-over (see the module).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Futures<P> {
+    pub inner: P,
+}
+
 impl<P: Problem> Problem for ForkJoin<P> {
     type Task = Spawned<P::Task>;
 
     fn roots(&self) -> Vec<Self::Task> {
-        self.inner.roots().into_iter().map(|task| Spawned { task, parent: None }).collect()
+        spawned_roots(&self.inner)
     }
 
     /// Runs `task`'s whole subtree at once, forking and joining through frames of its own, and
     /// counts its result (the sequential fork-join program; the pool runs
     /// [`Problem::run_on`]).
     fn run(&self, task: &Self::Task, _pool: &mut Vec<Self::Task>, counts: &mut Counts) {
-        let mut pool = vec![Spawned { task: task.task, parent: None }];
-        let mut joins = Joins::default();
-        let mut work = Work { me: 0, pool: &mut pool, counts, joins: &mut joins };
-        while let Some(next) = work.pool.pop() {
-            self.run_on(&next, &mut work);
-        }
+        run_subtree(self, task, counts);
     }
 
     /// Runs `task`'s node; opens its frame and spawns its children, or returns its counts to
     /// its parent when it has none.
     fn run_on(&self, task: &Self::Task, work: &mut Work<'_, Self::Task>) {
-        let mut own = Counts::default();
-        let mut children = Vec::new();
-        self.inner.run(&task.task, &mut children, &mut own);
-        if children.is_empty() {
-            work.joins.deliver(task.parent, own, work.counts);
-            return;
-        }
-        let frame = work.joins.open(work.me, task.parent, own, children.len() as u32);
-        let spawned = children.into_iter().enumerate().map(|(child, task)| Spawned {
-            task,
-            parent: Some(JoinRef { frame, child: child as u32 }),
-        });
-        work.pool.extend(spawned);
+        fork(&self.inner, task, work);
     }
+}
+
+impl<P: Problem> Problem for Futures<P> {
+    type Task = Spawned<P::Task>;
+    const HANDS_OVER_RESULTS: bool = true;
+
+    fn roots(&self) -> Vec<Self::Task> {
+        spawned_roots(&self.inner)
+    }
+
+    /// Runs `task`'s whole subtree at once, resolving its futures on this thread.
+    fn run(&self, task: &Self::Task, _pool: &mut Vec<Self::Task>, counts: &mut Counts) {
+        run_subtree(self, task, counts);
+    }
+
+    /// Runs `task`'s node; creates a future per child and awaits them in a frame, or resolves
+    /// its own future when it has no children.
+    fn run_on(&self, task: &Self::Task, work: &mut Work<'_, Self::Task>) {
+        fork(&self.inner, task, work);
+    }
+}
+
+fn spawned_roots<P: Problem>(inner: &P) -> Vec<Spawned<P::Task>> {
+    inner.roots().into_iter().map(|task| Spawned { task, parent: None }).collect()
+}
+
+/// Runs `task`'s whole subtree with `program` on this thread and counts its result.
+fn run_subtree<P, Q>(program: &Q, task: &Spawned<P>, counts: &mut Counts)
+where
+    P: Copy,
+    Q: Problem<Task = Spawned<P>>,
+{
+    let mut pool = vec![Spawned { task: task.task, parent: None }];
+    let mut joins = Joins::default();
+    let mut work = Work { me: 0, pool: &mut pool, counts, joins: &mut joins };
+    while let Some(next) = work.pool.pop() {
+        program.run_on(&next, &mut work);
+    }
+}
+
+/// Runs `task`'s node of `inner`: opens its frame and spawns its children, or returns its
+/// counts to its parent when it has none.
+fn fork<P: Problem>(inner: &P, task: &Spawned<P::Task>, work: &mut Work<'_, Spawned<P::Task>>) {
+    let mut own = Counts::default();
+    let mut children = Vec::new();
+    inner.run(&task.task, &mut children, &mut own);
+    if children.is_empty() {
+        work.joins.deliver(task.parent, own, work.counts);
+        return;
+    }
+    let frame = work.joins.open(work.me, task.parent, own, children.len() as u32);
+    let spawned = children.into_iter().enumerate().map(|(child, task)| Spawned {
+        task,
+        parent: Some(JoinRef { frame, child: child as u32 }),
+    });
+    work.pool.extend(spawned);
 }
 
 #[cfg(test)]

@@ -48,6 +48,7 @@ use ftkv::codec;
 use ftkv::fabric::{Fabric, FabricError};
 use ftkv::{rt, Recovery, Store};
 
+use crate::forkjoin::{self, Owed};
 use crate::problem::Problem;
 pub use crate::protocol::Interval;
 pub use crate::protocol::Sums;
@@ -245,7 +246,9 @@ struct Driver<'p, P: Problem, F: Fabric> {
 /// same protocol runs on threads, without MPI.
 pub fn run<P: Problem, F: Fabric>(world: &F, problem: &P, config: &PoolConfig) -> Result<Outcome> {
     let started = rt::now();
-    let mut store_config = ftkv::Config::new(["checkpoint", "loot"], config.copies);
+    let kinds: &[&str] =
+        if P::HANDS_OVER_RESULTS { &["checkpoint", "loot", "futures"] } else { &["checkpoint", "loot"] };
+    let mut store_config = ftkv::Config::new(kinds.iter().copied(), config.copies);
     store_config.initial_capacity = 16 << 10;
     store_config.max_value = 8 << 20;
     store_config.suspicion = config.suspicion;
@@ -437,6 +440,11 @@ impl<P: Problem, F: Fabric> Driver<'_, P, F> {
                     }
                 }
                 Command::Failpoint(name) => self.comm.failpoint(name),
+                Command::HandOver { owner, results } => self.hand_over(owner, &results)?,
+                Command::EmptyFutures => {
+                    let key = Slot::Futures.key(self.machine.me());
+                    self.store.put_handed(key, &forkjoin::encode_handed(&[]))?
+                }
                 Command::Finish => return self.finish().map(Some),
                 Command::Settle(settle) => self.settle(settle)?,
                 Command::End(words, failed) => {
@@ -575,6 +583,22 @@ impl<P: Problem, F: Fabric> Driver<'_, P, F> {
         }
     }
 
+    /// Appends `results` to `owner`'s futures entry, which `owner` lent this worker: reads it
+    /// and writes it back with them (the thief writing its victim's data).
+    fn hand_over(&mut self, owner: i32, results: &[Owed]) -> Result<()> {
+        let key = Slot::Futures.key(owner);
+        let stored = self.store.get(key)?;
+        let mut entry = match stored.as_deref() {
+            Some(bytes) => {
+                forkjoin::decode_handed(bytes).ok_or(PoolError::Corrupt("futures entry"))?
+            }
+            None => Vec::new(),
+        };
+        entry.extend_from_slice(results);
+        self.store.put_handed(key, &forkjoin::encode_handed(&entry))?;
+        Ok(())
+    }
+
     fn delete_loot(&mut self, owner: i32) -> Result<()> {
         let key = Slot::Loot.key(owner);
         if owner == self.machine.me() {
@@ -708,15 +732,19 @@ impl<P: Problem, F: Fabric> Driver<'_, P, F> {
         Ok(())
     }
 
-    /// Every worker's checkpoint and loot key, as the store has them after a recovery.
+    /// Every worker's checkpoint, loot key and (with futures) futures entry, as the store has
+    /// them after a recovery.
     fn read_everyone(&mut self) -> Result<Stored<P::Task>> {
         let workers = self.store.workers() as i32;
-        let (mut checkpoints, mut loots) = (Vec::new(), Vec::new());
+        let (mut checkpoints, mut loots, mut futures) = (Vec::new(), Vec::new(), Vec::new());
         for w in 0..workers {
             checkpoints.push(self.store.get(Slot::Checkpoint.key(w))?);
             loots.push(self.store.get(Slot::Loot.key(w))?);
+            if P::HANDS_OVER_RESULTS {
+                futures.push(self.store.get(Slot::Futures.key(w))?);
+            }
         }
-        Stored::decode(&checkpoints, &loots).map_err(PoolError::Corrupt)
+        Stored::decode(&checkpoints, &loots, &futures).map_err(PoolError::Corrupt)
     }
 }
 

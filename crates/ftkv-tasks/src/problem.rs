@@ -9,6 +9,12 @@ pub trait Problem: Sync {
     /// A task; checkpoints, loot and steal messages carry tasks through [`ftkv::codec`].
     type Task: Copy + Send + serde::Serialize + serde::de::DeserializeOwned;
 
+    /// How results return to frames held by another worker ([`crate::forkjoin`]): `false`, by
+    /// message to the holder, which checkpoints before it acknowledges (nested fork-join);
+    /// `true`, written by the returning worker into the holder's futures entry under the
+    /// holder's lock (future-based cooperation).
+    const HANDS_OVER_RESULTS: bool = false;
+
     /// The tasks the computation starts from.
     fn roots(&self) -> Vec<Self::Task>;
     /// Runs `task`: adds to `counts` and pushes the tasks it creates.

@@ -23,7 +23,7 @@ use std::time::Duration;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use crate::forkjoin::{JoinRef, Work};
+use crate::forkjoin::{decode_handed, JoinRef, Owed, Work};
 use crate::problem::Problem;
 use crate::state::{buddy, plan, Checkpoint, Loot, Seen};
 use crate::uts::Counts;
@@ -82,9 +82,18 @@ pub enum PoolMessage<T> {
     Total([u64; 6], Vec<i32>),
     /// A fork-join result for a frame the receiver holds ([`crate::forkjoin::Owed`]).
     Join(JoinRef, Counts),
-    /// The receiver of a [`PoolMessage::Join`] checkpointed it applied (or found it applied
-    /// already): its sender may forget it.
-    Joined(JoinRef),
+    /// The receiver of a [`PoolMessage::Join`] checkpointed these results applied (or found
+    /// them applied already), or, after a [`PoolMessage::Return`], applied them with its
+    /// futures entry holding them: their sender may forget them.
+    Joined(Vec<JoinRef>),
+    /// Futures: a worker that owes results to frames the receiver holds asks for the
+    /// receiver's futures entry.
+    Lock,
+    /// Futures: the receiver's futures entry is lent to the asking worker, and to nobody else
+    /// until it returns it (the outer lock of the hand-over).
+    Lent,
+    /// Futures: the borrower gives the futures entry back, with the results it wrote into it.
+    Return(Vec<Owed>),
 }
 
 /// One of a worker's two store keys.
@@ -92,6 +101,9 @@ pub enum PoolMessage<T> {
 pub enum Slot {
     Checkpoint = 0,
     Loot = 1,
+    /// Results written into this worker's futures entry by the workers that owed them
+    /// (future-based cooperation only; [`crate::forkjoin::Futures`]).
+    Futures = 2,
 }
 
 impl Slot {
@@ -117,6 +129,14 @@ pub enum Command<T> {
     ReadAll,
     /// A named failure-injection point.
     Failpoint(&'static str),
+    /// Futures: append `results` to `owner`'s futures entry, which `owner` lent this worker:
+    /// read it, then write it with [`ftkv::Store::put_handed`] (the thief writing its victim's
+    /// data).
+    HandOver { owner: i32, results: Vec<Owed> },
+    /// Futures: write this worker's own futures entry empty (with
+    /// [`ftkv::Store::put_handed`], since others wrote it), once a checkpoint holds every
+    /// result it held.
+    EmptyFutures,
     /// The leader announced the end: gather the results ([`Worker::contribution`]).
     Finish,
     /// Localized recovery: move a failed worker's stored state into this one's, in one store
@@ -161,15 +181,19 @@ pub struct Counters {
 pub struct Stored<T> {
     pub checkpoints: Vec<Option<Checkpoint<T>>>,
     pub loots: Vec<Option<Loot<T>>>,
+    /// Every worker's futures entry (empty without futures).
+    pub handed: Vec<Vec<Owed>>,
 }
 
 impl<T: Copy + serde::Serialize + serde::de::DeserializeOwned> Stored<T> {
-    /// Decodes every worker's stored checkpoint and loot key; `Err` names what is corrupt.
+    /// Decodes every worker's stored checkpoint, loot key and futures entry (`futures` empty:
+    /// none are kept); `Err` names what is corrupt.
     pub fn decode(
         checkpoints: &[Option<Vec<u8>>],
         loots: &[Option<Vec<u8>>],
+        futures: &[Option<Vec<u8>>],
     ) -> Result<Stored<T>, &'static str> {
-        let checkpoints = checkpoints
+        let checkpoints: Vec<Option<Checkpoint<T>>> = checkpoints
             .iter()
             .map(|b| b.as_deref().map(|b| Checkpoint::decode(b).ok_or("checkpoint")).transpose())
             .collect::<Result<_, _>>()?;
@@ -177,7 +201,12 @@ impl<T: Copy + serde::Serialize + serde::de::DeserializeOwned> Stored<T> {
             .iter()
             .map(|b| b.as_deref().map(|b| Loot::decode(b).ok_or("loot")).transpose())
             .collect::<Result<_, _>>()?;
-        Ok(Stored { checkpoints, loots })
+        let mut handed: Vec<Vec<Owed>> = futures
+            .iter()
+            .map(|b| b.as_deref().map_or(Some(Vec::new()), decode_handed).ok_or("futures entry"))
+            .collect::<Result<_, _>>()?;
+        handed.resize(checkpoints.len(), Vec::new());
+        Ok(Stored { checkpoints, loots, handed })
     }
 }
 
@@ -235,6 +264,14 @@ pub struct Worker<'p, P: Problem> {
     /// When this worker last sent every unacknowledged fork-join result (`None`: at its
     /// next tick, after a failure changed who holds which frames).
     last_resend: Option<Duration>,
+    /// Futures: the worker this one's futures entry is lent to, and those waiting for it.
+    lent_to: Option<i32>,
+    waiting_for_entry: Vec<i32>,
+    /// Futures: the holder whose futures entry this worker asked for or writes.
+    handing: Option<i32>,
+    /// Futures: results were written into this worker's futures entry since it last emptied
+    /// it.
+    entry_written: bool,
     counters: Counters,
 }
 
@@ -268,6 +305,10 @@ impl<'p, P: Problem> Worker<'p, P> {
             rng: SmallRng::seed_from_u64(settings.seed ^ ((me as u64) << 40)),
             last_checkpoint: (Duration::ZERO, 0),
             last_resend: Some(Duration::ZERO),
+            lent_to: None,
+            waiting_for_entry: Vec::new(),
+            handing: None,
+            entry_written: false,
             counters: Counters::default(),
         }
     }
@@ -381,8 +422,14 @@ impl<'p, P: Problem> Worker<'p, P> {
         while let Some(&owed) = self.state.joins.owed.get(at) {
             let to = self.holder(owed.to.frame.creator);
             if to != self.me {
-                commands.push(Command::Failpoint("join_before_send"));
-                commands.push(Command::Send { to, message: PoolMessage::Join(owed.to, owed.counts) });
+                if !P::HANDS_OVER_RESULTS {
+                    commands.push(Command::Failpoint("join_before_send"));
+                    let message = PoolMessage::Join(owed.to, owed.counts);
+                    commands.push(Command::Send { to, message });
+                } else if self.handing.is_none() {
+                    self.handing = Some(to);
+                    commands.push(Command::Send { to, message: PoolMessage::Lock });
+                }
                 at += 1;
                 continue;
             }
@@ -403,6 +450,7 @@ impl<'p, P: Problem> Worker<'p, P> {
             return Vec::new();
         }
         self.last_resend = Some(now);
+        self.handing = None;
         self.route_owed(0)
     }
 
@@ -426,8 +474,88 @@ impl<'p, P: Problem> Worker<'p, P> {
         let sends = self.route_owed(owed);
         let mut commands = self.checkpoint(now);
         commands.push(Command::Failpoint("join_before_ack"));
-        commands.push(Command::Send { to: source, message: PoolMessage::Joined(to) });
+        commands.push(Command::Send { to: source, message: PoolMessage::Joined(vec![to]) });
         commands.extend(sends);
+        commands
+    }
+
+    /// The holder's acknowledgement of `joined` results: they are forgotten; with futures the
+    /// next hand-over starts.
+    fn on_joined(&mut self, joined: Vec<JoinRef>) -> Commands<P::Task> {
+        for to in joined {
+            self.state.joins.acknowledged(to);
+        }
+        if !P::HANDS_OVER_RESULTS {
+            return Vec::new();
+        }
+        self.handing = None;
+        self.route_owed(0)
+    }
+
+    /// Futures: `thief` asks for this worker's futures entry; lent at once unless it is lent
+    /// already (then when it returns).
+    fn on_lock(&mut self, thief: i32) -> Commands<P::Task> {
+        if self.lent_to.is_some() {
+            if !self.waiting_for_entry.contains(&thief) {
+                self.waiting_for_entry.push(thief);
+            }
+            return Vec::new();
+        }
+        self.lent_to = Some(thief);
+        vec![Command::Send { to: thief, message: PoolMessage::Lent }]
+    }
+
+    /// Lends the futures entry to the next waiting worker, if any.
+    fn lend_to_next(&mut self) -> Commands<P::Task> {
+        if self.lent_to.is_some() || self.waiting_for_entry.is_empty() {
+            return Vec::new();
+        }
+        let thief = self.waiting_for_entry.remove(0);
+        self.on_lock(thief)
+    }
+
+    /// Futures: `holder` lent this worker its futures entry: the results owed to frames it
+    /// holds are written into it, then the entry goes back with them. An entry this worker
+    /// no longer waits for goes back at once.
+    fn on_lent(&mut self, holder: i32) -> Commands<P::Task> {
+        let results: Vec<Owed> = if self.handing == Some(holder) {
+            let owed = self.state.joins.owed.iter();
+            owed.filter(|o| self.holder(o.to.frame.creator) == holder).copied().collect()
+        } else {
+            Vec::new()
+        };
+        let mut commands = Vec::new();
+        if !results.is_empty() {
+            commands.push(Command::Failpoint("handover_lent"));
+            commands.push(Command::HandOver { owner: holder, results: results.clone() });
+            commands.push(Command::Failpoint("handover_written"));
+        } else if self.handing == Some(holder) {
+            self.handing = None;
+        }
+        commands.push(Command::Send { to: holder, message: PoolMessage::Return(results) });
+        commands
+    }
+
+    /// Futures: `thief` gave this worker's futures entry back with the `results` it wrote
+    /// into it: those for frames this worker holds are applied and acknowledged (the entry
+    /// holds them until a checkpoint does), then the entry goes to the next waiting worker.
+    fn on_return(&mut self, thief: i32, results: Vec<Owed>) -> Commands<P::Task> {
+        if self.lent_to == Some(thief) {
+            self.lent_to = None;
+        }
+        self.entry_written |= !results.is_empty();
+        let owed = self.state.joins.owed.len();
+        let mine: Vec<Owed> =
+            results.into_iter().filter(|r| self.holder(r.to.frame.creator) == self.me).collect();
+        self.state.joins.apply_handed(&mine, &mut self.state.counts);
+        let joined: Vec<JoinRef> = mine.iter().map(|r| r.to).collect();
+        let mut commands = Vec::new();
+        if !joined.is_empty() {
+            commands.push(Command::Failpoint("handover_before_ack"));
+            commands.push(Command::Send { to: thief, message: PoolMessage::Joined(joined) });
+        }
+        commands.extend(self.route_owed(owed));
+        commands.extend(self.lend_to_next());
         commands
     }
 
@@ -452,7 +580,12 @@ impl<'p, P: Problem> Worker<'p, P> {
         let bytes = self.state.encode();
         self.counters.checkpoints += 1;
         self.counters.store_bytes += bytes.len() as u64;
-        vec![Command::Put { slot: Slot::Checkpoint, bytes }]
+        let mut commands = vec![Command::Put { slot: Slot::Checkpoint, bytes }];
+        if self.entry_written && self.lent_to.is_none() {
+            self.entry_written = false;
+            commands.push(Command::EmptyFutures);
+        }
+        commands
     }
 
     fn ask_for_work(&mut self) -> Commands<P::Task> {
@@ -502,10 +635,10 @@ impl<'p, P: Problem> Worker<'p, P> {
                 self.on_contribution(round, view, words)
             }
             PoolMessage::Join(to, counts) => self.on_join(source, to, counts, now),
-            PoolMessage::Joined(to) => {
-                self.state.joins.acknowledged(to);
-                Vec::new()
-            }
+            PoolMessage::Joined(joined) => self.on_joined(joined),
+            PoolMessage::Lock => self.on_lock(source),
+            PoolMessage::Lent => self.on_lent(source),
+            PoolMessage::Return(results) => self.on_return(source, results),
             PoolMessage::Total(words, failed) => {
                 let mut commands = self.to_others(PoolMessage::Total(words, failed.clone()));
                 commands.retain(|c| !matches!(c, Command::Send { to, .. } if *to == source));
@@ -741,6 +874,11 @@ impl<'p, P: Problem> Worker<'p, P> {
         self.settled_globally = self.failed();
         self.asking = None;
         self.last_resend = None;
+        (self.lent_to, self.handing) = (None, None);
+        self.waiting_for_entry.clear();
+        // The fresh checkpoint holds every result this worker applied: its futures entry is
+        // written again empty (the recovery may have lost it).
+        self.entry_written = P::HANDS_OVER_RESULTS;
         self.sent_to.fill(0);
         self.received_from.fill(0);
         (self.wave, self.quiet_wave, self.done) = (None, None, false);
@@ -766,7 +904,7 @@ impl<'p, P: Problem> Worker<'p, P> {
         let pending = self.pending.as_ref().map(|p| p.steal_id);
         let plan = plan(self.me, &self.live, &seen, pending);
         for &dead in &plan.adopt {
-            self.adopt(dead, stored.checkpoints[dead as usize].clone());
+            self.adopt(dead, stored.checkpoints[dead as usize].clone(), &stored.handed[dead as usize]);
         }
         let mut commands = vec![Command::Failpoint("buddy_after_adopting")];
         for &victim in &plan.take_loot {
@@ -799,6 +937,7 @@ impl<'p, P: Problem> Worker<'p, P> {
         }
         self.live.retain(|w| !newly.contains(w));
         self.last_resend = None;
+        let lend = self.forget_borrowers(&newly);
         self.restart_waves();
         self.last_wave = now;
         let mut settles = Vec::new();
@@ -825,16 +964,32 @@ impl<'p, P: Problem> Worker<'p, P> {
                 commands.push(Command::Failpoint("buddy_after_adopting"));
             }
         }
+        commands.extend(lend);
         commands
     }
 
+    /// Futures: a failed borrower's loan of this worker's entry ends (what it wrote there is
+    /// still owed by its state, or by its buddy's), and a failed holder's entry is asked of
+    /// its buddy at the next resend.
+    fn forget_borrowers(&mut self, failed: &[i32]) -> Commands<P::Task> {
+        self.waiting_for_entry.retain(|w| !failed.contains(w));
+        if self.handing.is_some_and(|h| failed.contains(&h)) {
+            self.handing = None;
+        }
+        if self.lent_to.is_some_and(|t| failed.contains(&t)) {
+            self.lent_to = None;
+        }
+        self.lend_to_next()
+    }
+
     /// For [`Settle::Adopt`]: this worker's state with `dead`'s stored checkpoint (`None`:
-    /// its initial state) added, and that checkpoint emptied; `None` when it was adopted
-    /// already.
+    /// its initial state) added and the results of its futures entry (`handed`) applied, and
+    /// that checkpoint emptied; `None` when it was adopted already.
     pub fn with_adopted(
         &self,
         dead: i32,
         theirs: Option<Checkpoint<P::Task>>,
+        handed: &[Owed],
     ) -> Option<Adoption<P::Task>> {
         let workers = self.state.received.len();
         let theirs = theirs.unwrap_or_else(|| Checkpoint::initial(self.problem, dead, workers));
@@ -845,6 +1000,7 @@ impl<'p, P: Problem> Worker<'p, P> {
         mine.pool.extend(theirs.pool.iter().copied());
         mine.counts.add(&theirs.counts);
         mine.joins.absorb(theirs.joins.clone());
+        mine.joins.apply_handed(handed, &mut mine.counts);
         mine.adopted.push(dead);
         Some((mine, theirs.emptied(self.me)))
     }
@@ -945,12 +1101,13 @@ impl<'p, P: Problem> Worker<'p, P> {
             .collect()
     }
 
-    fn adopt(&mut self, dead: i32, checkpoint: Option<Checkpoint<P::Task>>) {
+    fn adopt(&mut self, dead: i32, checkpoint: Option<Checkpoint<P::Task>>, handed: &[Owed]) {
         let workers = self.state.received.len();
         let theirs = checkpoint.unwrap_or_else(|| Checkpoint::initial(self.problem, dead, workers));
         self.state.pool.extend(theirs.pool);
         self.state.counts.add(&theirs.counts);
         self.state.joins.absorb(theirs.joins);
+        self.state.joins.apply_handed(handed, &mut self.state.counts);
         self.state.adopted.push(dead);
     }
 }

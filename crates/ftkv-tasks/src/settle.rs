@@ -27,6 +27,7 @@
 use ftkv::txn::{Decision, Expect, Outcome, Reads, Txn};
 use ftkv::Key;
 
+use crate::forkjoin::{decode_handed, Owed};
 use crate::problem::Problem;
 use crate::protocol::{Settle, Slot, Worker};
 use crate::state::{Checkpoint, Loot};
@@ -127,12 +128,18 @@ enum Plan<T> {
 }
 
 impl<T> Plan<T> {
-    /// The transaction of worker `me`, without the writes that follow from its reads.
-    fn txn(&self, me: i32) -> Txn {
+    /// The transaction of worker `me`, without the writes that follow from its reads; an
+    /// adoption also reads the failed worker's futures entry when results are handed over
+    /// (`futures`).
+    fn txn(&self, me: i32, futures: bool) -> Txn {
         let mine = Slot::Checkpoint.key(me);
         match self {
             Plan::Adopt { dead } => {
-                Txn { reads: vec![mine, Slot::Checkpoint.key(*dead)], ..Txn::default() }
+                let mut reads = vec![mine, Slot::Checkpoint.key(*dead)];
+                if futures {
+                    reads.push(Slot::Futures.key(*dead));
+                }
+                Txn { reads, ..Txn::default() }
             }
             Plan::Loot { victim, stored, .. } => Txn {
                 reads: vec![mine, Slot::Checkpoint.key(*victim)],
@@ -295,7 +302,7 @@ impl<P: Problem> Settling<P> {
     }
 
     fn transact(&mut self, plan: Plan<P::Task>, me: i32) -> Command<P::Task> {
-        let txn = plan.txn(me);
+        let txn = plan.txn(me, P::HANDS_OVER_RESULTS);
         self.phase = Phase::Transacting(plan);
         Command::Transact(txn)
     }
@@ -316,10 +323,16 @@ impl<P: Problem> Settling<P> {
         let mut writes = Vec::new();
         let state = match plan {
             Plan::Adopt { .. } if corrupt => None,
-            Plan::Adopt { dead } => machine.with_adopted(*dead, failed).map(|(new, emptied)| {
-                writes.push((Slot::Checkpoint.key(*dead), Some(emptied.encode())));
-                new
-            }),
+            Plan::Adopt { dead } => match handed_in(reads, *dead) {
+                Err(Corrupt) => {
+                    self.phase = Phase::Written(Written { state: None, corrupt: true });
+                    return Command::Write(Vec::new());
+                }
+                Ok(handed) => machine.with_adopted(*dead, failed, &handed).map(|(new, emptied)| {
+                    writes.push((Slot::Checkpoint.key(*dead), Some(emptied.encode())));
+                    new
+                }),
+            },
             Plan::Loot { victim, loot, thiefs, .. } => {
                 writes.push((Slot::Loot.key(*victim), None));
                 machine.with_loot(*victim, loot, failed.as_ref(), thiefs.as_ref())
@@ -380,6 +393,16 @@ fn decode_checkpoint<T: Copy + serde::de::DeserializeOwned>(
     stored: Option<&[u8]>,
 ) -> Result<Option<Checkpoint<T>>, Corrupt> {
     stored.map(|bytes| Checkpoint::decode(bytes).ok_or(Corrupt)).transpose()
+}
+
+/// `owner`'s futures entry among a transaction's `reads` (empty: not read, or nothing
+/// stored).
+fn handed_in(reads: &Reads, owner: i32) -> Result<Vec<Owed>, Corrupt> {
+    let key = Slot::Futures.key(owner);
+    match reads.iter().find(|(read, ..)| *read == key).and_then(|(.., value)| value.as_deref()) {
+        Some(bytes) => decode_handed(bytes).ok_or(Corrupt),
+        None => Ok(Vec::new()),
+    }
 }
 
 /// `owner`'s checkpoint among a transaction's `reads` (`None`: not read, or nothing stored).

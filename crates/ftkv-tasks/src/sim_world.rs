@@ -22,7 +22,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use crate::fib::Fib;
-use crate::forkjoin::ForkJoin;
+use crate::forkjoin::{ForkJoin, Futures};
 use crate::model::Model;
 use crate::nqueens::NQueens;
 use crate::pool::{self, Interval, Look, Outcome, PoolConfig};
@@ -50,6 +50,10 @@ pub const POINTS: [&str; 6] = [
 /// The named points of the fork-join results' protocol: a worker about to send a result it
 /// owes, a frame's holder that applied and checkpointed a result before it acknowledges it.
 pub const JOIN_POINTS: [&str; 2] = ["join_before_send", "join_before_ack"];
+
+/// The named points of the futures' hand-over: a thief lent its victim's futures entry, a
+/// thief that wrote the results into it, a holder that applied them before it acknowledges.
+pub const HANDOVER_POINTS: [&str; 3] = ["handover_lent", "handover_written", "handover_before_ack"];
 
 /// How the victim of a run dies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -158,27 +162,61 @@ pub fn campaign_nfj(first_seed: u64, runs: u64) -> (Vec<RunReport>, u64) {
 /// Fibonacci; victims also die at the points of the results' protocol ([`JOIN_POINTS`]), and
 /// the reference is the sequential fork-join program's result.
 pub fn run_nfj(seed: u64, trace: bool) -> (RunReport, Vec<String>) {
+    run_joined(Model::Nfj, &JOIN_POINTS, seed, trace)
+}
+
+/// [`campaign`] of the programs with futures ([`run_fbc`]).
+pub fn campaign_fbc(first_seed: u64, runs: u64) -> (Vec<RunReport>, u64) {
+    ftkv::world::campaign(first_seed, runs, |seed| run_fbc(seed, false).0)
+}
+
+/// [`run`] with the problem written with futures ([`Model::Fbc`]): UTS, N-Queens or
+/// Fibonacci; victims also die at every step of the hand-over ([`HANDOVER_POINTS`]).
+pub fn run_fbc(seed: u64, trace: bool) -> (RunReport, Vec<String>) {
+    run_joined(Model::Fbc, &HANDOVER_POINTS, seed, trace)
+}
+
+/// A run of `model` (fork-join or futures), victims dying at the steal and recovery points
+/// and at `points`.
+fn run_joined(
+    model: Model,
+    points: &[&'static str],
+    seed: u64,
+    trace: bool,
+) -> (RunReport, Vec<String>) {
     let mut rng = SmallRng::seed_from_u64(seed);
-    let points: Vec<&'static str> = POINTS.iter().chain(&JOIN_POINTS).copied().collect();
+    let points: Vec<&'static str> = POINTS.iter().chain(points).copied().collect();
     let scenario = Scenario::of(&mut rng, seed, &points);
-    let model = Model::Nfj;
-    match rng.gen_range(0..3) {
+    let (problem, name) = match rng.gen_range(0..3) {
         0 => {
             let params = small_uts(&mut rng);
-            let name = format!("{} {}", model.name(), uts_name(&params));
-            simulate(ForkJoin { inner: params }, &name, scenario, trace)
+            (Tree::Uts(params), uts_name(&params))
         }
         1 => {
-            let problem = NQueens { n: rng.gen_range(6..=8) };
-            let name = format!("{} {}-Queens", model.name(), problem.n);
-            simulate(ForkJoin { inner: problem }, &name, scenario, trace)
+            let n = rng.gen_range(6..=8);
+            (Tree::Queens(NQueens { n }), format!("{n}-Queens"))
         }
         _ => {
-            let problem = Fib { n: rng.gen_range(8..=14) };
-            let name = format!("{} fib({})", model.name(), problem.n);
-            simulate(ForkJoin { inner: problem }, &name, scenario, trace)
+            let n = rng.gen_range(8..=14);
+            (Tree::Fib(Fib { n }), format!("fib({n})"))
         }
+    };
+    let name = format!("{} {name}", model.name());
+    match (model, problem) {
+        (Model::Fbc, Tree::Uts(p)) => simulate(Futures { inner: p }, &name, scenario, trace),
+        (Model::Fbc, Tree::Queens(p)) => simulate(Futures { inner: p }, &name, scenario, trace),
+        (Model::Fbc, Tree::Fib(p)) => simulate(Futures { inner: p }, &name, scenario, trace),
+        (_, Tree::Uts(p)) => simulate(ForkJoin { inner: p }, &name, scenario, trace),
+        (_, Tree::Queens(p)) => simulate(ForkJoin { inner: p }, &name, scenario, trace),
+        (_, Tree::Fib(p)) => simulate(ForkJoin { inner: p }, &name, scenario, trace),
     }
+}
+
+/// A tree problem of the fork-join and futures runs.
+enum Tree {
+    Uts(uts::Params),
+    Queens(NQueens),
+    Fib(Fib),
 }
 
 /// A UTS tree of a few hundred nodes.
@@ -306,6 +344,9 @@ mod tests {
             assert!(a.violations.is_empty(), "{a}");
             let (a, _) = run_nfj(seed, false);
             assert_eq!(a, run_nfj(seed, false).0, "fork-join seed {seed}");
+            assert!(a.violations.is_empty(), "{a}");
+            let (a, _) = run_fbc(seed, false);
+            assert_eq!(a, run_fbc(seed, false).0, "futures seed {seed}");
             assert!(a.violations.is_empty(), "{a}");
         }
     }

@@ -73,8 +73,11 @@ impl<F: Fabric> Store<F> {
     }
 
     /// Writes a key owned by another worker that the application handed to this one (a thief
-    /// writing its victim's data). The application guarantees a single writer per key at a time;
-    /// the first handed write reads the key's current version from its holders. Like
+    /// writing its victim's data). The application guarantees a single writer per key at a time
+    /// (an outer lock); writers may take turns, the owner among them: every handed write first
+    /// reads the key's current version from its holders (one read more than [`Store::put`]), so
+    /// it lands above whatever the previous writer wrote. An owner whose key another worker
+    /// wrote writes it again with `put_handed` too (its own version counter is behind). Like
     /// [`Store::put`], it restores a key reported lost.
     ///
     /// # Example
@@ -100,14 +103,28 @@ impl<F: Fabric> Store<F> {
         self.check_key(key)?;
         self.check_value(value)?;
         let version = self.next_handed_version(key)?;
-        self.write(key, Header::for_value(value, version, self.epoch()?, self.me), value)
+        self.write(key, Header::for_value(value, version, self.epoch()?, self.me), value)?;
+        self.note_own_version(key, version);
+        Ok(())
     }
 
     /// Deletes a handed key (see [`Store::put_handed`]).
     pub fn delete_handed(&mut self, key: Key) -> Result<()> {
         self.check_key(key)?;
         let version = self.next_handed_version(key)?;
-        self.write(key, Header::for_delete(version, self.epoch()?, self.me), &[])
+        self.write(key, Header::for_delete(version, self.epoch()?, self.me), &[])?;
+        self.note_own_version(key, version);
+        Ok(())
+    }
+
+    /// After a handed write of this worker's own key at `version`: its own counter and
+    /// acknowledged version move up to it (a later [`Store::put`] lands above).
+    fn note_own_version(&mut self, key: Key, version: u64) {
+        if key.owner == self.me {
+            let kind = key.kind as usize;
+            self.versions[kind] = self.versions[kind].max(version);
+            self.acked.set(kind, self.acked.get(kind).max(version));
+        }
     }
 
     /// The newest committed value of `key` on any live holder, `None` if it was deleted or never
@@ -187,17 +204,20 @@ impl<F: Fabric> Store<F> {
         *v
     }
 
+    /// The version of a handed write of `key`: above the newest on its holders (another
+    /// writer may have written it since this worker last did) and above every version this
+    /// worker wrote or tried.
     fn next_handed_version(&mut self, key: Key) -> Result<u64> {
-        let current = match self.handed.get(&key) {
-            Some(&v) => v,
-            None => match self.read_newest(key) {
-                Ok(newest) => newest.map_or(0, |c| c.header.version),
-                Err(Error::KeyLost(_)) => 0,
-                Err(e) => return Err(e),
-            },
+        let stored = match self.read_newest(key) {
+            Ok(newest) => newest.map_or(0, |c| c.header.version),
+            Err(Error::KeyLost(_)) => 0,
+            Err(e) => return Err(e),
         };
-        self.handed.insert(key, current + 1);
-        Ok(current + 1)
+        let mine = if key.owner == self.me { self.versions[key.kind as usize] } else { 0 };
+        let tried = self.handed.get(&key).copied().unwrap_or(0);
+        let version = stored.max(mine).max(tried) + 1;
+        self.handed.insert(key, version);
+        Ok(version)
     }
 
     pub(super) fn ensure_healthy(&self) -> Result<()> {

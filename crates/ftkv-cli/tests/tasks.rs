@@ -199,6 +199,13 @@ fn worker_killed_during_recovery() {
 /// `ftkv demo` on T1 with 8 ranks, `kills` random SIGKILLs and `args`: the published counts
 /// and that many kills; the demo's stdout and stderr.
 fn t1_demo(kills: usize, args: &[&str]) -> (String, String) {
+    demo(kills, args, "4130071 nodes, 3305118 leaves")
+}
+
+/// `ftkv demo` with 8 ranks, `kills` random SIGKILLs and `args`: `counts` on stdout, the
+/// reference and the sequential program of the same run matched, and that many kills; the
+/// demo's stdout and stderr.
+fn demo(kills: usize, args: &[&str], counts: &str) -> (String, String) {
     let mut cmd = Command::new(FTKV);
     cmd.args(["demo", "-n", "8", "--kills", &kills.to_string(), "--timeout", "90"]).args(args);
     let _alone = ftkv_cli::launch::job_slot();
@@ -206,8 +213,9 @@ fn t1_demo(kills: usize, args: &[&str]) -> (String, String) {
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "demo failed:\n{stdout}\n{stderr}");
-    assert!(stdout.contains("4130071 nodes, 3305118 leaves"), "{stdout}");
-    assert!(stdout.contains("MATCH") && !stdout.contains("MISMATCH"), "{stdout}");
+    assert!(stdout.contains(counts), "{stdout}");
+    assert_eq!(stdout.matches("-> MATCH").count(), 2, "reference and sequential: {stdout}");
+    assert!(!stdout.contains("MISMATCH"), "{stdout}");
     assert_eq!(stderr.matches("SIGKILL rank").count(), kills, "{kills} kills:\n{stderr}");
     (stdout, stderr)
 }
@@ -242,4 +250,57 @@ fn localized_recovery_is_exact_with_one_two_and_three_kills() {
 fn t1_is_exact_after_three_random_kills_with_localized_recovery() {
     let (stdout, stderr) = t1_demo(3, &["--seed", "5", "--recovery", "localized"]);
     assert!(stdout.contains("global recoveries: 0"), "{stdout}\n{stderr}");
+}
+
+
+/// fib(32): 2·F(33) − 1 nodes, F(32) leaves.
+const FIB_32: (u64, u64) = (7_049_155, 2_178_309);
+
+/// Nested fork-join: the root frame's holder (rank 0) killed after it applied a stolen
+/// subtree's result and checkpointed it but before it acknowledged it, and a thief killed
+/// about to send a result it owes; with global and with localized recovery.
+#[test]
+fn fork_join_results_survive_kills_of_frame_holders_and_thieves() {
+    let failpoints = "join_before_ack@0#1;join_before_send@3#1";
+    let out = pool_job_with("fib:32", 8, 3, failpoints, &["--model=nfj"]);
+    assert_exact(&out, 8, &[0, 3], Some(FIB_32.0), FIB_32.1);
+    let out = pool_job_with("fib:32", 8, 3, failpoints, &["--model=nfj", "--localized"]);
+    assert_exact(&out, 8, &[0, 3], Some(FIB_32.0), FIB_32.1);
+    assert_only_localized(&out, 8, &[0, 3], 1);
+}
+
+/// Futures: kills at every step of the hand-over — a thief lent its victim's futures entry,
+/// a thief that wrote its results into it, the root frame's holder after it applied results
+/// before it acknowledged them — with localized and with global recovery.
+#[test]
+fn futures_survive_kills_at_every_step_of_the_hand_over() {
+    let cases: [(&str, &[usize], bool); 3] = [
+        ("handover_lent@3#1;handover_before_ack@0#1", &[0, 3], true),
+        ("handover_written@3#1", &[3], true),
+        ("handover_written@2#1;handover_before_ack@0#1", &[0, 2], false),
+    ];
+    for (failpoints, killed, localized) in cases {
+        let mut args = vec!["--model=fbc"];
+        if localized {
+            args.push("--localized");
+        }
+        let out = pool_job_with("fib:32", 8, 3, failpoints, &args);
+        assert_exact(&out, 8, killed, Some(FIB_32.0), FIB_32.1);
+        if localized {
+            assert_only_localized(&out, 8, killed, 1);
+        }
+    }
+}
+
+/// UTS T1 as a fork-join tree sum gives the published counts after two random kills.
+#[test]
+fn t1_as_fork_join_is_exact_after_two_random_kills() {
+    demo(2, &["--model", "nfj", "--seed", "3"], "4130071 nodes, 3305118 leaves");
+}
+
+/// fib(30) with futures after two random kills: F(30) = 832040, with localized recovery.
+#[test]
+fn fibonacci_with_futures_is_exact_after_two_random_kills() {
+    let args = ["--model", "fbc", "--tree", "fib:30", "--recovery", "localized"];
+    demo(2, &args, "2692537 nodes, 832040 leaves");
 }

@@ -279,7 +279,6 @@ mod tests {
         let inner = joins.open(0, Some(JoinRef { frame: root, child: 0 }), node, 1);
         let mut result = Counts::default();
         joins.deliver(join(inner.serial, 0), leaf, &mut result);
-        joins.deliver(join(inner.serial, 0), leaf, &mut result);
         assert_eq!(joins.frames.len(), 1, "the inner frame closed into the root");
         joins.deliver(join(root.serial, 0), leaf, &mut result);
         assert_eq!(result, Counts::default(), "a result for a joined child counts nothing");

@@ -1129,6 +1129,8 @@ pub fn sum_contributions(words: &[u64]) -> Sums {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fib::{Call, Fib};
+    use crate::forkjoin::{ForkJoin, FrameId, Futures, Spawned};
     use crate::nqueens::{Board, NQueens};
 
     const QUEENS: NQueens = NQueens { n: 6 };
@@ -1144,7 +1146,7 @@ mod tests {
 
     /// The command kinds of a list, in order: send(message), put(slot), delete, sync, read,
     /// failpoint(name), finish.
-    fn kinds(commands: &[Command<Board>]) -> Vec<String> {
+    fn kinds<T: std::fmt::Debug>(commands: &[Command<T>]) -> Vec<String> {
         commands
             .iter()
             .map(|c| match c {
@@ -1161,8 +1163,82 @@ mod tests {
                 Command::Finish => "finish".into(),
                 Command::Settle(settle) => format!("settle {settle:?}"),
                 Command::End(..) => "end".into(),
+                Command::HandOver { owner, .. } => format!("hand over to {owner}"),
+                Command::EmptyFutures => "empty futures".into(),
             })
             .collect()
+    }
+
+    const FORK_JOIN: ForkJoin<Fib> = ForkJoin { inner: Fib { n: 6 } };
+    const FUTURES: Futures<Fib> = Futures { inner: Fib { n: 6 } };
+
+    /// A result for child 1 of frame 0 opened by worker `creator`.
+    fn result_for(creator: i32) -> (JoinRef, Counts) {
+        let to = JoinRef { frame: FrameId { creator, serial: 0 }, child: 1 };
+        (to, Counts { nodes: 3, leaves: 2, max_depth: 2 })
+    }
+
+    /// Worker 0 of 3 with its root frame open (both children spawned).
+    fn holder<P: Problem<Task = Spawned<Call>>>(program: &P) -> Worker<'_, P> {
+        let mut w = Worker::new(program, SETTINGS, 0, 3);
+        w.set_batch(1);
+        w.run_batch();
+        assert_eq!(w.state.joins.frames.len(), 1, "the root frame is open");
+        w
+    }
+
+    #[test]
+    fn a_frame_holder_checkpoints_a_returned_result_before_it_acknowledges_it() {
+        let mut w = holder(&FORK_JOIN);
+        let (to, counts) = result_for(0);
+        let commands = w.on_message(1, PoolMessage::Join(to, counts), Duration::ZERO);
+        let want = ["put Checkpoint", "failpoint join_before_ack", "send Joined to 1"];
+        assert_eq!(kinds(&commands), want);
+        assert_eq!(w.state.joins.frames[0].pending, vec![0], "child 1 returned");
+        let again = w.on_message(1, PoolMessage::Join(to, counts), Duration::ZERO);
+        assert_eq!(kinds(&again), want, "a result sent again is acknowledged again");
+        assert_eq!(w.state.joins.frames[0].sum.nodes, 1 + 3, "and counts once");
+        let elsewhere = w.on_message(1, PoolMessage::Join(result_for(2).0, counts), Duration::ZERO);
+        assert!(elsewhere.is_empty(), "a frame worker 2 holds is not this worker's");
+    }
+
+    #[test]
+    fn a_futures_entry_is_lent_to_one_thief_at_a_time() {
+        let mut w = holder(&FUTURES);
+        let lent = w.on_message(1, PoolMessage::Lock, Duration::ZERO);
+        assert_eq!(kinds(&lent), ["send Lent to 1"]);
+        assert!(w.on_message(2, PoolMessage::Lock, Duration::ZERO).is_empty(), "2 waits");
+        let (to, counts) = result_for(0);
+        let returned = PoolMessage::Return(vec![Owed { to, counts }]);
+        let commands = w.on_message(1, returned, Duration::ZERO);
+        let want = ["failpoint handover_before_ack", "send Joined to 1", "send Lent to 2"];
+        assert_eq!(kinds(&commands), want, "no checkpoint: the entry holds the result");
+        assert_eq!(w.state.joins.frames[0].pending, vec![0]);
+        let checkpoint = w.checkpoint(Duration::ZERO);
+        assert_eq!(kinds(&checkpoint), ["put Checkpoint"], "not emptied while lent to 2");
+        w.on_message(2, PoolMessage::Return(Vec::new()), Duration::ZERO);
+        let checkpoint = w.checkpoint(Duration::ZERO);
+        assert_eq!(kinds(&checkpoint), ["put Checkpoint", "empty futures"]);
+    }
+
+    #[test]
+    fn a_thief_writes_its_results_into_the_lent_entry_and_forgets_them_when_acknowledged() {
+        let mut w: Worker<'_, Futures<Fib>> = Worker::new(&FUTURES, SETTINGS, 1, 3);
+        let (to, counts) = result_for(0);
+        w.state.joins.owed.push(Owed { to, counts });
+        let asked = w.tick(Duration::from_secs(1));
+        assert!(kinds(&asked).contains(&"send Lock to 0".to_string()), "{asked:?}");
+        let lent = w.on_message(0, PoolMessage::Lent, Duration::ZERO);
+        let want = [
+            "failpoint handover_lent",
+            "hand over to 0",
+            "failpoint handover_written",
+            "send Return to 0",
+        ];
+        assert_eq!(kinds(&lent), want);
+        assert_eq!(w.state.joins.owed.len(), 1, "owed until acknowledged");
+        w.on_message(0, PoolMessage::Joined(vec![to]), Duration::ZERO);
+        assert!(w.state.joins.owed.is_empty());
     }
 
     /// (case, worker, message from rank 1, expected commands)

@@ -496,8 +496,8 @@ mod tests {
     fn adopt_table() {
         let machine = worker();
         let theirs = stored(2, 0, [0, 0, 0]);
-        let (with_theirs, emptied) = machine.with_adopted(2, Some(theirs.clone())).unwrap();
-        let (with_initial, initial_emptied) = machine.with_adopted(2, None).unwrap();
+        let (with_theirs, emptied) = machine.with_adopted(2, Some(theirs.clone()), &[]).unwrap();
+        let (with_initial, initial_emptied) = machine.with_adopted(2, None, &[]).unwrap();
         let adopted_already = theirs.emptied(1);
         // (case, dead worker's stored checkpoint, writes, end)
         let table = [
@@ -744,7 +744,7 @@ mod tests {
     #[test]
     fn a_failed_call_leaves_a_change_in_doubt_until_the_recovery_decides_it() {
         let machine = worker();
-        let (adopted, _) = machine.with_adopted(2, None).unwrap();
+        let (adopted, _) = machine.with_adopted(2, None, &[]).unwrap();
         let read = reads(&[(Slot::Checkpoint.key(0), None), (Slot::Checkpoint.key(2), None)]);
         let adopt = Settle::Adopt { dead: 2 };
         // (decision, effect)

@@ -36,8 +36,17 @@ step "the store and the pool build without MPI (no ftkv-mpi in the build)"
 cargo build --release -p ftkv -p ftkv-tasks --no-default-features --features ftkv/sim,ftkv-tasks/sim --quiet
 step "unit, scenario and real-MPI tests"
 cargo test --workspace --release
-step "simulated store recoveries, and the production store, its transactions and the pool driver (global and localized) on a deterministic world: 10000 seeded scenarios each, kills and stops at any step (no MPI)"
-target/release/ftkv sim --runs 10000 --seed 1
+step "simulated store recoveries, and the production store, its transactions and the pool driver (global and localized; independent tasks, fork-join and futures) on a deterministic world: 10000 seeded scenarios each, kills and stops at any step (no MPI; two models at a time)"
+sims=$(mktemp -d)
+sim() { target/release/ftkv sim --runs 10000 --seed 1 --model "$1"; }
+( sim store && sim world && sim txn-world && sim pool-world ) > "$sims/a" 2>&1 & first=$!
+( sim nfj-world && sim fbc-world ) > "$sims/b" 2>&1 & second=$!
+sims_ok=0
+wait "$first" || sims_ok=1
+wait "$second" || sims_ok=1
+cat "$sims/a" "$sims/b"
+rm -rf "$sims"
+[ "$sims_ok" = 0 ]
 step "placement and recovery decisions at 1,024 workers over 16 and 64 hosts (no MPI)"
 target/release/ftkv sim --model scale --sizes 1024x16,1024x64
 step "real-MPI tests over btl self,tcp"

@@ -140,7 +140,9 @@ pub fn rank_main(
         Workload::Queens(n) => {
             model.run(&world, NQueens::new(*n).map_err(anyhow::Error::msg)?, &config)?
         }
-        Workload::Fib(n) => model.run(&world, Fib::new(*n).map_err(anyhow::Error::msg)?, &config)?,
+        Workload::Fib(n) => {
+            model.run(&world, Fib::new(*n).map_err(anyhow::Error::msg)?, &config)?
+        }
     };
     let t = outcome.total;
     let result = RankResult {

@@ -252,7 +252,6 @@ fn t1_is_exact_after_three_random_kills_with_localized_recovery() {
     assert!(stdout.contains("global recoveries: 0"), "{stdout}\n{stderr}");
 }
 
-
 /// fib(32): 2·F(33) − 1 nodes, F(32) leaves.
 const FIB_32: (u64, u64) = (7_049_155, 2_178_309);
 

@@ -246,8 +246,11 @@ struct Driver<'p, P: Problem, F: Fabric> {
 /// same protocol runs on threads, without MPI.
 pub fn run<P: Problem, F: Fabric>(world: &F, problem: &P, config: &PoolConfig) -> Result<Outcome> {
     let started = rt::now();
-    let kinds: &[&str] =
-        if P::HANDS_OVER_RESULTS { &["checkpoint", "loot", "futures"] } else { &["checkpoint", "loot"] };
+    let kinds: &[&str] = if P::HANDS_OVER_RESULTS {
+        &["checkpoint", "loot", "futures"]
+    } else {
+        &["checkpoint", "loot"]
+    };
     let mut store_config = ftkv::Config::new(kinds.iter().copied(), config.copies);
     store_config.initial_capacity = 16 << 10;
     store_config.max_value = 8 << 20;

@@ -392,8 +392,12 @@ impl<'p, P: Problem> Worker<'p, P> {
         let owed = self.state.joins.owed.len();
         let problem = self.problem;
         let state = &mut self.state;
-        let mut work =
-            Work { me: self.me, pool: &mut state.pool, counts: &mut state.counts, joins: &mut state.joins };
+        let mut work = Work {
+            me: self.me,
+            pool: &mut state.pool,
+            counts: &mut state.counts,
+            joins: &mut state.joins,
+        };
         for _ in 0..self.settings.batch {
             let Some(task) = work.pool.pop() else { break };
             problem.run_on(&task, &mut work);
@@ -731,9 +735,8 @@ impl<'p, P: Problem> Worker<'p, P> {
     /// (busy, loot sent to live workers, loot received from live workers); waiting for an
     /// acknowledgement counts as busy.
     fn status(&self) -> [u64; 3] {
-        let busy = !self.state.pool.is_empty()
-            || self.pending.is_some()
-            || !self.state.joins.is_empty();
+        let busy =
+            !self.state.pool.is_empty() || self.pending.is_some() || !self.state.joins.is_empty();
         let live_sum = |counts: &[u64]| self.live.iter().map(|&w| counts[w as usize]).sum();
         [busy as u64, live_sum(&self.sent_to), live_sum(&self.received_from)]
     }
@@ -904,7 +907,11 @@ impl<'p, P: Problem> Worker<'p, P> {
         let pending = self.pending.as_ref().map(|p| p.steal_id);
         let plan = plan(self.me, &self.live, &seen, pending);
         for &dead in &plan.adopt {
-            self.adopt(dead, stored.checkpoints[dead as usize].clone(), &stored.handed[dead as usize]);
+            self.adopt(
+                dead,
+                stored.checkpoints[dead as usize].clone(),
+                &stored.handed[dead as usize],
+            );
         }
         let mut commands = vec![Command::Failpoint("buddy_after_adopting")];
         for &victim in &plan.take_loot {

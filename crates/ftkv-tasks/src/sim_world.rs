@@ -232,7 +232,11 @@ fn uts_name(params: &uts::Params) -> String {
     format!("UTS geometric depth {} root {}", params.depth, params.root_id)
 }
 
-fn run_independent(rng: &mut SmallRng, scenario: Scenario, trace: bool) -> (RunReport, Vec<String>) {
+fn run_independent(
+    rng: &mut SmallRng,
+    scenario: Scenario,
+    trace: bool,
+) -> (RunReport, Vec<String>) {
     if rng.gen_bool(0.5) {
         let params = small_uts(rng);
         simulate(params, &uts_name(&params), scenario, trace)

@@ -29,10 +29,16 @@
 //! whose transaction that interrupted is finished after the global recovery
 //! ([`Store::finish_transactions`]) and takes effect on its worker if it committed.
 //!
+//! **Task models** ([`crate::model`]): a fork-join or futures program keeps its open frames
+//! and the results it owes in the same checkpoint ([`crate::forkjoin`]); a result for a frame
+//! another worker holds goes back by message (fork-join) or by a write of the holder's futures
+//! entry under the holder's lock (futures), and is owed until the holder acknowledges it.
+//!
 //! **Termination**: the leader (the first live worker) probes every live worker for (busy,
 //! loot sent to and received from live workers, view of the failed set) in waves of
-//! point-to-point messages; two consecutive waves with no busy worker, equal counts and one
-//! view end the computation. With global recovery the survivors then gather the results and
+//! point-to-point messages (a worker with tasks, loot unacknowledged, open frames or owed
+//! results is busy); two consecutive waves with no busy worker, equal counts and one view end
+//! the computation. With global recovery the survivors then gather the results and
 //! agree that every one of them has them. Each pool communicator sees exactly one agreement per
 //! worker: at the end, or, for a worker that starts a recovery first, right after it revoked
 //! the pool and store communicators (so that nobody waits in the agreement for a worker that

@@ -4,8 +4,9 @@
 //! (openraft's Engine and Runtime).
 //!
 //! Every settle is one store transaction that reads this worker's checkpoint and one more key:
-//! - [`Settle::Adopt`] reads the dead worker's checkpoint and writes it back emptied
-//!   ([`Worker::with_adopted`]);
+//! - [`Settle::Adopt`] reads the dead worker's checkpoint (and, for a program whose results
+//!   are handed over, its futures entry, whose results it applies) and writes the checkpoint
+//!   back emptied ([`Worker::with_adopted`]);
 //! - [`Settle::Loot`] first reads the failed victim's loot key: nothing stored, or a loot
 //!   this worker does not resolve ([`Worker::resolves_loot`]), ends it; a loot whose thief is
 //!   another worker also needs that thief's stored checkpoint. The transaction reads the

@@ -571,3 +571,31 @@ fn a_late_survivor_holds_the_others_past_the_recovery_deadline() {
         }
     }
 }
+
+/// Writers take turns on one key, its owner among them, one at a time (the barrier is the
+/// outer lock): each handed write lands above the previous writer's, so every worker reads the
+/// last value, and the owner's own `put` after its handed write lands above it too.
+#[test]
+fn writers_taking_turns_on_a_key_each_land_above_the_last() {
+    within(30, "writers taking turns".into(), || {
+        LocalCluster::new(3).run(|fabric| {
+            let mut store = Store::create(&fabric, config(2)).expect("store");
+            let key = Key::new(0, 1);
+            let me = store.worker();
+            for (turn, writer) in [1, 2, 0, 1, 0, 2].into_iter().enumerate() {
+                if me == writer {
+                    store.put_handed(key, format!("turn {turn}").as_bytes()).expect("handed");
+                }
+                store.sync().expect("no failure");
+                let read = store.get(key).expect("read");
+                assert_eq!(read, Some(format!("turn {turn}").into_bytes()), "turn {turn}");
+                store.sync().expect("everyone read before the next turn");
+            }
+            if me == 0 {
+                store.put(key, b"owner").expect("own put");
+            }
+            store.sync().expect("no failure");
+            assert_eq!(store.get(key).expect("read").as_deref(), Some(&b"owner"[..]));
+        });
+    });
+}

@@ -392,6 +392,10 @@ enum BenchCommand {
         #[arg(long, value_name = "HOSTS", value_parser = args::at_least(2usize))]
         #[arg(allow_negative_numbers = true)]
         across: Option<usize>,
+        /// Compares these task models side by side (e.g. `dit,nfj,fbc`), each without and
+        /// with checkpointing, instead of `--model`'s alone.
+        #[arg(long, value_enum, value_delimiter = ',', value_name = "MODELS")]
+        models: Vec<ModelArg>,
         /// Where the comparison goes: both variants' times, checkpoints and medians.
         #[arg(long, default_value = "results/bench_uts.json", value_name = "FILE")]
         json: PathBuf,
@@ -645,9 +649,10 @@ fn run(command: Command) -> Result<()> {
             let systems: Vec<&str> = systems.split(',').collect();
             ftkv_cli::bench::store_rank_main(&systems, writers, &sizes, millis, copies)
         }
-        Command::Bench(BenchCommand::Uts { pool, repeat, kills, across, json }) => {
+        Command::Bench(BenchCommand::Uts { pool, repeat, kills, across, models, json }) => {
             let demo = pool.demo(Some(kills))?;
-            let plan = tasks::BenchPlan { repeat, kills, across };
+            let models = models.into_iter().map(Model::from).collect();
+            let plan = tasks::BenchPlan { repeat, kills, across, models };
             tasks::run_bench(&exe()?, &tasks::Demo { kills: 0, ..demo }, &plan, &json)
         }
         Command::Probe { json, hang_after, cases } => run_probe(json, hang_after, &cases),

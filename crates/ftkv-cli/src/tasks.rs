@@ -842,11 +842,14 @@ pub struct BenchPlan {
     pub kills: usize,
     /// Both variants also over this many simulated hosts.
     pub across: Option<usize>,
+    /// The task models compared (each without and with checkpointing); empty: the demo's.
+    pub models: Vec<Model>,
 }
 
 /// One failure-free variant of `ftkv bench uts`: checkpointing off or on, on the environment's
 /// hosts or over simulated ones.
 struct Variant {
+    model: Model,
     checkpointing: bool,
     simulated_hosts: Option<usize>,
     runs: Vec<RunReport>,
@@ -858,7 +861,8 @@ impl Variant {
             Some(n) => format!(", {n} hosts"),
             None => String::new(),
         };
-        format!("checkpointing {}{hosts}", if self.checkpointing { "on " } else { "off" })
+        let checkpointing = if self.checkpointing { "on " } else { "off" };
+        format!("{} checkpointing {checkpointing}{hosts}", self.model.name())
     }
 
     fn median_ms(&self) -> f64 {
@@ -869,6 +873,7 @@ impl Variant {
 
     fn demo(&self, demo: &Demo) -> Demo {
         Demo {
+            model: self.model,
             kills: 0,
             interval: if self.checkpointing { demo.interval.clone() } else { "off".into() },
             localized: self.checkpointing && demo.localized,
@@ -887,15 +892,19 @@ impl Variant {
 /// kills under global and localized recovery (see `recovery_rows`). Prints the medians and
 /// their ratios and writes them to `json`.
 pub fn run_bench(exe: &Path, demo: &Demo, plan: &BenchPlan, json: &Path) -> Result<()> {
+    let models = if plan.models.is_empty() { vec![demo.model] } else { plan.models.clone() };
     let hosts = [None].into_iter().chain(plan.across.map(Some));
     let mut variants: Vec<Variant> = hosts
         .flat_map(|h| [false, true].map(|c| (c, h)))
-        .map(|(checkpointing, simulated_hosts)| Variant {
+        .flat_map(|(c, h)| models.iter().map(move |&m| (m, c, h)))
+        .map(|(model, checkpointing, simulated_hosts)| Variant {
+            model,
             checkpointing,
             simulated_hosts,
             runs: Vec::new(),
         })
         .collect();
+    variants.sort_by_key(|v| (v.simulated_hosts, models.iter().position(|&m| m == v.model)));
     let per_round = variants.len() as u64;
     let progress = Progress::new("bench uts", Some(per_round * plan.repeat as u64));
     for i in 0..plan.repeat {
@@ -920,15 +929,19 @@ pub fn run_bench(exe: &Path, demo: &Demo, plan: &BenchPlan, json: &Path) -> Resu
     for variant in &variants {
         println!("| {} | {:.1} | {} |", variant.name(), variant.median_ms(), plan.repeat);
     }
-    println!("overhead: {:.3}x ({:+.1} %)", on / off, (on / off - 1.0) * 100.0);
-    let across = variants.get(2..).map(|remote| across_hosts(plan, [off, on], remote));
+    let per_model = model_overheads(&variants[..2 * models.len()]);
+    let across = variants
+        .get(2 * models.len()..)
+        .filter(|remote| !remote.is_empty())
+        .map(|remote| across_hosts(plan, [off, on], remote));
     let recovery = match plan.kills {
         0 => Vec::new(),
         kills => recovery_rows(exe, demo, plan.repeat, kills)?,
     };
     let result = serde_json::json!({
         "workload": demo.workload.describe(), "ranks": demo.ranks, "copies": demo.copies,
-        "interval": demo.interval, "off_ms": off, "on_ms": on, "ratio": on / off,
+        "interval": demo.interval, "model": models[0].name(), "off_ms": off, "on_ms": on,
+        "ratio": on / off, "models": per_model,
         "runs_off": variants[0].runs, "runs_on": variants[1].runs, "across": across,
         "recovery": recovery,
     });
@@ -939,6 +952,28 @@ pub fn run_bench(exe: &Path, demo: &Demo, plan: &BenchPlan, json: &Path) -> Resu
         .with_context(|| format!("writing {}", json.display()))?;
     eprintln!("[bench uts] wrote {}", json.display());
     Ok(())
+}
+
+/// Prints and returns each model's checkpointing overhead (on over off) and its time without
+/// checkpoints against the first model's, from one host's `variants` (off and on per model).
+fn model_overheads(variants: &[Variant]) -> Vec<serde_json::Value> {
+    let first_off = variants[0].median_ms();
+    let mut out = Vec::new();
+    for pair in variants.chunks(2) {
+        let (off, on) = (pair[0].median_ms(), pair[1].median_ms());
+        let (model, vs_first) = (pair[0].model.name(), off / first_off);
+        println!(
+            "{model}: checkpointing overhead {:.3}x ({:+.1} %); without checkpoints {vs_first:.2}x the time of {}",
+            on / off,
+            (on / off - 1.0) * 100.0,
+            variants[0].model.name()
+        );
+        out.push(serde_json::json!({
+            "model": model, "off_ms": off, "on_ms": on, "ratio": on / off,
+            "off_vs_first_model": vs_first, "runs_off": pair[0].runs, "runs_on": pair[1].runs,
+        }));
+    }
+    out
 }
 
 /// Prints and returns the rate across hosts against one host (one host's median over the

@@ -56,7 +56,56 @@ pub struct Frame {
     /// The node's own counts plus its returned children's.
     pub sum: Counts,
     /// The children whose results have not returned.
-    pub pending: Vec<u32>,
+    pub pending: Pending,
+}
+
+/// A frame's children whose results have not returned: a bit each for the first 64 (no
+/// allocation for almost every node), a list for the others.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Pending {
+    first: u64,
+    others: Vec<u32>,
+}
+
+impl Pending {
+    /// Children `0..children`, all pending.
+    pub fn all(children: u32) -> Pending {
+        let first = match children {
+            0 => 0,
+            1..=63 => (1u64 << children) - 1,
+            _ => u64::MAX,
+        };
+        Pending { first, others: (64..children).collect() }
+    }
+
+    /// Marks `child` returned; `false` when it was not pending.
+    pub fn take(&mut self, child: u32) -> bool {
+        if child < 64 {
+            let bit = 1u64 << child;
+            let was = self.first & bit != 0;
+            self.first &= !bit;
+            return was;
+        }
+        match self.others.iter().position(|&c| c == child) {
+            Some(at) => {
+                self.others.swap_remove(at);
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.first == 0 && self.others.is_empty()
+    }
+
+    /// The pending children, in order.
+    pub fn children(&self) -> Vec<u32> {
+        let first = (0..64).filter(|&c| self.first & (1u64 << c) != 0);
+        let mut all: Vec<u32> = first.chain(self.others.iter().copied()).collect();
+        all.sort_unstable();
+        all
+    }
 }
 
 /// A result for a frame held by another worker, kept until that worker acknowledges it.
@@ -97,7 +146,7 @@ impl Joins {
     fn open(&mut self, me: i32, parent: Option<JoinRef>, sum: Counts, children: u32) -> FrameId {
         let id = FrameId { creator: me, serial: self.next_serial };
         self.next_serial += 1;
-        self.frames.push(Frame { id, parent, sum, pending: (0..children).collect() });
+        self.frames.push(Frame { id, parent, sum, pending: Pending::all(children) });
         id
     }
 
@@ -115,8 +164,9 @@ impl Joins {
                 return;
             };
             let frame = &mut self.frames[at];
-            let Some(slot) = frame.pending.iter().position(|&c| c == join.child) else { return };
-            frame.pending.swap_remove(slot);
+            if !frame.pending.take(join.child) {
+                return;
+            }
             frame.sum.add(&counts);
             if !frame.pending.is_empty() {
                 return;
@@ -285,6 +335,18 @@ mod tests {
         joins.deliver(join(root.serial, 1), leaf, &mut result);
         assert!(joins.is_empty());
         assert_eq!(result, Counts { nodes: 4, leaves: 2, max_depth: 2 });
+    }
+
+    #[test]
+    fn pending_children_beyond_64_are_kept_too() {
+        let mut pending = Pending::all(70);
+        assert!(pending.take(69) && pending.take(3) && !pending.take(3) && !pending.take(70));
+        let left: Vec<u32> = (0..69).filter(|&c| c != 3).collect();
+        assert_eq!(pending.children(), left);
+        left.iter().for_each(|&c| assert!(pending.take(c)));
+        assert!(pending.is_empty());
+        assert!(Pending::all(0).is_empty());
+        assert_eq!(Pending::all(64).children(), (0..64).collect::<Vec<_>>());
     }
 
     #[test]

@@ -1201,7 +1201,7 @@ mod tests {
         let commands = w.on_message(1, PoolMessage::Join(to, counts), Duration::ZERO);
         let want = ["put Checkpoint", "failpoint join_before_ack", "send Joined to 1"];
         assert_eq!(kinds(&commands), want);
-        assert_eq!(w.state.joins.frames[0].pending, vec![0], "child 1 returned");
+        assert_eq!(w.state.joins.frames[0].pending.children(), vec![0], "child 1 returned");
         let again = w.on_message(1, PoolMessage::Join(to, counts), Duration::ZERO);
         assert_eq!(kinds(&again), want, "a result sent again is acknowledged again");
         assert_eq!(w.state.joins.frames[0].sum.nodes, 1 + 3, "and counts once");
@@ -1220,7 +1220,7 @@ mod tests {
         let commands = w.on_message(1, returned, Duration::ZERO);
         let want = ["failpoint handover_before_ack", "send Joined to 1", "send Lent to 2"];
         assert_eq!(kinds(&commands), want, "no checkpoint: the entry holds the result");
-        assert_eq!(w.state.joins.frames[0].pending, vec![0]);
+        assert_eq!(w.state.joins.frames[0].pending.children(), vec![0]);
         let checkpoint = w.checkpoint(Duration::ZERO);
         assert_eq!(kinds(&checkpoint), ["put Checkpoint"], "not emptied while lent to 2");
         w.on_message(2, PoolMessage::Return(Vec::new()), Duration::ZERO);

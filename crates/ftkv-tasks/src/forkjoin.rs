@@ -126,6 +126,7 @@ pub struct Joins {
 }
 
 impl Joins {
+    /// Whether this worker has no open frame and owes no result.
     pub fn is_empty(&self) -> bool {
         self.frames.is_empty() && self.owed.is_empty()
     }
@@ -197,6 +198,7 @@ pub fn decode_handed(bytes: &[u8]) -> Option<Vec<Owed>> {
     ftkv::codec::decode(bytes)
 }
 
+/// Encodes a futures entry holding `handed`.
 pub fn encode_handed(handed: &[Owed]) -> Vec<u8> {
     ftkv::codec::encode(&handed.to_vec())
 }

@@ -379,6 +379,9 @@ impl<P: Problem, F: Fabric> Driver<'_, P, F> {
                 Ok(None) => {}
                 Err(e) if e.needs_recovery() => {
                     if self.localized() {
+                        if let Some(sums) = self.total_arrived()? {
+                            return Ok(sums);
+                        }
                         events::emit(PoolEvent::Warning(format!("global recovery after: {e}")));
                     }
                     self.recover()?
@@ -386,6 +389,26 @@ impl<P: Problem, F: Fabric> Driver<'_, P, F> {
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// Localized recovery, about to fall back to global recovery: the end's total if it
+    /// arrived already (then the computation is over, and the workers that sent or passed it
+    /// on may have ended: a global recovery would wait for them). The other messages that
+    /// arrived are dropped, as the global recovery's revoke would drop them; a receive that
+    /// fails (the pool's communicator revoked by a worker that started the recovery) ends the
+    /// look.
+    fn total_arrived(&mut self) -> Result<Option<Sums>> {
+        while let Ok(Some(message)) = self.receive() {
+            let total = codec::decode(&message.data)
+                .filter(|_| message.tag == POOL_TAG)
+                .filter(|m| matches!(m, protocol::PoolMessage::Total(..)));
+            if let Some(total) = total {
+                let source = self.ranks[message.source as usize];
+                let commands = self.machine.on_message(source, total, self.now());
+                return self.execute(commands);
+            }
+        }
+        Ok(None)
     }
 
     /// The messages that arrived, then one tick. `Some` once the computation is over.
@@ -593,7 +616,9 @@ impl<P: Problem, F: Fabric> Driver<'_, P, F> {
     }
 
     /// Appends `results` to `owner`'s futures entry, which `owner` lent this worker: reads it
-    /// and writes it back with them (the thief writing its victim's data).
+    /// and writes it back with them (the thief writing its victim's data). Returns once every
+    /// copy holds the new entry; on an error the entry holds the old value or the new one
+    /// (the results stay owed by this worker either way, and are handed over again).
     fn hand_over(&mut self, owner: i32, results: &[Owed]) -> Result<()> {
         let key = Slot::Futures.key(owner);
         let stored = self.store.get(key)?;

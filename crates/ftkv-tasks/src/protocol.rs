@@ -35,6 +35,11 @@ const WAVE_GAP: Duration = Duration::from_millis(1);
 /// sends every unacknowledged result again.
 const RESEND_GAP: Duration = Duration::from_millis(50);
 
+/// The results a futures entry holds at most: a holder that applied this many since it last
+/// emptied the entry checkpoints and empties it at once (an idle holder runs no periodic
+/// checkpoint, and every hand-over rewrites the whole entry).
+const ENTRY_LIMIT: usize = 64;
+
 /// When a worker writes its periodic checkpoint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Interval {
@@ -96,7 +101,7 @@ pub enum PoolMessage<T> {
     Return(Vec<Owed>),
 }
 
-/// One of a worker's two store keys.
+/// One of a worker's store keys (the futures entry only for programs with futures).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Slot {
     Checkpoint = 0,
@@ -125,7 +130,8 @@ pub enum Command<T> {
     DeleteLoot { owner: i32 },
     /// A barrier over the live workers through the store.
     Sync,
-    /// Read every worker's checkpoint and loot key and hand them to [`Worker::on_stored`].
+    /// Read every worker's checkpoint, loot key and (with futures) futures entry and hand them
+    /// to [`Worker::on_stored`].
     ReadAll,
     /// A named failure-injection point.
     Failpoint(&'static str),
@@ -270,8 +276,9 @@ pub struct Worker<'p, P: Problem> {
     /// Futures: the holder whose futures entry this worker asked for or writes.
     handing: Option<i32>,
     /// Futures: results were written into this worker's futures entry since it last emptied
-    /// it.
+    /// it, and how many.
     entry_written: bool,
+    entry_results: usize,
     counters: Counters,
 }
 
@@ -309,6 +316,7 @@ impl<'p, P: Problem> Worker<'p, P> {
             waiting_for_entry: Vec::new(),
             handing: None,
             entry_written: false,
+            entry_results: 0,
             counters: Counters::default(),
         }
     }
@@ -529,31 +537,42 @@ impl<'p, P: Problem> Worker<'p, P> {
             Vec::new()
         };
         let mut commands = Vec::new();
-        if !results.is_empty() {
+        if !results.is_empty() && self.checkpointing() {
             commands.push(Command::Failpoint("handover_lent"));
             commands.push(Command::HandOver { owner: holder, results: results.clone() });
             commands.push(Command::Failpoint("handover_written"));
-        } else if self.handing == Some(holder) {
-            self.handing = None;
         }
+        let nothing_to_hand = results.is_empty() && self.handing == Some(holder);
         commands.push(Command::Send { to: holder, message: PoolMessage::Return(results) });
+        if nothing_to_hand {
+            self.handing = None;
+            commands.extend(self.route_owed(0));
+        }
         commands
     }
 
     /// Futures: `thief` gave this worker's futures entry back with the `results` it wrote
     /// into it: those for frames this worker holds are applied and acknowledged (the entry
-    /// holds them until a checkpoint does), then the entry goes to the next waiting worker.
-    fn on_return(&mut self, thief: i32, results: Vec<Owed>) -> Commands<P::Task> {
+    /// holds them until a checkpoint does; one that holds [`ENTRY_LIMIT`] results is
+    /// checkpointed and emptied first), then the entry goes to the next waiting worker.
+    /// Without checkpointing nothing is written into the entry (a failure is fatal then).
+    fn on_return(&mut self, thief: i32, results: Vec<Owed>, now: Duration) -> Commands<P::Task> {
         if self.lent_to == Some(thief) {
             self.lent_to = None;
         }
-        self.entry_written |= !results.is_empty();
+        if self.checkpointing() {
+            self.entry_written |= !results.is_empty();
+            self.entry_results += results.len();
+        }
         let owed = self.state.joins.owed.len();
         let mine: Vec<Owed> =
             results.into_iter().filter(|r| self.holder(r.to.frame.creator) == self.me).collect();
         self.state.joins.apply_handed(&mine, &mut self.state.counts);
         let joined: Vec<JoinRef> = mine.iter().map(|r| r.to).collect();
         let mut commands = Vec::new();
+        if self.entry_results >= ENTRY_LIMIT && self.lent_to.is_none() {
+            commands.extend(self.checkpoint(now));
+        }
         if !joined.is_empty() {
             commands.push(Command::Failpoint("handover_before_ack"));
             commands.push(Command::Send { to: thief, message: PoolMessage::Joined(joined) });
@@ -586,7 +605,7 @@ impl<'p, P: Problem> Worker<'p, P> {
         self.counters.store_bytes += bytes.len() as u64;
         let mut commands = vec![Command::Put { slot: Slot::Checkpoint, bytes }];
         if self.entry_written && self.lent_to.is_none() {
-            self.entry_written = false;
+            (self.entry_written, self.entry_results) = (false, 0);
             commands.push(Command::EmptyFutures);
         }
         commands
@@ -642,7 +661,7 @@ impl<'p, P: Problem> Worker<'p, P> {
             PoolMessage::Joined(joined) => self.on_joined(joined),
             PoolMessage::Lock => self.on_lock(source),
             PoolMessage::Lent => self.on_lent(source),
-            PoolMessage::Return(results) => self.on_return(source, results),
+            PoolMessage::Return(results) => self.on_return(source, results, now),
             PoolMessage::Total(words, failed) => {
                 let mut commands = self.to_others(PoolMessage::Total(words, failed.clone()));
                 commands.retain(|c| !matches!(c, Command::Send { to, .. } if *to == source));

@@ -167,8 +167,8 @@ impl<T> Plan<T> {
 struct Written<T> {
     /// This worker's new state (`None`: the settle leaves it unchanged).
     state: Option<Checkpoint<T>>,
-    /// Whether the failed worker's stored checkpoint did not decode.
-    corrupt: bool,
+    /// What of the failed worker's did not decode (its checkpoint or futures entry), if any.
+    corrupt: Option<&'static str>,
 }
 
 /// Where the engine is in its settle.
@@ -229,7 +229,7 @@ impl<P: Problem> Settling<P> {
             }
             (Phase::Transacting(plan), Event::Locked(reads)) => self.write(&plan, reads, machine),
             (Phase::Transacting(_), Event::Transacted(outcome)) => {
-                self.end(Written { state: None, corrupt: false }, &outcome)
+                self.end(Written { state: None, corrupt: None }, &outcome)
             }
             (Phase::Written(written), Event::Transacted(outcome)) => self.end(written, &outcome),
             (Phase::Transacting(_), Event::TransactionFailed) => Command::Fail,
@@ -319,14 +319,15 @@ impl<P: Problem> Settling<P> {
     ) -> Command<P::Task> {
         let me = machine.me();
         let failed = plan.failed_worker().map_or(Ok(None), |w| checkpoint_in(reads, w));
-        let corrupt = failed.is_err();
+        let corrupt = failed.is_err().then_some("checkpoint");
         let failed = failed.unwrap_or(None);
         let mut writes = Vec::new();
         let state = match plan {
-            Plan::Adopt { .. } if corrupt => None,
+            Plan::Adopt { .. } if corrupt.is_some() => None,
             Plan::Adopt { dead } => match handed_in(reads, *dead) {
                 Err(Corrupt) => {
-                    self.phase = Phase::Written(Written { state: None, corrupt: true });
+                    self.phase =
+                        Phase::Written(Written { state: None, corrupt: Some("futures entry") });
                     return Command::Write(Vec::new());
                 }
                 Ok(handed) => machine.with_adopted(*dead, failed, &handed).map(|(new, emptied)| {
@@ -352,8 +353,8 @@ impl<P: Problem> Settling<P> {
 
     /// The transaction ended with `outcome` after its writes would commit `written`.
     fn end(&self, written: Written<P::Task>, outcome: &Outcome) -> Command<P::Task> {
-        if written.corrupt {
-            return Command::Corrupt("checkpoint");
+        if let Some(what) = written.corrupt {
+            return Command::Corrupt(what);
         }
         let effect = match (outcome, written.state) {
             (Outcome::Committed { .. }, Some(state)) => {

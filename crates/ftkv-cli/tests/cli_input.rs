@@ -313,25 +313,28 @@ fn the_bench_summary_names_exactly_its_subcommands() {
 }
 
 /// `ftkv sim` needs no MPI: it runs the seeded store and pool simulations (the pool with global
-/// and with localized recovery), prints the summary
-/// line, and the same arguments give the same digest.
+/// and with localized recovery, in its three task models), prints the summary line, and the
+/// same arguments give the same digest.
 #[test]
 fn sim_runs_without_mpi_and_replays_its_digest() {
     let summary = |args: &str, runs: u64| {
-        let out = output_within(ftkv(&format!("sim --runs 300 {args}")), BOUND).unwrap();
+        let out = output_within(ftkv(&format!("sim {args}")), BOUND).unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
         let line = stdout.lines().last().expect("a summary line").to_owned();
         assert!(line.starts_with(&format!("runs={runs} violations=0 digest=")), "{line}");
         line.split_whitespace().nth(2).expect("the digest").to_owned()
     };
-    // All models: the store's recovery, and the store, its transactions and the pool driver
-    // on the deterministic world.
-    assert_eq!(summary("--seed 5", 1200), summary("--seed 5", 1200));
-    assert_ne!(summary("--seed 5", 1200), summary("--seed 6", 1200));
-    let pool = summary("--seed 5 --model pool-world", 300);
-    assert_eq!(pool, summary("--seed 5 --model pool-world", 300));
-    assert_ne!(pool, summary("--seed 5 --model store", 300));
+    // All six models: the store's recovery, and the store, its transactions and the pool
+    // driver (independent tasks, fork-join, futures) on the deterministic world.
+    assert_eq!(summary("--runs 100 --seed 5", 600), summary("--runs 100 --seed 5", 600));
+    assert_ne!(summary("--runs 100 --seed 5", 600), summary("--runs 100 --seed 6", 600));
+    let pool = summary("--runs 300 --seed 5 --model pool-world", 300);
+    assert_eq!(pool, summary("--runs 300 --seed 5 --model pool-world", 300));
+    assert_ne!(pool, summary("--runs 300 --seed 5 --model store", 300));
+    let futures = summary("--runs 100 --seed 5 --model fbc-world", 100);
+    assert_eq!(futures, summary("--runs 100 --seed 5 --model fbc-world", 100));
+    assert_ne!(futures, summary("--runs 100 --seed 5 --model nfj-world", 100));
     let out = output_within(ftkv("sim --runs 0"), BOUND).unwrap();
     assert!(!out.status.success(), "0 runs is refused");
 }

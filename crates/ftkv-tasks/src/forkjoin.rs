@@ -213,75 +213,43 @@ pub struct Work<'a, T> {
     pub joins: &'a mut Joins,
 }
 
-/// A tree problem as a nested fork-join program (see the module).
+/// A tree problem as a program whose nodes join their children's results in frames (see the
+/// module); `HANDED`: results for frames held elsewhere are handed over into the holder's
+/// futures entry ([`Futures`]) instead of sent by message ([`ForkJoin`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ForkJoin<P> {
+pub struct Joined<P, const HANDED: bool> {
     pub inner: P,
 }
 
-/// A tree problem with futures: every node creates a future per child and awaits them all;
-/// results return by hand-over (see the module).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Futures<P> {
-    pub inner: P,
-}
+/// A tree problem as a nested fork-join program.
+pub type ForkJoin<P> = Joined<P, false>;
 
-impl<P: Problem> Problem for ForkJoin<P> {
+/// A tree problem with futures: every node creates a future per child and awaits them all.
+pub type Futures<P> = Joined<P, true>;
+
+impl<P: Problem, const HANDED: bool> Problem for Joined<P, HANDED> {
     type Task = Spawned<P::Task>;
+    const HANDS_OVER_RESULTS: bool = HANDED;
 
     fn roots(&self) -> Vec<Self::Task> {
-        spawned_roots(&self.inner)
+        self.inner.roots().into_iter().map(|task| Spawned { task, parent: None }).collect()
     }
 
     /// Runs `task`'s whole subtree at once, forking and joining through frames of its own, and
-    /// counts its result (the sequential fork-join program; the pool runs
-    /// [`Problem::run_on`]).
+    /// counts its result (the sequential program; the pool runs [`Problem::run_on`]).
     fn run(&self, task: &Self::Task, _pool: &mut Vec<Self::Task>, counts: &mut Counts) {
-        run_subtree(self, task, counts);
+        let mut pool = vec![Spawned { task: task.task, parent: None }];
+        let mut joins = Joins::default();
+        let mut work = Work { me: 0, pool: &mut pool, counts, joins: &mut joins };
+        while let Some(next) = work.pool.pop() {
+            self.run_on(&next, &mut work);
+        }
     }
 
-    /// Runs `task`'s node; opens its frame and spawns its children, or returns its counts to
-    /// its parent when it has none.
+    /// Runs `task`'s node; opens its frame (awaiting a future per child) and spawns its
+    /// children, or returns its counts to its parent when it has none.
     fn run_on(&self, task: &Self::Task, work: &mut Work<'_, Self::Task>) {
         fork(&self.inner, task, work);
-    }
-}
-
-impl<P: Problem> Problem for Futures<P> {
-    type Task = Spawned<P::Task>;
-    const HANDS_OVER_RESULTS: bool = true;
-
-    fn roots(&self) -> Vec<Self::Task> {
-        spawned_roots(&self.inner)
-    }
-
-    /// Runs `task`'s whole subtree at once, resolving its futures on this thread.
-    fn run(&self, task: &Self::Task, _pool: &mut Vec<Self::Task>, counts: &mut Counts) {
-        run_subtree(self, task, counts);
-    }
-
-    /// Runs `task`'s node; creates a future per child and awaits them in a frame, or resolves
-    /// its own future when it has no children.
-    fn run_on(&self, task: &Self::Task, work: &mut Work<'_, Self::Task>) {
-        fork(&self.inner, task, work);
-    }
-}
-
-fn spawned_roots<P: Problem>(inner: &P) -> Vec<Spawned<P::Task>> {
-    inner.roots().into_iter().map(|task| Spawned { task, parent: None }).collect()
-}
-
-/// Runs `task`'s whole subtree with `program` on this thread and counts its result.
-fn run_subtree<P, Q>(program: &Q, task: &Spawned<P>, counts: &mut Counts)
-where
-    P: Copy,
-    Q: Problem<Task = Spawned<P>>,
-{
-    let mut pool = vec![Spawned { task: task.task, parent: None }];
-    let mut joins = Joins::default();
-    let mut work = Work { me: 0, pool: &mut pool, counts, joins: &mut joins };
-    while let Some(next) = work.pool.pop() {
-        program.run_on(&next, &mut work);
     }
 }
 

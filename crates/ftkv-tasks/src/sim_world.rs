@@ -22,7 +22,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use crate::fib::Fib;
-use crate::forkjoin::{ForkJoin, Futures};
+use crate::forkjoin::Joined;
 use crate::model::Model;
 use crate::nqueens::NQueens;
 use crate::pool::{self, Interval, Look, Outcome, PoolConfig};
@@ -202,13 +202,23 @@ fn run_joined(
         }
     };
     let name = format!("{} {name}", model.name());
-    match (model, problem) {
-        (Model::Fbc, Tree::Uts(p)) => simulate(Futures { inner: p }, &name, scenario, trace),
-        (Model::Fbc, Tree::Queens(p)) => simulate(Futures { inner: p }, &name, scenario, trace),
-        (Model::Fbc, Tree::Fib(p)) => simulate(Futures { inner: p }, &name, scenario, trace),
-        (_, Tree::Uts(p)) => simulate(ForkJoin { inner: p }, &name, scenario, trace),
-        (_, Tree::Queens(p)) => simulate(ForkJoin { inner: p }, &name, scenario, trace),
-        (_, Tree::Fib(p)) => simulate(ForkJoin { inner: p }, &name, scenario, trace),
+    match model {
+        Model::Fbc => simulate_joined::<true>(problem, &name, scenario, trace),
+        _ => simulate_joined::<false>(problem, &name, scenario, trace),
+    }
+}
+
+/// [`simulate`] of `tree` as a program that joins in frames ([`Joined`]).
+fn simulate_joined<const HANDED: bool>(
+    tree: Tree,
+    name: &str,
+    scenario: Scenario,
+    trace: bool,
+) -> (RunReport, Vec<String>) {
+    match tree {
+        Tree::Uts(inner) => simulate(Joined::<_, HANDED> { inner }, name, scenario, trace),
+        Tree::Queens(inner) => simulate(Joined::<_, HANDED> { inner }, name, scenario, trace),
+        Tree::Fib(inner) => simulate(Joined::<_, HANDED> { inner }, name, scenario, trace),
     }
 }
 

@@ -1022,13 +1022,10 @@ impl<'p, P: Problem> Worker<'p, P> {
         if theirs.adopted_by.is_some() {
             return None;
         }
+        let emptied = theirs.emptied(self.me);
         let mut mine = self.state.clone();
-        mine.pool.extend(theirs.pool.iter().copied());
-        mine.counts.add(&theirs.counts);
-        mine.joins.absorb(theirs.joins.clone());
-        mine.joins.apply_handed(handed, &mut mine.counts);
-        mine.adopted.push(dead);
-        Some((mine, theirs.emptied(self.me)))
+        mine.take_in(dead, theirs, handed);
+        Some((mine, emptied))
     }
 
     /// For [`Settle::Loot`]: whether this worker resolves `victim`'s stored `loot` (it is the
@@ -1130,11 +1127,7 @@ impl<'p, P: Problem> Worker<'p, P> {
     fn adopt(&mut self, dead: i32, checkpoint: Option<Checkpoint<P::Task>>, handed: &[Owed]) {
         let workers = self.state.received.len();
         let theirs = checkpoint.unwrap_or_else(|| Checkpoint::initial(self.problem, dead, workers));
-        self.state.pool.extend(theirs.pool);
-        self.state.counts.add(&theirs.counts);
-        self.state.joins.absorb(theirs.joins);
-        self.state.joins.apply_handed(handed, &mut self.state.counts);
-        self.state.adopted.push(dead);
+        self.state.take_in(dead, theirs, handed);
     }
 }
 

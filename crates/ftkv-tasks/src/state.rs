@@ -7,7 +7,7 @@
 //! - a thief writes a checkpoint that includes the loot (`received[victim]` ≥ steal id) before
 //!   it acknowledges; the victim deletes the loot key on the acknowledgement.
 
-use crate::forkjoin::Joins;
+use crate::forkjoin::{Joins, Owed};
 use crate::problem::Problem;
 use crate::uts::Counts;
 
@@ -64,6 +64,16 @@ impl<T: Copy> Checkpoint<T> {
             last_given: self.last_given,
             joins: Joins::default(),
         }
+    }
+
+    /// Takes in the checkpoint of the failed worker `dead` that this worker adopts: its tasks,
+    /// counts, frames and owed results, and the results its futures entry held (`handed`).
+    pub fn take_in(&mut self, dead: i32, theirs: Checkpoint<T>, handed: &[Owed]) {
+        self.pool.extend(theirs.pool);
+        self.counts.add(&theirs.counts);
+        self.joins.absorb(theirs.joins);
+        self.joins.apply_handed(handed, &mut self.counts);
+        self.adopted.push(dead);
     }
 
     /// Whether this state holds loot `steal_id` of `victim`.

@@ -67,13 +67,26 @@ pub(crate) struct RankRecords {
     pub(crate) dir: PathBuf,
 }
 
+/// The prefix of every job's records directory, followed by `<driver pid>-<job number>`.
+const RECORDS_PREFIX: &str = "ftkv-rank-records-";
+
 impl RankRecords {
+    /// Makes the job's directory, empty. A driver that was killed or exited at once (an
+    /// interrupt) leaves its directories behind; those of drivers that are gone are removed
+    /// first, and one left under this driver's own pid by an earlier process is emptied, so a
+    /// job never reads another job's records.
     pub(crate) fn create() -> Result<RankRecords> {
         static JOBS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = JOBS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let name = format!("ftkv-rank-records-{}-{n}", std::process::id());
-        let dir = std::env::temp_dir().join(name);
-        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        remove_orphaned_records();
+        let name = format!("{RECORDS_PREFIX}{}-{n}", std::process::id());
+        RankRecords::empty_at(std::env::temp_dir().join(name))
+    }
+
+    /// The records at `dir`, made empty: whatever an earlier process left there is removed.
+    fn empty_at(dir: PathBuf) -> Result<RankRecords> {
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).with_context(|| format!("creating {}", dir.display()))?;
         Ok(RankRecords { dir })
     }
 
@@ -119,6 +132,18 @@ impl RankRecords {
 impl Drop for RankRecords {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Removes the records directories whose driver process is gone.
+fn remove_orphaned_records() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else { return };
+    for name in entries.filter_map(|e| e.ok()?.file_name().into_string().ok()) {
+        let driver = name.strip_prefix(RECORDS_PREFIX).and_then(|rest| rest.split('-').next());
+        let driver = driver.and_then(|pid| pid.parse::<u32>().ok());
+        if driver.is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists()) {
+            let _ = std::fs::remove_dir_all(std::env::temp_dir().join(&name));
+        }
     }
 }
 
@@ -179,6 +204,21 @@ mod tests {
         );
         drop(records);
         assert!(!dir.exists(), "the directory goes with the job");
+    }
+
+    #[test]
+    fn a_job_never_reads_records_an_earlier_process_left() {
+        let left = std::env::temp_dir().join(format!("{RECORDS_PREFIX}test-left-behind"));
+        std::fs::create_dir_all(&left).unwrap();
+        std::fs::write(left.join("rank-0.out"), "progress {}\n").unwrap();
+        let records = RankRecords::empty_at(left.clone()).expect("a directory");
+        let mut by_rank = BTreeMap::new();
+        records.complete_stdout(&mut by_rank);
+        assert!(by_rank.is_empty(), "an earlier job's lines were read: {by_rank:?}");
+        let gone_driver = std::env::temp_dir().join(format!("{RECORDS_PREFIX}4194304999-0"));
+        std::fs::create_dir_all(&gone_driver).unwrap();
+        drop(RankRecords::create().expect("a directory"));
+        assert!(!gone_driver.exists(), "a gone driver's records are removed");
     }
 
     #[test]

@@ -22,15 +22,53 @@
 //!   outer lock), appends the result to it with [`ftkv::Store::put_handed`] and gives it back;
 //!   the holder acknowledges without a checkpoint of its own, since its entry holds the result
 //!   until its next checkpoint does (a buddy that adopts it applies its entry too).
+//!
+//! A tree's frames have one parent each. A program whose results are awaited by several tasks
+//! (a future read by more than its creator's frame, [`crate::wavefront`]) names its awaiting
+//! frames itself: a **placed frame** ([`FrameId::placed`]) has a home worker and an index the
+//! program plans statically, so every task that resolves one of its inputs finds it without
+//! knowing who ran the others. Its holder (the home, or the buddy that adopted it) opens it at
+//! the first input that arrives and remembers it closed ([`Joins::accept`]), so an input
+//! returned twice counts once there as well. A closed placed frame becomes a ready
+//! continuation ([`Joins::ready`]) that the program turns into a task ([`Problem::resume`],
+//! [`start_ready`]).
 
 use crate::problem::Problem;
 use crate::uts::Counts;
 
-/// A frame's identity: the worker that opened it and that worker's frame serial number.
+/// A frame's identity: the worker that opened it and that worker's frame serial number; for
+/// a placed frame ([`FrameId::placed`]), its home worker and its planned index.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct FrameId {
     pub creator: i32,
     pub serial: u64,
+}
+
+/// The serial bit of placed frames (opened frames count their serials up from 0).
+const PLACED: u64 = 1 << 63;
+/// Where a placed frame's number of inputs sits in its serial (the index is below).
+const INPUTS_SHIFT: u32 = 48;
+/// The largest index of a placed frame.
+pub const MAX_PLACED_INDEX: u64 = (1 << INPUTS_SHIFT) - 1;
+
+impl FrameId {
+    /// The placed frame `index` (unique in the whole program, at most [`MAX_PLACED_INDEX`])
+    /// homed on worker `home`, awaiting `inputs` results, children `0..inputs` (at most 255).
+    pub fn placed(home: i32, index: u64, inputs: u32) -> FrameId {
+        debug_assert!(index <= MAX_PLACED_INDEX && inputs < 256);
+        let serial = PLACED | (u64::from(inputs) << INPUTS_SHIFT) | index;
+        FrameId { creator: home, serial }
+    }
+
+    /// The program's index of a placed frame; `None` for a frame a task opened.
+    pub fn placed_index(&self) -> Option<u64> {
+        (self.serial & PLACED != 0).then_some(self.serial & MAX_PLACED_INDEX)
+    }
+
+    /// How many inputs a placed frame awaits.
+    fn placed_inputs(&self) -> u32 {
+        ((self.serial & !PLACED) >> INPUTS_SHIFT) as u32
+    }
 }
 
 /// Where a task's result goes: its slot (child index) in its parent's frame.
@@ -115,27 +153,66 @@ pub struct Owed {
     pub counts: Counts,
 }
 
-/// A worker's fork-join state, part of its checkpoint: its open frames and the results it
-/// owes to frames held elsewhere. Empty for independent tasks.
+/// A worker's fork-join state, part of its checkpoint: its open frames, the results it owes
+/// to frames held elsewhere, and for placed frames those that closed. Empty for independent
+/// tasks.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Joins {
     /// The serial number of the next frame this worker opens.
     pub next_serial: u64,
     pub frames: Vec<Frame>,
     pub owed: Vec<Owed>,
+    /// Placed frames that closed and whose continuation is not a task yet, with their sums.
+    pub ready: Vec<(FrameId, Counts)>,
+    /// The indexes of the placed frames this state closed (a bit each).
+    closed: Vec<u64>,
 }
 
 impl Joins {
-    /// Whether this worker has no open frame and owes no result.
+    /// Whether this worker has no open frame, no ready continuation and owes no result.
     pub fn is_empty(&self) -> bool {
-        self.frames.is_empty() && self.owed.is_empty()
+        self.frames.is_empty() && self.owed.is_empty() && self.ready.is_empty()
     }
 
-    /// Takes over an adopted worker's frames and owed results (their ids stay unique: a frame
-    /// id names its creator).
+    /// Takes over an adopted worker's frames, owed results, ready continuations and closed
+    /// placed frames (their ids stay unique: a frame id names its creator or home).
     pub fn absorb(&mut self, theirs: Joins) {
         self.frames.extend(theirs.frames);
         self.owed.extend(theirs.owed);
+        self.ready.extend(theirs.ready);
+        if self.closed.len() < theirs.closed.len() {
+            self.closed.resize(theirs.closed.len(), 0);
+        }
+        self.closed.iter_mut().zip(&theirs.closed).for_each(|(mine, other)| *mine |= other);
+    }
+
+    /// Whether placed frame `index` closed here.
+    fn has_closed(&self, index: u64) -> bool {
+        let word = self.closed.get((index / 64) as usize).copied().unwrap_or(0);
+        word & (1 << (index % 64)) != 0
+    }
+
+    fn mark_closed(&mut self, index: u64) {
+        let word = (index / 64) as usize;
+        if self.closed.len() <= word {
+            self.closed.resize(word + 1, 0);
+        }
+        self.closed[word] |= 1 << (index % 64);
+    }
+
+    /// Applies a result for a frame this worker holds: one it has open, or a placed frame
+    /// homed here (or on a worker it adopted), which the first input opens. A result for a
+    /// child no longer pending, or for a placed frame that closed, changes nothing.
+    pub fn accept(&mut self, to: JoinRef, counts: Counts, result: &mut Counts) {
+        if !self.holds(to.frame) {
+            let Some(index) = to.frame.placed_index() else { return };
+            if self.has_closed(index) {
+                return;
+            }
+            let pending = Pending::all(to.frame.placed_inputs());
+            self.frames.push(Frame { id: to.frame, parent: None, sum: Counts::default(), pending });
+        }
+        self.deliver(Some(to), counts, result);
     }
 
     /// Whether this state holds frame `id`.
@@ -152,8 +229,9 @@ impl Joins {
     }
 
     /// Returns `counts` to `to` and closes every frame this completes, up to a root (whose
-    /// result goes to `result`) or a frame this state does not hold (an [`Owed`] result).
-    /// A result for a child that is no longer pending changes nothing.
+    /// result goes to `result`), a placed frame (then [`Joins::ready`]) or a frame this state
+    /// does not hold (an [`Owed`] result). A result for a child that is no longer pending
+    /// changes nothing.
     pub fn deliver(&mut self, mut to: Option<JoinRef>, mut counts: Counts, result: &mut Counts) {
         loop {
             let Some(join) = to else {
@@ -173,6 +251,11 @@ impl Joins {
                 return;
             }
             let closed = self.frames.remove(at);
+            if let Some(index) = closed.id.placed_index() {
+                self.mark_closed(index);
+                self.ready.push((closed.id, closed.sum));
+                return;
+            }
             (to, counts) = (closed.parent, closed.sum);
         }
     }
@@ -182,13 +265,11 @@ impl Joins {
         self.owed.retain(|o| o.to != to);
     }
 
-    /// Applies the results of a futures entry to the frames this state holds (the others
-    /// are still owed by their writers).
+    /// Applies the results of a futures entry to the frames this state holds ([`Joins::accept`];
+    /// the others are still owed by their writers).
     pub fn apply_handed(&mut self, handed: &[Owed], result: &mut Counts) {
         for owed in handed {
-            if self.holds(owed.to.frame) {
-                self.deliver(Some(owed.to), owed.counts, result);
-            }
+            self.accept(owed.to, owed.counts, result);
         }
     }
 }
@@ -208,9 +289,31 @@ pub fn encode_handed(handed: &[Owed]) -> Vec<u8> {
 pub struct Work<'a, T> {
     /// The worker's id (it names the frames the worker opens).
     pub me: i32,
+    /// How many workers the pool started with (the homes of placed frames are among them).
+    pub workers: usize,
     pub pool: &'a mut Vec<T>,
     pub counts: &'a mut Counts,
     pub joins: &'a mut Joins,
+}
+
+impl<T> Work<'_, T> {
+    /// Returns `counts` to `to`: applied here when this worker holds its frame or is the home
+    /// of its placed frame, else owed to the frame's holder ([`Joins::deliver`]).
+    pub fn deliver(&mut self, to: JoinRef, counts: Counts) {
+        if to.frame.placed_index().is_some() && to.frame.creator == self.me {
+            self.joins.accept(to, counts, self.counts);
+        } else {
+            self.joins.deliver(Some(to), counts, self.counts);
+        }
+    }
+}
+
+/// Turns every ready continuation of `work`'s placed frames into a task of `problem`
+/// ([`Problem::resume`]) on the worker's pool.
+pub fn start_ready<P: Problem>(problem: &P, work: &mut Work<'_, P::Task>) {
+    for (frame, inputs) in std::mem::take(&mut work.joins.ready) {
+        work.pool.extend(problem.resume(frame, inputs));
+    }
 }
 
 /// A tree problem as a program whose nodes join their children's results in frames (see the
@@ -240,7 +343,7 @@ impl<P: Problem, const HANDED: bool> Problem for Joined<P, HANDED> {
     fn run(&self, task: &Self::Task, _pool: &mut Vec<Self::Task>, counts: &mut Counts) {
         let mut pool = vec![Spawned { task: task.task, parent: None }];
         let mut joins = Joins::default();
-        let mut work = Work { me: 0, pool: &mut pool, counts, joins: &mut joins };
+        let mut work = Work { me: 0, workers: 1, pool: &mut pool, counts, joins: &mut joins };
         while let Some(next) = work.pool.pop() {
             self.run_on(&next, &mut work);
         }

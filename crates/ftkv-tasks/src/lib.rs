@@ -18,3 +18,4 @@ pub mod settle;
 pub mod sim_world;
 pub mod state;
 pub mod uts;
+pub mod wavefront;

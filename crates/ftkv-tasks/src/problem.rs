@@ -1,7 +1,7 @@
 //! A computation split into independent tasks: each task, when run, adds to the result and may
 //! create more tasks. Results add up, so the order and the worker do not matter.
 
-use crate::forkjoin::Work;
+use crate::forkjoin::{FrameId, Work};
 use crate::uts::{self, Counts, Node};
 
 /// A task-parallel computation with a known answer.
@@ -24,6 +24,14 @@ pub trait Problem: Sync {
     /// ([`crate::forkjoin`]). Independent tasks need none: the default is [`Problem::run`].
     fn run_on(&self, task: &Self::Task, work: &mut Work<'_, Self::Task>) {
         self.run(task, work.pool, work.counts);
+    }
+
+    /// The task that continues placed frame `frame` once all its inputs returned (their sum
+    /// is `inputs`; see [`crate::forkjoin`]). Only a program that places frames has any: the
+    /// default, for every other, is none.
+    fn resume(&self, frame: FrameId, inputs: Counts) -> Option<Self::Task> {
+        let _ = (frame, inputs);
+        None
     }
 }
 

@@ -23,7 +23,7 @@ use std::time::Duration;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use crate::forkjoin::{decode_handed, JoinRef, Owed, Work};
+use crate::forkjoin::{decode_handed, start_ready, JoinRef, Owed, Work};
 use crate::problem::Problem;
 use crate::state::{buddy, plan, Checkpoint, Loot, Seen};
 use crate::uts::Counts;
@@ -351,7 +351,12 @@ impl<'p, P: Problem> Worker<'p, P> {
 
     /// Whether this worker has no task to run (its driver may pause before the next tick).
     pub fn is_idle(&self) -> bool {
-        self.state.pool.is_empty()
+        !self.has_tasks()
+    }
+
+    /// Whether this worker has tasks in its pool or continuations ready to become tasks.
+    fn has_tasks(&self) -> bool {
+        !self.state.pool.is_empty() || !self.state.joins.ready.is_empty()
     }
 
     fn checkpointing(&self) -> bool {
@@ -381,7 +386,7 @@ impl<'p, P: Problem> Worker<'p, P> {
     /// request, then the leader's termination wave; [`Command::Finish`] once it is over.
     pub fn tick(&mut self, now: Duration) -> Commands<P::Task> {
         let mut commands = Vec::new();
-        if self.state.pool.is_empty() {
+        if !self.has_tasks() {
             commands.extend(self.ask_for_work());
         } else {
             commands.extend(self.run_batch());
@@ -402,10 +407,12 @@ impl<'p, P: Problem> Worker<'p, P> {
         let state = &mut self.state;
         let mut work = Work {
             me: self.me,
+            workers: state.received.len(),
             pool: &mut state.pool,
             counts: &mut state.counts,
             joins: &mut state.joins,
         };
+        start_ready(problem, &mut work);
         for _ in 0..self.settings.batch {
             let Some(task) = work.pool.pop() else { break };
             problem.run_on(&task, &mut work);
@@ -446,9 +453,7 @@ impl<'p, P: Problem> Worker<'p, P> {
                 continue;
             }
             self.state.joins.owed.remove(at);
-            if self.state.joins.holds(owed.to.frame) {
-                self.state.joins.deliver(Some(owed.to), owed.counts, &mut self.state.counts);
-            }
+            self.state.joins.accept(owed.to, owed.counts, &mut self.state.counts);
         }
         commands
     }
@@ -480,9 +485,7 @@ impl<'p, P: Problem> Worker<'p, P> {
             return Vec::new();
         }
         let owed = self.state.joins.owed.len();
-        if self.state.joins.holds(to.frame) {
-            self.state.joins.deliver(Some(to), counts, &mut self.state.counts);
-        }
+        self.state.joins.accept(to, counts, &mut self.state.counts);
         let sends = self.route_owed(owed);
         let mut commands = self.checkpoint(now);
         commands.push(Command::Failpoint("join_before_ack"));

@@ -2,7 +2,7 @@
 //! deterministic world of [`ftkv::world`]: every worker's driver, its store's detector,
 //! repairer and recovery, and (with localized recovery) the settles' transactions run
 //! unchanged as tasks of one seeded scheduler with a virtual clock. One seed fixes the problem
-//! (UTS or N-Queens), the workers, copies, recovery mode, checkpoint interval and batch, the
+//! (UTS, N-Queens, Fibonacci or the wavefront), the workers, copies, recovery mode, checkpoint interval and batch, the
 //! interleaving of every task and the faults: up to `copies − 1` victims, each killed at a
 //! named point of the steal, adoption and rejoin protocols (`steal_victim_after_loot`, …) or at
 //! any step of the run, or stopped there and declared failed later, and a slow worker. A failing seed replays exactly (`ftkv sim --model pool-world --seed S --trace`).
@@ -28,6 +28,7 @@ use crate::nqueens::NQueens;
 use crate::pool::{self, Interval, Look, Outcome, PoolConfig};
 use crate::problem::{check_exact, solve_sequential, Problem, Reference};
 use crate::uts;
+use crate::wavefront::Wavefront;
 
 /// Virtual time a run may take before it counts as a hang.
 const LIMIT: Duration = Duration::from_secs(120);
@@ -171,7 +172,9 @@ pub fn campaign_fbc(first_seed: u64, runs: u64) -> (Vec<RunReport>, u64) {
 }
 
 /// [`run`] with the problem written with futures ([`Model::Fbc`]): UTS, N-Queens or
-/// Fibonacci; victims also die at every step of the hand-over ([`HANDOVER_POINTS`]).
+/// Fibonacci, or the wavefront, whose futures are awaited by two cells each
+/// ([`crate::wavefront`]); victims also die at every step of the hand-over
+/// ([`HANDOVER_POINTS`]).
 pub fn run_fbc(seed: u64, trace: bool) -> (RunReport, Vec<String>) {
     run_joined(Model::Fbc, &HANDOVER_POINTS, seed, trace)
 }
@@ -187,7 +190,8 @@ fn run_joined(
     let mut rng = SmallRng::seed_from_u64(seed);
     let points: Vec<&'static str> = POINTS.iter().chain(points).copied().collect();
     let scenario = Scenario::of(&mut rng, seed, &points);
-    let (problem, name) = match rng.gen_range(0..3) {
+    let problems = if model == Model::Fbc { 4 } else { 3 };
+    let (problem, name) = match rng.gen_range(0..problems) {
         0 => {
             let params = small_uts(&mut rng);
             (Tree::Uts(params), uts_name(&params))
@@ -196,9 +200,14 @@ fn run_joined(
             let n = rng.gen_range(6..=8);
             (Tree::Queens(NQueens { n }), format!("{n}-Queens"))
         }
-        _ => {
+        2 => {
             let n = rng.gen_range(8..=14);
             (Tree::Fib(Fib { n }), format!("fib({n})"))
+        }
+        _ => {
+            let wave = Wavefront { n: rng.gen_range(3..=10) };
+            let name = format!("fbc wavefront {0}x{0}", wave.n);
+            return simulate(wave, &name, scenario, trace);
         }
     };
     let name = format!("{} {name}", model.name());

@@ -609,7 +609,7 @@ impl<P: Problem, F: Fabric> Driver<'_, P, F> {
     /// Applies what a settle changes on this worker.
     fn take_effect(&mut self, effect: Effect<P::Task>) {
         match effect {
-            Effect::Settled { settle, state } => self.machine.settled(settle, state),
+            Effect::Settled { settle, state } => self.machine.settled(settle, *state),
             Effect::ClearPending => self.machine.clear_pending(),
             Effect::Unchanged => {}
         }

@@ -86,7 +86,7 @@ pub enum Command<T> {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Effect<T> {
     /// The worker takes `state`, which the store committed ([`Worker::settled`]).
-    Settled { settle: Settle, state: Checkpoint<T> },
+    Settled { settle: Settle, state: Box<Checkpoint<T>> },
     /// The worker forgets its loot in flight ([`Worker::clear_pending`]).
     ClearPending,
     /// Nothing.
@@ -358,7 +358,7 @@ impl<P: Problem> Settling<P> {
         }
         let effect = match (outcome, written.state) {
             (Outcome::Committed { .. }, Some(state)) => {
-                Effect::Settled { settle: self.settle, state }
+                Effect::Settled { settle: self.settle, state: Box::new(state) }
             }
             _ if matches!(self.settle, Settle::TakeBack { .. }) => Effect::ClearPending,
             _ => Effect::Unchanged,
@@ -381,7 +381,9 @@ impl<P: Problem> Settling<P> {
     /// The in-doubt settle takes effect iff its transaction committed.
     fn decided(&self, state: Checkpoint<P::Task>, decision: Option<Decision>) -> Command<P::Task> {
         let effect = match decision {
-            Some(Decision::Committed) => Effect::Settled { settle: self.settle, state },
+            Some(Decision::Committed) => {
+                Effect::Settled { settle: self.settle, state: Box::new(state) }
+            }
             Some(Decision::Aborted) | None => Effect::Unchanged,
         };
         Command::TakeEffect(effect)
@@ -473,7 +475,7 @@ mod tests {
     }
 
     fn settled(settle: Settle, state: Checkpoint<Board>) -> Command<Board> {
-        Command::TakeEffect(Effect::Settled { settle, state })
+        Command::TakeEffect(Effect::Settled { settle, state: Box::new(state) })
     }
 
     const UNCHANGED: Command<Board> = Command::TakeEffect(Effect::Unchanged);
@@ -751,7 +753,10 @@ mod tests {
         let adopt = Settle::Adopt { dead: 2 };
         // (decision, effect)
         let table = [
-            (Some(Decision::Committed), Effect::Settled { settle: adopt, state: adopted }),
+            (
+                Some(Decision::Committed),
+                Effect::Settled { settle: adopt, state: Box::new(adopted) },
+            ),
             (Some(Decision::Aborted), Effect::Unchanged),
             (None, Effect::Unchanged),
         ];

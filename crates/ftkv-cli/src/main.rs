@@ -406,7 +406,8 @@ enum BenchCommand {
 #[derive(clap::Args)]
 struct PoolArgs {
     /// UTS tree: the reference's flags (e.g. "-t 1 -a 3 -d 10 -b 4 -r 19"), a sample name
-    /// (default, T1 to T5, T1L, T2L, T3L), `queens:N` for N-Queens, or `fib:N` for Fibonacci.
+    /// (default, T1 to T5, T1L, T2L, T3L), `queens:N` for N-Queens, `fib:N` for Fibonacci, or
+    /// `wave:N` for the wavefront of futures on an N×N grid (`--model fbc` only).
     #[arg(long, default_value = "T1", allow_hyphen_values = true)]
     tree: String,
     /// Number of ranks, one worker on each.
@@ -485,8 +486,10 @@ impl PoolArgs {
             args::check_kills(Opt::with_default("--kills", kills, DEMO_KILLS), ranks)?;
         }
         tasks::parse_interval(&self.interval)?;
+        let workload = tasks::Workload::parse(&self.tree)?;
+        workload.check_model(self.model.into())?;
         Ok(tasks::Demo {
-            workload: tasks::Workload::parse(&self.tree)?,
+            workload,
             model: self.model.into(),
             ranks: self.ranks,
             kills: kills.unwrap_or(0),
@@ -651,7 +654,8 @@ fn run(command: Command) -> Result<()> {
         }
         Command::Bench(BenchCommand::Uts { pool, repeat, kills, across, models, json }) => {
             let demo = pool.demo(Some(kills))?;
-            let models = models.into_iter().map(Model::from).collect();
+            let models: Vec<Model> = models.into_iter().map(Model::from).collect();
+            models.iter().try_for_each(|&model| demo.workload.check_model(model))?;
             let plan = tasks::BenchPlan { repeat, kills, across, models };
             tasks::run_bench(&exe()?, &tasks::Demo { kills: 0, ..demo }, &plan, &json)
         }

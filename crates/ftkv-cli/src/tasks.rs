@@ -13,8 +13,9 @@ use ftkv_tasks::fib::Fib;
 use ftkv_tasks::model::Model;
 use ftkv_tasks::nqueens::NQueens;
 use ftkv_tasks::pool::{self, Interval, PoolConfig};
-use ftkv_tasks::problem::{check_exact, Reference};
+use ftkv_tasks::problem::{check_exact, solve_sequential, Reference};
 use ftkv_tasks::uts::{self, Counts};
+use ftkv_tasks::wavefront::{Wavefront, MODULUS};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
@@ -24,18 +25,24 @@ use crate::launch::{kill_random_rank, JobOutput, Launch};
 use crate::progress::Progress;
 use crate::rank_errors::find_rank_error;
 
-/// What the pool computes: a UTS tree (the reference's flags or a sample name), N-Queens or
-/// Fibonacci.
+/// What the pool computes: a UTS tree (the reference's flags or a sample name), N-Queens,
+/// Fibonacci, or the wavefront of futures (a program, not a tree: futures only).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Workload {
     Uts(String),
     Queens(u32),
     Fib(u32),
+    Wave(u32),
 }
 
 impl Workload {
-    /// `queens:N`, `fib:N` or UTS parameters.
+    /// `queens:N`, `fib:N`, `wave:N` or UTS parameters.
     pub fn parse(text: &str) -> Result<Workload> {
+        if let Some(n) = text.trim().strip_prefix("wave:") {
+            let n: u32 = n.parse().context("wave:N needs a number")?;
+            Wavefront::new(n).map_err(anyhow::Error::msg)?;
+            return Ok(Workload::Wave(n));
+        }
         if let Some(n) = text.trim().strip_prefix("queens:") {
             let n: u32 = n.parse().context("queens:N needs a number")?;
             NQueens::new(n).map_err(anyhow::Error::msg)?;
@@ -60,11 +67,28 @@ impl Workload {
             }
             Workload::Queens(n) => format!("{n}-Queens"),
             Workload::Fib(n) => format!("Fibonacci fib({n})"),
+            Workload::Wave(n) => {
+                format!("wavefront {n}x{n} (last cell C({}, {}) mod {MODULUS})", 2 * n - 2, n - 1)
+            }
         }
     }
 
+    /// Refuses a model the workload cannot be written in: the wavefront's cells are futures
+    /// awaited by two cells each, which only future-based cooperation expresses.
+    pub fn check_model(&self, model: Model) -> Result<()> {
+        if matches!(self, Workload::Wave(_)) && model != Model::Fbc {
+            bail!(
+                "wave:N is a program of futures each awaited by two cells, which the {} model \
+                 cannot express: use --model fbc",
+                model.name()
+            );
+        }
+        Ok(())
+    }
+
     /// Published (nodes, leaves) for UTS sample trees, (-, solutions) for N-Queens, the closed
-    /// forms (2·F(N+1) − 1, F(N)) for Fibonacci.
+    /// forms (2·F(N+1) − 1, F(N)) for Fibonacci and (N², C(2N − 2, N − 1) mod p) for the
+    /// wavefront.
     fn published(&self) -> Option<(Option<u64>, u64)> {
         match self {
             Workload::Uts(text) => {
@@ -72,6 +96,9 @@ impl Workload {
             }
             Workload::Queens(n) => NQueens::new(*n).ok()?.published().map(|s| (None, s)),
             Workload::Fib(n) => Fib::new(*n).ok().map(|f| f.expected()).map(|(n, l)| (Some(n), l)),
+            Workload::Wave(n) => {
+                Wavefront::new(*n).ok().map(|w| w.expected()).map(|c| (Some(c.nodes), c.leaves))
+            }
         }
     }
 
@@ -79,7 +106,7 @@ impl Workload {
     fn reference_name(&self) -> &'static str {
         match self {
             Workload::Uts(_) | Workload::Queens(_) => "published",
-            Workload::Fib(_) => "closed form",
+            Workload::Fib(_) | Workload::Wave(_) => "closed form",
         }
     }
 
@@ -88,6 +115,7 @@ impl Workload {
             Workload::Uts(text) => format!("uts:{text}"),
             Workload::Queens(n) => format!("queens:{n}"),
             Workload::Fib(n) => format!("fib:{n}"),
+            Workload::Wave(n) => format!("wave:{n}"),
         }
     }
 
@@ -97,6 +125,10 @@ impl Workload {
             Workload::Uts(text) => model.sequential(uts::Params::parse(text)?),
             Workload::Queens(n) => model.sequential(NQueens::new(*n).map_err(anyhow::Error::msg)?),
             Workload::Fib(n) => model.sequential(Fib::new(*n).map_err(anyhow::Error::msg)?),
+            Workload::Wave(n) => {
+                self.check_model(model)?;
+                solve_sequential(&Wavefront::new(*n).map_err(anyhow::Error::msg)?)
+            }
         })
     }
 
@@ -142,6 +174,10 @@ pub fn rank_main(
         }
         Workload::Fib(n) => {
             model.run(&world, Fib::new(*n).map_err(anyhow::Error::msg)?, &config)?
+        }
+        Workload::Wave(n) => {
+            workload.check_model(model)?;
+            pool::run(&world, &Wavefront::new(*n).map_err(anyhow::Error::msg)?, &config)?
         }
     };
     let t = outcome.total;

@@ -7,6 +7,7 @@ use std::time::Duration;
 use ftkv_cli::launch::{output_within, JobOutput, Launch};
 use ftkv_cli::tasks::RankResult;
 use ftkv_tasks::pool::RecoveryInfo;
+use ftkv_tasks::wavefront::Wavefront;
 
 const FTKV: &str = env!("CARGO_BIN_EXE_ftkv");
 
@@ -289,6 +290,39 @@ fn futures_survive_kills_at_every_step_of_the_hand_over() {
             assert_only_localized(&out, 8, killed, 1);
         }
     }
+}
+
+/// The wavefront of futures, each awaited by two cells (`wave:500`: 250,000 cells homed by
+/// column block, every block boundary handed over between workers), with kills at every step
+/// of the hand-over, on frames' holders and on the workers returning values to them, with
+/// localized and global recovery: the last cell is exactly `C(998, 499) mod p`.
+#[test]
+fn a_wavefront_of_futures_survives_kills_at_every_step_of_the_hand_over() {
+    let expected = Wavefront::new(500).unwrap().expected();
+    let cases: [(&str, &[usize], bool); 3] = [
+        ("handover_lent@2#1;handover_before_ack@5#2", &[2, 5], true),
+        ("handover_written@6#2", &[6], true),
+        ("handover_before_ack@1#1;handover_written@3#1", &[1, 3], false),
+    ];
+    for (failpoints, killed, localized) in cases {
+        let mut args = vec!["--model=fbc"];
+        if localized {
+            args.push("--localized");
+        }
+        let out = pool_job_with("wave:500", 8, 3, failpoints, &args);
+        assert_exact(&out, 8, killed, Some(expected.nodes), expected.leaves);
+        if localized {
+            assert_only_localized(&out, 8, killed, 1);
+        }
+    }
+}
+
+/// The wavefront after two random kills, global recovery: 1,000,000 cells, the last
+/// `C(1998, 999) mod p` = 965601742, as the closed form and the sequential program say.
+#[test]
+fn a_wavefront_of_futures_is_exact_after_two_random_kills() {
+    let args = ["--model", "fbc", "--tree", "wave:1000", "--seed", "2"];
+    demo(2, &args, "1000000 nodes, 965601742 leaves");
 }
 
 /// UTS T1 as a fork-join tree sum gives the published counts after two random kills.

@@ -52,8 +52,9 @@ const INPUTS_SHIFT: u32 = 48;
 pub const MAX_PLACED_INDEX: u64 = (1 << INPUTS_SHIFT) - 1;
 
 impl FrameId {
-    /// The placed frame `index` (unique in the whole program, at most [`MAX_PLACED_INDEX`])
-    /// homed on worker `home`, awaiting `inputs` results, children `0..inputs` (at most 255).
+    /// The placed frame `index` (unique among `home`'s, at most [`MAX_PLACED_INDEX`]; best
+    /// numbered in about the order the frames close, see [`Closed`]) homed on worker `home`,
+    /// awaiting `inputs` results, children `0..inputs` (at most 255).
     pub fn placed(home: i32, index: u64, inputs: u32) -> FrameId {
         debug_assert!(index <= MAX_PLACED_INDEX && inputs < 256);
         let serial = PLACED | (u64::from(inputs) << INPUTS_SHIFT) | index;
@@ -146,6 +147,50 @@ impl Pending {
     }
 }
 
+/// A set of placed frames' indexes of one home: every index below `below`, and those set in
+/// `bits` above it. A program that numbers its frames in about the order they close (the
+/// wavefront: row by row within its column block) keeps it to a few words, whatever the
+/// number of frames.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Closed {
+    below: u64,
+    bits: Vec<u64>,
+}
+
+impl Closed {
+    pub fn contains(&self, index: u64) -> bool {
+        let Some(offset) = index.checked_sub(self.below) else { return true };
+        let word = self.bits.get((offset / 64) as usize).copied().unwrap_or(0);
+        word & (1 << (offset % 64)) != 0
+    }
+
+    pub fn insert(&mut self, index: u64) {
+        let Some(offset) = index.checked_sub(self.below) else { return };
+        let word = (offset / 64) as usize;
+        if self.bits.len() <= word {
+            self.bits.resize(word + 1, 0);
+        }
+        self.bits[word] |= 1 << (offset % 64);
+        let full = self.bits.iter().take_while(|&&w| w == u64::MAX).count();
+        if full > 0 {
+            self.bits.drain(..full);
+            self.below += 64 * full as u64;
+        }
+    }
+
+    /// Adds every index of `other`.
+    fn absorb(&mut self, other: &Closed) {
+        if other.below > self.below {
+            let mine = std::mem::replace(self, other.clone());
+            return self.absorb(&mine);
+        }
+        for (word, bits) in other.bits.iter().enumerate() {
+            let base = other.below + 64 * word as u64;
+            (0..64).filter(|b| bits & (1 << b) != 0).for_each(|b| self.insert(base + b));
+        }
+    }
+}
+
 /// A result for a frame held by another worker, kept until that worker acknowledges it.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Owed {
@@ -164,8 +209,8 @@ pub struct Joins {
     pub owed: Vec<Owed>,
     /// Placed frames that closed and whose continuation is not a task yet, with their sums.
     pub ready: Vec<(FrameId, Counts)>,
-    /// The indexes of the placed frames this state closed (a bit each).
-    closed: Vec<u64>,
+    /// Per home, the indexes of its placed frames that closed here.
+    closed: Vec<(i32, Closed)>,
 }
 
 impl Joins {
@@ -180,24 +225,27 @@ impl Joins {
         self.frames.extend(theirs.frames);
         self.owed.extend(theirs.owed);
         self.ready.extend(theirs.ready);
-        if self.closed.len() < theirs.closed.len() {
-            self.closed.resize(theirs.closed.len(), 0);
+        for (home, closed) in theirs.closed {
+            self.closed_of(home).absorb(&closed);
         }
-        self.closed.iter_mut().zip(&theirs.closed).for_each(|(mine, other)| *mine |= other);
     }
 
-    /// Whether placed frame `index` closed here.
-    fn has_closed(&self, index: u64) -> bool {
-        let word = self.closed.get((index / 64) as usize).copied().unwrap_or(0);
-        word & (1 << (index % 64)) != 0
+    /// Whether placed frame `frame` closed here.
+    fn has_closed(&self, frame: FrameId, index: u64) -> bool {
+        let mut homes = self.closed.iter();
+        homes.find(|(home, _)| *home == frame.creator).is_some_and(|(_, c)| c.contains(index))
     }
 
-    fn mark_closed(&mut self, index: u64) {
-        let word = (index / 64) as usize;
-        if self.closed.len() <= word {
-            self.closed.resize(word + 1, 0);
-        }
-        self.closed[word] |= 1 << (index % 64);
+    /// The closed placed frames of `home` (an empty set at first).
+    fn closed_of(&mut self, home: i32) -> &mut Closed {
+        let at = match self.closed.iter().position(|(h, _)| *h == home) {
+            Some(at) => at,
+            None => {
+                self.closed.push((home, Closed::default()));
+                self.closed.len() - 1
+            }
+        };
+        &mut self.closed[at].1
     }
 
     /// Applies a result for a frame this worker holds: one it has open, or a placed frame
@@ -206,7 +254,7 @@ impl Joins {
     pub fn accept(&mut self, to: JoinRef, counts: Counts, result: &mut Counts) {
         if !self.holds(to.frame) {
             let Some(index) = to.frame.placed_index() else { return };
-            if self.has_closed(index) {
+            if self.has_closed(to.frame, index) {
                 return;
             }
             let pending = Pending::all(to.frame.placed_inputs());
@@ -252,7 +300,7 @@ impl Joins {
             }
             let closed = self.frames.remove(at);
             if let Some(index) = closed.id.placed_index() {
-                self.mark_closed(index);
+                self.closed_of(closed.id.creator).insert(index);
                 self.ready.push((closed.id, closed.sum));
                 return;
             }
@@ -312,7 +360,7 @@ impl<T> Work<'_, T> {
 /// ([`Problem::resume`]) on the worker's pool.
 pub fn start_ready<P: Problem>(problem: &P, work: &mut Work<'_, P::Task>) {
     for (frame, inputs) in std::mem::take(&mut work.joins.ready) {
-        work.pool.extend(problem.resume(frame, inputs));
+        work.pool.extend(problem.resume(frame, inputs, work.workers));
     }
 }
 
@@ -408,6 +456,21 @@ mod tests {
         joins.deliver(join(root.serial, 1), leaf, &mut result);
         assert!(joins.is_empty());
         assert_eq!(result, Counts { nodes: 4, leaves: 2, max_depth: 2 });
+    }
+
+    #[test]
+    fn closed_frames_numbered_in_order_take_a_few_words() {
+        let mut closed = Closed::default();
+        (0..1000).for_each(|i| closed.insert(i));
+        closed.insert(1100);
+        assert!((0..1000).all(|i| closed.contains(i)) && closed.contains(1100));
+        assert!(!closed.contains(1000) && !closed.contains(1099) && !closed.contains(5000));
+        assert_eq!((closed.below, closed.bits.len()), (960, 3), "only the words above 960");
+        let mut other = Closed::default();
+        [3, 1000, 1099].into_iter().for_each(|i| other.insert(i));
+        other.absorb(&closed);
+        assert!([3, 999, 1000, 1099, 1100].iter().all(|&i| other.contains(i)));
+        assert!(!other.contains(1001));
     }
 
     #[test]

@@ -27,10 +27,10 @@ pub trait Problem: Sync {
     }
 
     /// The task that continues placed frame `frame` once all its inputs returned (their sum
-    /// is `inputs`; see [`crate::forkjoin`]). Only a program that places frames has any: the
-    /// default, for every other, is none.
-    fn resume(&self, frame: FrameId, inputs: Counts) -> Option<Self::Task> {
-        let _ = (frame, inputs);
+    /// is `inputs`; see [`crate::forkjoin`]) on a pool that started with `workers` workers.
+    /// Only a program that places frames has any: the default, for every other, is none.
+    fn resume(&self, frame: FrameId, inputs: Counts, workers: usize) -> Option<Self::Task> {
+        let _ = (frame, inputs, workers);
         None
     }
 }

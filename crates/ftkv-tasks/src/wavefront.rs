@@ -69,12 +69,21 @@ impl Wavefront {
         Counts { nodes: (n * n) as u64, leaves: row[n - 1], max_depth: 2 * self.n - 2 }
     }
 
-    /// The frame of cell `(i, j)`: homed on the worker of its column block, awaiting the cell
-    /// above (child 0, when there is one) and the cell to the left (the next child).
+    /// The frame of cell `(i, j)`: homed on the worker of its column block, numbered row by
+    /// row within the block (about the order the cells close), awaiting the cell above
+    /// (child 0, when there is one) and the cell to the left (the next child).
     fn frame(&self, i: u32, j: u32, workers: usize) -> FrameId {
-        let home = u64::from(j) * workers as u64 / u64::from(self.n);
-        let inputs = u32::from(i > 0) + u32::from(j > 0);
-        FrameId::placed(home as i32, u64::from(i) * u64::from(self.n) + u64::from(j), inputs)
+        let home = (u64::from(j) * workers as u64 / u64::from(self.n)) as usize;
+        let (start, width) = self.block(home, workers);
+        let index = u64::from(i) * u64::from(width) + u64::from(j - start);
+        FrameId::placed(home as i32, index, u32::from(i > 0) + u32::from(j > 0))
+    }
+
+    /// The first column and the width of worker `home`'s column block: the columns `j` with
+    /// `⌊j · workers / N⌋ = home`.
+    fn block(&self, home: usize, workers: usize) -> (u32, u32) {
+        let start = |h: usize| (h as u64 * u64::from(self.n)).div_ceil(workers as u64) as u32;
+        (start(home), start(home + 1) - start(home))
     }
 
     /// Where cell `(i, j)`'s value goes: the cells below and to the right that exist.
@@ -121,10 +130,11 @@ impl Problem for Wavefront {
         }
     }
 
-    fn resume(&self, frame: FrameId, inputs: Counts) -> Option<Cell> {
+    fn resume(&self, frame: FrameId, inputs: Counts, workers: usize) -> Option<Cell> {
         let index = frame.placed_index()?;
-        let n = u64::from(self.n);
-        let (i, j) = ((index / n) as u32, (index % n) as u32);
+        let (start, width) = self.block(usize::try_from(frame.creator).ok()?, workers);
+        let width = u64::from(width.max(1));
+        let (i, j) = ((index / width) as u32, start + (index % width) as u32);
         Some(Cell { i, j, inputs: inputs.leaves })
     }
 }
@@ -184,9 +194,13 @@ mod tests {
         assert_eq!(wave.frame(3, 1, 2).creator, 0);
         assert_eq!(wave.frame(0, 2, 2).creator, 1);
         assert_eq!(wave.awaiting(3, 3, 2).count(), 0, "the last cell is the result");
-        let frame = wave.frame(2, 3, 2);
-        let cell = wave.resume(frame, Counts { nodes: 0, leaves: 9, max_depth: 0 });
-        assert_eq!(cell, Some(Cell { i: 2, j: 3, inputs: 9 }));
+        let inputs = Counts { nodes: 0, leaves: 9, max_depth: 0 };
+        for workers in [1, 2, 3, 5, 8] {
+            for (i, j) in (0..4).flat_map(|i| (0..4).map(move |j| (i, j))) {
+                let cell = wave.resume(wave.frame(i, j, workers), inputs, workers);
+                assert_eq!(cell, Some(Cell { i, j, inputs: 9 }), "{workers} workers");
+            }
+        }
     }
 
     #[test]

@@ -94,15 +94,15 @@ const DAEMON_LOST: &str = "PRTE has lost communication with a remote daemon";
 
 /// 6 ranks over `hosts` simulated hosts (by slot: 0–1, 2–3, 4–5 on 3 hosts; 0–2, 3–5 on 2),
 /// and every rank of the host of rank 5 SIGKILLed at the same moment, 0.5 s after the pool showed
-/// work in the deep tree (T3L) (a death during `MPI_Init` or the store's creation ends any job),
-/// while the pool checkpoints and steals across hosts; `extra` arguments to the demo. Over 2
-/// hosts the survivors hold exactly half of the workers, worker 0 among them, which the quorum
-/// rule lets go on.
+/// work in the deep tree (T3L, unless `extra` names a `--tree`) (a death during `MPI_Init` or
+/// the store's creation ends any job), while the pool checkpoints and steals across hosts;
+/// `extra` arguments to the demo. Over 2 hosts the survivors hold exactly half of the workers,
+/// worker 0 among them, which the quorum rule lets go on.
 fn kill_one_hosts_ranks_during_a_demo(hosts: usize, extra: &[&str]) -> Ended {
     let hosts_arg = hosts.to_string();
     let args = ["demo", "--nodes", &hosts_arg, "-n", "6", "--kills", "0", "--copies", "2"];
-    let driver =
-        Driver::start(&[&args[..], &["--tree", "T3L", "--timeout", "150"], extra].concat());
+    let tree: &[&str] = if extra.contains(&"--tree") { &[] } else { &["--tree", "T3L"] };
+    let driver = Driver::start(&[&args[..], tree, &["--timeout", "150"], extra].concat());
     let pid = driver.id();
     let by_rank = common::wait_for_world_ranks(pid, "tasks-rank", 6);
     driver.wait_for_work(Duration::from_secs(90));
@@ -133,6 +133,17 @@ fn all_ranks_of_one_host_killed_at_once_lose_nothing() {
 #[test]
 fn all_ranks_of_one_host_killed_at_once_are_settled_locally() {
     let (stdout, stderr) = kill_one_hosts_ranks_and_check(3, &["--recovery", "localized"]);
+    assert!(stdout.contains("global recoveries: 0"), "{stdout}\n{stderr}");
+}
+
+/// The wavefront of futures (9,000,000 cells, each awaited by two) with a host's ranks killed
+/// at once: the frames they held, their futures entries and the values they owed go to their
+/// buddies on the other hosts, settled locally; the last cell exact.
+#[test]
+fn a_hosts_ranks_killed_at_once_during_the_wavefront_lose_nothing() {
+    let extra = ["--model", "fbc", "--tree", "wave:3000", "--recovery", "localized"];
+    let (stdout, stderr) = kill_one_hosts_ranks_and_check(3, &extra);
+    assert!(stdout.contains("9000000 nodes, 15137373 leaves -> MATCH"), "{stdout}\n{stderr}");
     assert!(stdout.contains("global recoveries: 0"), "{stdout}\n{stderr}");
 }
 

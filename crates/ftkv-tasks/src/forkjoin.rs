@@ -33,12 +33,16 @@
 //! continuation ([`Joins::ready`]) that the program turns into a task ([`Problem::resume`],
 //! [`start_ready`]).
 
+use std::collections::BTreeMap;
+
 use crate::problem::Problem;
 use crate::uts::Counts;
 
 /// A frame's identity: the worker that opened it and that worker's frame serial number; for
 /// a placed frame ([`FrameId::placed`]), its home worker and its planned index.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub struct FrameId {
     pub creator: i32,
     pub serial: u64,
@@ -205,7 +209,10 @@ pub struct Owed {
 pub struct Joins {
     /// The serial number of the next frame this worker opens.
     pub next_serial: u64,
+    /// Frames opened by tasks, in the order they were opened.
     pub frames: Vec<Frame>,
+    /// Open placed frames, by id.
+    pub placed: BTreeMap<FrameId, Frame>,
     pub owed: Vec<Owed>,
     /// Placed frames that closed and whose continuation is not a task yet, with their sums.
     pub ready: Vec<(FrameId, Counts)>,
@@ -216,13 +223,17 @@ pub struct Joins {
 impl Joins {
     /// Whether this worker has no open frame, no ready continuation and owes no result.
     pub fn is_empty(&self) -> bool {
-        self.frames.is_empty() && self.owed.is_empty() && self.ready.is_empty()
+        self.frames.is_empty()
+            && self.placed.is_empty()
+            && self.owed.is_empty()
+            && self.ready.is_empty()
     }
 
     /// Takes over an adopted worker's frames, owed results, ready continuations and closed
     /// placed frames (their ids stay unique: a frame id names its creator or home).
     pub fn absorb(&mut self, theirs: Joins) {
         self.frames.extend(theirs.frames);
+        self.placed.extend(theirs.placed);
         self.owed.extend(theirs.owed);
         self.ready.extend(theirs.ready);
         for (home, closed) in theirs.closed {
@@ -258,14 +269,32 @@ impl Joins {
                 return;
             }
             let pending = Pending::all(to.frame.placed_inputs());
-            self.frames.push(Frame { id: to.frame, parent: None, sum: Counts::default(), pending });
+            let frame = Frame { id: to.frame, parent: None, sum: Counts::default(), pending };
+            self.placed.insert(to.frame, frame);
         }
         self.deliver(Some(to), counts, result);
     }
 
     /// Whether this state holds frame `id`.
     pub fn holds(&self, id: FrameId) -> bool {
-        self.frames.iter().any(|f| f.id == id)
+        self.placed.contains_key(&id) || self.frames.iter().any(|f| f.id == id)
+    }
+
+    /// Open frame `id`, if this state holds it.
+    fn frame_mut(&mut self, id: FrameId) -> Option<&mut Frame> {
+        if id.placed_index().is_some() {
+            return self.placed.get_mut(&id);
+        }
+        self.frames.iter_mut().rev().find(|f| f.id == id)
+    }
+
+    /// Removes open frame `id`, which this state holds.
+    fn remove_frame(&mut self, id: FrameId) -> Option<Frame> {
+        if id.placed_index().is_some() {
+            return self.placed.remove(&id);
+        }
+        let at = self.frames.iter().rposition(|f| f.id == id)?;
+        Some(self.frames.remove(at))
     }
 
     /// Opens a frame of worker `me` and returns its id.
@@ -286,11 +315,10 @@ impl Joins {
                 result.add(&counts);
                 return;
             };
-            let Some(at) = self.frames.iter().rposition(|f| f.id == join.frame) else {
+            let Some(frame) = self.frame_mut(join.frame) else {
                 self.owed.push(Owed { to: join, counts });
                 return;
             };
-            let frame = &mut self.frames[at];
             if !frame.pending.take(join.child) {
                 return;
             }
@@ -298,7 +326,7 @@ impl Joins {
             if !frame.pending.is_empty() {
                 return;
             }
-            let closed = self.frames.remove(at);
+            let Some(closed) = self.remove_frame(join.frame) else { return };
             if let Some(index) = closed.id.placed_index() {
                 self.closed_of(closed.id.creator).insert(index);
                 self.ready.push((closed.id, closed.sum));

@@ -23,8 +23,8 @@ use crate::uts::Counts;
 /// The prime the cells' values are taken modulo.
 pub const MODULUS: u64 = 1_000_000_007;
 
-/// The largest `N`: every worker's checkpoint holds a bit per cell of the grid.
-pub const MAX_N: u32 = 1024;
+/// The largest `N` (67 million cells; a cell's index within its block fits easily).
+pub const MAX_N: u32 = 8192;
 
 /// The wavefront on an `n × n` grid.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -217,11 +217,11 @@ mod tests {
         assert_eq!(joins.ready, vec![(above.frame, Counts { nodes: 0, leaves: 8, max_depth: 0 })]);
         joins.ready.clear();
         joins.accept(left, value, &mut result);
-        assert!(joins.frames.is_empty() && joins.ready.is_empty(), "a closed frame stays closed");
+        assert!(joins.placed.is_empty() && joins.ready.is_empty(), "a closed frame stays closed");
         let mut adopter = Joins::default();
         adopter.absorb(joins);
         adopter.accept(above, value, &mut result);
-        assert!(adopter.frames.is_empty(), "closed frames move with an adoption");
+        assert!(adopter.placed.is_empty(), "closed frames move with an adoption");
         assert_eq!(result, Counts::default());
     }
 }

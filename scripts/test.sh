@@ -36,25 +36,8 @@ step "the store and the pool build without MPI (no ftkv-mpi in the build)"
 cargo build --release -p ftkv -p ftkv-tasks --no-default-features --features ftkv/sim,ftkv-tasks/sim --quiet
 step "unit, scenario and real-MPI tests"
 cargo test --workspace --release
-step "simulated store recoveries, and the production store, its transactions and the pool driver (global and localized; independent tasks, fork-join and futures) on a deterministic world: 10000 seeded scenarios each, kills and stops at any step (no MPI; two models at a time)"
-sims=$(mktemp -d)
-# Each of the two lanes on its own half of the cores: a world switches threads at every step,
-# and a switch between threads of one process costs less than one between two processes'.
-cores=$(nproc)
-half=$(( cores / 2 ))
-on_cores() { if [ "$half" -ge 1 ] && command -v taskset > /dev/null; then taskset -c "$1" "${@:2}"; else "${@:2}"; fi; }
-first_cores="0-$(( half > 0 ? half - 1 : 0 ))"
-second_cores="$half-$(( cores - 1 ))"
-sim() { on_cores "$1" target/release/ftkv sim --runs 10000 --seed 1 --model "$2"; }
-( sim "$first_cores" store && sim "$first_cores" world && sim "$first_cores" txn-world && \
-  sim "$first_cores" pool-world ) > "$sims/a" 2>&1 & first=$!
-( sim "$second_cores" nfj-world && sim "$second_cores" fbc-world ) > "$sims/b" 2>&1 & second=$!
-sims_ok=0
-wait "$first" || sims_ok=1
-wait "$second" || sims_ok=1
-cat "$sims/a" "$sims/b"
-rm -rf "$sims"
-[ "$sims_ok" = 0 ]
+step "simulated store recoveries, and the production store, its transactions and the pool driver (global and localized; independent tasks, fork-join and futures) on a deterministic world: 10000 seeded scenarios each, kills and stops at any step (no MPI)"
+target/release/ftkv sim --runs 10000 --seed 1
 step "placement and recovery decisions at 1,024 workers over 16 and 64 hosts (no MPI)"
 target/release/ftkv sim --model scale --sizes 1024x16,1024x64
 step "real-MPI tests over btl self,tcp"

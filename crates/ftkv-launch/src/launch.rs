@@ -609,16 +609,18 @@ fn remove_unused_segments(before: &[String]) {
     }
 }
 
-/// Removes the session directories (`ompi.<pid>` in the temporary directory) that Open MPI's
-/// runtime left behind when its `mpirun` or daemon was killed. Such a directory holds the
-/// runtime's rendezvous file, created exclusively: once the pid is reused by a later `mpirun`,
-/// that one cannot start ("The PMIx server's listener thread failed to start", openpmix issue
-/// 4022, mended in PMIx releases newer than Open MPI 5.0's). Directories of live processes stay.
+/// Removes the session directories (`ompi.<pid>` of an `mpirun`, `prted.<pid>` of a daemon,
+/// in the temporary directory) that Open MPI's runtime left behind when it was killed. Such a
+/// directory holds the runtime's rendezvous files, created exclusively: once the pid is reused
+/// by a later `mpirun` or daemon, that one cannot start ("The PMIx server's listener thread
+/// failed to start", openpmix issue 4022, mended in PMIx releases newer than Open MPI 5.0's).
+/// Directories of live processes stay.
 fn remove_orphaned_session_dirs() {
     let temp = std::env::temp_dir();
     let Ok(entries) = std::fs::read_dir(&temp) else { return };
     for name in entries.filter_map(|e| e.ok()?.file_name().into_string().ok()) {
-        let pid = name.strip_prefix("ompi.").and_then(|pid| pid.parse::<u32>().ok());
+        let pid = name.strip_prefix("ompi.").or_else(|| name.strip_prefix("prted."));
+        let pid = pid.and_then(|pid| pid.parse::<u32>().ok());
         if pid.is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists()) {
             let _ = std::fs::remove_dir_all(temp.join(&name));
         }

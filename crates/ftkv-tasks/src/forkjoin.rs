@@ -216,11 +216,17 @@ pub struct Joins {
     pub owed: Vec<Owed>,
     /// Placed frames that closed and whose continuation is not a task yet, with their sums.
     pub ready: Vec<(FrameId, Counts)>,
-    /// Per home, the indexes of its placed frames that closed here.
+    /// The homes whose placed frames this state holds (its worker's own and those of the
+    /// workers it adopted), each with the indexes of its placed frames that closed.
     closed: Vec<(i32, Closed)>,
 }
 
 impl Joins {
+    /// The state of a worker that starts out holding the placed frames homed on it.
+    pub fn hosting(home: i32) -> Joins {
+        Joins { closed: vec![(home, Closed::default())], ..Joins::default() }
+    }
+
     /// Whether this worker has no open frame, no ready continuation and owes no result.
     pub fn is_empty(&self) -> bool {
         self.frames.is_empty()
@@ -241,12 +247,6 @@ impl Joins {
         }
     }
 
-    /// Whether placed frame `frame` closed here.
-    fn has_closed(&self, frame: FrameId, index: u64) -> bool {
-        let mut homes = self.closed.iter();
-        homes.find(|(home, _)| *home == frame.creator).is_some_and(|(_, c)| c.contains(index))
-    }
-
     /// The closed placed frames of `home` (an empty set at first).
     fn closed_of(&mut self, home: i32) -> &mut Closed {
         let at = match self.closed.iter().position(|(h, _)| *h == home) {
@@ -259,13 +259,16 @@ impl Joins {
         &mut self.closed[at].1
     }
 
-    /// Applies a result for a frame this worker holds: one it has open, or a placed frame
-    /// homed here (or on a worker it adopted), which the first input opens. A result for a
-    /// child no longer pending, or for a placed frame that closed, changes nothing.
+    /// Applies a result for a frame this state holds: one it has open, or a placed frame of
+    /// a home it hosts ([`Joins::hosting`], or adopted), which the first input opens. A result
+    /// for a child no longer pending, for a placed frame that closed, or for a frame of a home
+    /// this state does not hold (yet: an adoption that brings it may come later; its writer
+    /// still owes it) changes nothing.
     pub fn accept(&mut self, to: JoinRef, counts: Counts, result: &mut Counts) {
         if !self.holds(to.frame) {
             let Some(index) = to.frame.placed_index() else { return };
-            if self.has_closed(to.frame, index) {
+            let home = self.closed.iter().find(|(home, _)| *home == to.frame.creator);
+            if home.is_none_or(|(_, closed)| closed.contains(index)) {
                 return;
             }
             let pending = Pending::all(to.frame.placed_inputs());

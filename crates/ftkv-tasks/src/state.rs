@@ -48,7 +48,7 @@ impl<T: Copy> Checkpoint<T> {
             adopted: Vec::new(),
             pool: if worker == 0 { problem.roots() } else { Vec::new() },
             adopted_by: None,
-            joins: Joins::default(),
+            joins: Joins::hosting(worker),
         }
     }
 

@@ -70,12 +70,14 @@ impl Wavefront {
     }
 
     /// The frame of cell `(i, j)`: homed on the worker of its column block, numbered row by
-    /// row within the block (about the order the cells close), awaiting the cell above
-    /// (child 0, when there is one) and the cell to the left (the next child).
+    /// row within the block (about the order the cells close) from 0, the root cell `(0, 0)`
+    /// left out (no frame awaits it), awaiting the cell above (child 0, when there is one)
+    /// and the cell to the left (the next child).
     fn frame(&self, i: u32, j: u32, workers: usize) -> FrameId {
         let home = (u64::from(j) * workers as u64 / u64::from(self.n)) as usize;
         let (start, width) = self.block(home, workers);
-        let index = u64::from(i) * u64::from(width) + u64::from(j - start);
+        let cell = u64::from(i) * u64::from(width) + u64::from(j - start);
+        let index = cell - u64::from(home == 0);
         FrameId::placed(home as i32, index, u32::from(i > 0) + u32::from(j > 0))
     }
 
@@ -108,7 +110,7 @@ impl Problem for Wavefront {
     /// program of the same model) and counts its result.
     fn run(&self, cell: &Cell, _pool: &mut Vec<Cell>, counts: &mut Counts) {
         let mut pool = vec![*cell];
-        let mut joins = Joins::default();
+        let mut joins = Joins::hosting(0);
         let mut work = Work { me: 0, workers: 1, pool: &mut pool, counts, joins: &mut joins };
         while let Some(next) = work.pool.pop() {
             self.run_on(&next, &mut work);
@@ -131,10 +133,11 @@ impl Problem for Wavefront {
     }
 
     fn resume(&self, frame: FrameId, inputs: Counts, workers: usize) -> Option<Cell> {
-        let index = frame.placed_index()?;
-        let (start, width) = self.block(usize::try_from(frame.creator).ok()?, workers);
+        let home = usize::try_from(frame.creator).ok()?;
+        let cell = frame.placed_index()? + u64::from(home == 0);
+        let (start, width) = self.block(home, workers);
         let width = u64::from(width.max(1));
-        let (i, j) = ((index / width) as u32, start + (index % width) as u32);
+        let (i, j) = ((cell / width) as u32, start + (cell % width) as u32);
         Some(Cell { i, j, inputs: inputs.leaves })
     }
 }
@@ -196,7 +199,8 @@ mod tests {
         assert_eq!(wave.awaiting(3, 3, 2).count(), 0, "the last cell is the result");
         let inputs = Counts { nodes: 0, leaves: 9, max_depth: 0 };
         for workers in [1, 2, 3, 5, 8] {
-            for (i, j) in (0..4).flat_map(|i| (0..4).map(move |j| (i, j))) {
+            let cells = (0..4).flat_map(|i| (0..4).map(move |j| (i, j)));
+            for (i, j) in cells.filter(|&cell| cell != (0, 0)) {
                 let cell = wave.resume(wave.frame(i, j, workers), inputs, workers);
                 assert_eq!(cell, Some(Cell { i, j, inputs: 9 }), "{workers} workers");
             }
@@ -206,7 +210,7 @@ mod tests {
     #[test]
     fn an_input_returned_twice_counts_once_even_after_its_frame_closed() {
         let wave = Wavefront::new(3).unwrap();
-        let mut joins = Joins::default();
+        let mut joins = Joins::hosting(0);
         let mut result = Counts::default();
         let value = Counts { nodes: 0, leaves: 4, max_depth: 0 };
         let [above, left] = [0, 1].map(|child| JoinRef { frame: wave.frame(1, 1, 1), child });
@@ -218,10 +222,28 @@ mod tests {
         joins.ready.clear();
         joins.accept(left, value, &mut result);
         assert!(joins.placed.is_empty() && joins.ready.is_empty(), "a closed frame stays closed");
-        let mut adopter = Joins::default();
+        let mut adopter = Joins::hosting(1);
+        adopter.accept(above, value, &mut result);
+        assert!(adopter.placed.is_empty(), "home 0's frames are not the adopter's yet");
         adopter.absorb(joins);
         adopter.accept(above, value, &mut result);
         assert!(adopter.placed.is_empty(), "closed frames move with an adoption");
         assert_eq!(result, Counts::default());
+    }
+
+    #[test]
+    fn the_closed_cells_of_every_block_take_a_few_words() {
+        let wave = Wavefront::new(64).unwrap();
+        let mut pool = vec![Cell { i: 0, j: 0, inputs: 0 }];
+        let (mut counts, mut joins) = (Counts::default(), Joins::hosting(0));
+        let mut work =
+            Work { me: 0, workers: 1, pool: &mut pool, counts: &mut counts, joins: &mut joins };
+        while let Some(next) = work.pool.pop() {
+            wave.run_on(&next, &mut work);
+            start_ready(&wave, &mut work);
+        }
+        assert_eq!(counts, wave.expected());
+        let words = ftkv::codec::encode(&joins).len();
+        assert!(words < 64, "the closed set of 4,095 frames in {words} bytes");
     }
 }

@@ -242,6 +242,7 @@ impl Launch {
             err_reader,
             start,
             deadline: start + self.timeout,
+            outlived_mpirun: Vec::new(),
         })
     }
 }
@@ -262,6 +263,8 @@ pub struct RunningJob {
     err_reader: Option<std::thread::JoinHandle<String>>,
     start: Instant,
     deadline: Instant,
+    /// The ranks still running when `mpirun` ended on its own (the launcher then ended them).
+    outlived_mpirun: Vec<u32>,
 }
 
 impl RunningJob {
@@ -303,6 +306,12 @@ impl RunningJob {
         let mut stderr =
             self.err_reader.take().map(|r| r.join().unwrap_or_default()).unwrap_or_default();
         self.records.append_missing_errors(&mut stderr);
+        if !self.outlived_mpirun.is_empty() {
+            let pids = &self.outlived_mpirun;
+            stderr.push_str(&format!(
+                "ftkv: mpirun ended while ranks were still running (pids {pids:?}); ended them\n"
+            ));
+        }
         let stdout = self.seen.join("\n");
         let mut out = JobOutput::parse(&stdout, stderr, status, timed_out, self.start.elapsed());
         self.records.complete_stdout(&mut out.by_rank);
@@ -320,7 +329,10 @@ impl RunningJob {
         let deadline = Instant::now() + timeout;
         let outcome = loop {
             match self.child.try_wait() {
-                Ok(Some(status)) => break Ok((Some(status), false)),
+                Ok(Some(status)) => {
+                    self.outlived_mpirun = self.processes.ranks_alive();
+                    break Ok((Some(status), false));
+                }
                 Ok(None) if Instant::now() < deadline => {}
                 Ok(None) => {
                     self.processes.refresh();
@@ -733,6 +745,21 @@ impl JobProcesses {
         let mut running = RUNNING_JOBS.lock().unwrap_or_else(|p| p.into_inner());
         running.retain(|(id, _, _)| *id != self.registered);
         running.push(entry);
+    }
+
+    /// The job's ranks (processes the runtime started with a `PMIX_RANK`) that are still
+    /// running, not zombies.
+    fn ranks_alive(&self) -> Vec<u32> {
+        let rank = |&&(pid, start): &&ProcessId| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let zombie = stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('Z'));
+            let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+            let is_rank = environ.split(|&b| b == 0).any(|var| var.starts_with(b"PMIX_RANK="));
+            start_time(pid) == Some(start) && !zombie && is_rank
+        };
+        let mut pids: Vec<u32> = self.seen.iter().filter(rank).map(|&(pid, _)| pid).collect();
+        pids.sort_unstable();
+        pids
     }
 
     /// After `mpirun` ended: SIGKILLs what is left of the job, waits (at most 5 s) until it is

@@ -279,13 +279,25 @@ fn futures_survive_kills_at_every_step_of_the_hand_over() {
         ("handover_written@3#1", &[3], true),
         ("handover_written@2#1;handover_before_ack@0#1", &[0, 2], false),
     ];
-    for (failpoints, killed, localized) in cases {
+    hand_over_with_kills("fib:32", &cases, Some(FIB_32.0), FIB_32.1);
+}
+
+/// Runs `workload` with futures on 8 ranks and 3 copies once per case (failpoints, the ranks
+/// they kill, localized recovery or not): the exact counts, and with localized recovery no
+/// survivor recovering globally.
+fn hand_over_with_kills(
+    workload: &str,
+    cases: &[(&str, &[usize], bool)],
+    nodes: Option<u64>,
+    leaves: u64,
+) {
+    for &(failpoints, killed, localized) in cases {
         let mut args = vec!["--model=fbc"];
         if localized {
             args.push("--localized");
         }
-        let out = pool_job_with("fib:32", 8, 3, failpoints, &args);
-        assert_exact(&out, 8, killed, Some(FIB_32.0), FIB_32.1);
+        let out = pool_job_with(workload, 8, 3, failpoints, &args);
+        assert_exact(&out, 8, killed, nodes, leaves);
         if localized {
             assert_only_localized(&out, 8, killed, 1);
         }
@@ -304,17 +316,7 @@ fn a_wavefront_of_futures_survives_kills_at_every_step_of_the_hand_over() {
         ("handover_written@6#2", &[6], true),
         ("handover_before_ack@1#1;handover_written@3#1", &[1, 3], false),
     ];
-    for (failpoints, killed, localized) in cases {
-        let mut args = vec!["--model=fbc"];
-        if localized {
-            args.push("--localized");
-        }
-        let out = pool_job_with("wave:500", 8, 3, failpoints, &args);
-        assert_exact(&out, 8, killed, Some(expected.nodes), expected.leaves);
-        if localized {
-            assert_only_localized(&out, 8, killed, 1);
-        }
-    }
+    hand_over_with_kills("wave:500", &cases, Some(expected.nodes), expected.leaves);
 }
 
 /// The wavefront after two random kills, global recovery: 1,000,000 cells, the last

@@ -206,7 +206,7 @@ impl Launch {
         install_interrupt_handler()?;
         ensure!(!crate::interrupt::interrupted(), "interrupted; no new job is started");
         remove_unused_segments(&[]);
-        remove_orphaned_session_dirs();
+        remove_leftovers_of_gone_processes();
         let hosts = match &self.hosts {
             Some(hosts) => hosts.clone(),
             None => Hosts::from_env()?,
@@ -621,22 +621,32 @@ fn remove_unused_segments(before: &[String]) {
     }
 }
 
-/// Removes the session directories (`ompi.<pid>` of an `mpirun`, `prted.<pid>` of a daemon,
-/// in the temporary directory) that Open MPI's runtime left behind when it was killed. Such a
-/// directory holds the runtime's rendezvous files, created exclusively: once the pid is reused
-/// by a later `mpirun` or daemon, that one cannot start ("The PMIx server's listener thread
-/// failed to start", openpmix issue 4022, mended in PMIx releases newer than Open MPI 5.0's).
-/// Directories of live processes stay.
-fn remove_orphaned_session_dirs() {
+/// The directories in the temporary directory that a process leaves behind when it is killed,
+/// each named by a prefix and the process's pid: drivers' job records
+/// ([`crate::records`]), and the session directories of Open MPI's runtime (`ompi.<pid>` of an
+/// `mpirun`, `prted.<pid>` of a daemon). A session directory holds the runtime's rendezvous
+/// files, created exclusively: once the pid is reused by a later `mpirun` or daemon, that one
+/// cannot start ("The PMIx server's listener thread failed to start", openpmix issue 4022,
+/// mended in PMIx releases newer than Open MPI 5.0's).
+const LEFT_BY_PID: [&str; 3] = [crate::records::RECORDS_PREFIX, "ompi.", "prted."];
+
+/// Removes the directories of [`LEFT_BY_PID`] whose process is gone; those of live processes
+/// stay.
+fn remove_leftovers_of_gone_processes() {
     let temp = std::env::temp_dir();
     let Ok(entries) = std::fs::read_dir(&temp) else { return };
     for name in entries.filter_map(|e| e.ok()?.file_name().into_string().ok()) {
-        let pid = name.strip_prefix("ompi.").or_else(|| name.strip_prefix("prted."));
-        let pid = pid.and_then(|pid| pid.parse::<u32>().ok());
-        if pid.is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists()) {
+        if pid_left_behind(&name).is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists()) {
             let _ = std::fs::remove_dir_all(temp.join(&name));
         }
     }
+}
+
+/// The pid in a name of [`LEFT_BY_PID`] (the digits after its prefix).
+fn pid_left_behind(name: &str) -> Option<u32> {
+    let rest = LEFT_BY_PID.iter().find_map(|prefix| name.strip_prefix(prefix))?;
+    let digits = rest.split(|c: char| !c.is_ascii_digit()).next()?;
+    digits.parse().ok()
 }
 
 /// The window an extent file belongs to (`ftkv-x<16 hex digits>-`), `None` for other files:
@@ -1117,6 +1127,19 @@ mod tests {
         let started = Instant::now();
         assert!(output_within(sleep, Duration::from_millis(200)).is_err());
         assert!(started.elapsed() < Duration::from_secs(5), "the overrun was cut short");
+    }
+
+    #[test]
+    fn directories_left_by_gone_processes_are_named_by_their_pid() {
+        assert_eq!(pid_left_behind("ftkv-rank-records-4194304999-0"), Some(4194304999));
+        assert_eq!(pid_left_behind("ompi.17"), Some(17));
+        assert_eq!(pid_left_behind("prted.23"), Some(23));
+        assert_eq!(pid_left_behind("ftkv-rank-records-test-left-behind"), None);
+        assert_eq!(pid_left_behind("ompi.sessions"), None);
+        let gone = std::env::temp_dir().join("ftkv-rank-records-4194304999-0");
+        std::fs::create_dir_all(&gone).unwrap();
+        remove_leftovers_of_gone_processes();
+        assert!(!gone.exists(), "a gone driver's records are removed");
     }
 
     #[test]

@@ -68,17 +68,16 @@ pub(crate) struct RankRecords {
 }
 
 /// The prefix of every job's records directory, followed by `<driver pid>-<job number>`.
-const RECORDS_PREFIX: &str = "ftkv-rank-records-";
+pub(crate) const RECORDS_PREFIX: &str = "ftkv-rank-records-";
 
 impl RankRecords {
     /// Makes the job's directory, empty. A driver that was killed or exited at once (an
-    /// interrupt) leaves its directories behind; those of drivers that are gone are removed
-    /// first, and one left under this driver's own pid by an earlier process is emptied, so a
-    /// job never reads another job's records.
+    /// interrupt) leaves its directories behind (the launcher removes those of drivers that
+    /// are gone before each job); one left under this driver's own pid by an earlier process
+    /// is emptied, so a job never reads another job's records.
     pub(crate) fn create() -> Result<RankRecords> {
         static JOBS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = JOBS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        remove_orphaned_records();
         let name = format!("{RECORDS_PREFIX}{}-{n}", std::process::id());
         RankRecords::empty_at(std::env::temp_dir().join(name))
     }
@@ -132,18 +131,6 @@ impl RankRecords {
 impl Drop for RankRecords {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// Removes the records directories whose driver process is gone.
-fn remove_orphaned_records() {
-    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else { return };
-    for name in entries.filter_map(|e| e.ok()?.file_name().into_string().ok()) {
-        let driver = name.strip_prefix(RECORDS_PREFIX).and_then(|rest| rest.split('-').next());
-        let driver = driver.and_then(|pid| pid.parse::<u32>().ok());
-        if driver.is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists()) {
-            let _ = std::fs::remove_dir_all(std::env::temp_dir().join(&name));
-        }
     }
 }
 
@@ -215,10 +202,6 @@ mod tests {
         let mut by_rank = BTreeMap::new();
         records.complete_stdout(&mut by_rank);
         assert!(by_rank.is_empty(), "an earlier job's lines were read: {by_rank:?}");
-        let gone_driver = std::env::temp_dir().join(format!("{RECORDS_PREFIX}4194304999-0"));
-        std::fs::create_dir_all(&gone_driver).unwrap();
-        drop(RankRecords::create().expect("a directory"));
-        assert!(!gone_driver.exists(), "a gone driver's records are removed");
     }
 
     #[test]

@@ -36,14 +36,17 @@ pub use transactions::*;
 /// Switches Open MPI's heartbeat detector on ([`ftkv_mpi::default_heartbeat_detector`]: a
 /// rank silent for 10 s is declared failed) when the shared library is loaded, before the
 /// program's `main` and so before its `MPI_Init`, unless the environment configures the
-/// detector (`mpirun --mca mpi_ft_detector ...`). A program linked with the static library
-/// passes the parameters to `mpirun` itself.
+/// detector (`mpirun --mca mpi_ft_detector ...`), and leaves out Open MPI's collective
+/// components that are not fault tolerant ([`ftkv_mpi::fault_tolerant_collectives`]) unless the
+/// environment sets `OMPI_MCA_coll`. A program linked with the static library passes the
+/// parameters to `mpirun` itself.
 #[used]
 #[link_section = ".init_array"]
 static HEARTBEAT_DETECTOR_ON_LOAD: extern "C" fn() = heartbeat_detector_on_load;
 
 extern "C" fn heartbeat_detector_on_load() {
     ftkv_mpi::default_heartbeat_detector();
+    ftkv_mpi::fault_tolerant_collectives();
 }
 
 /// An MPI communicator handle as Open MPI's `mpi.h` defines it (a pointer).

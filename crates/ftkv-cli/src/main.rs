@@ -74,6 +74,10 @@ enum Command {
         #[arg(long, value_parser = args::seconds, value_name = "SECS")]
         #[arg(allow_negative_numbers = true)]
         stop: Option<Duration>,
+        /// With --stop: SIGSTOP every worker on the chosen one's simulated host at once (a
+        /// frozen host; needs --nodes 2 or more).
+        #[arg(long, requires = "stop")]
+        stop_host: bool,
         /// The suspicion bound: a worker silent this long is declared failed (Open MPI's
         /// heartbeat detector, always on), and a worker that did not run for half of it ends
         /// itself [default: Open MPI's `mpi_ft_detector_timeout` from the environment, else 10].
@@ -498,6 +502,7 @@ impl PoolArgs {
             seed: self.seed,
             timeout: self.timeout,
             stop: None,
+            stop_host: false,
             suspicion: None,
             localized: self.recovery == RecoveryArg::Localized,
             hosts: None,
@@ -563,8 +568,8 @@ fn main() {
 fn run(command: Command) -> Result<()> {
     let exe = || std::env::current_exe().context("locating the ftkv binary");
     match command {
-        Command::Demo { pool, kills, stop, suspicion, json } => {
-            let demo = tasks::Demo { stop, suspicion, ..pool.demo(Some(kills))? };
+        Command::Demo { pool, kills, stop, stop_host, suspicion, json } => {
+            let demo = tasks::Demo { stop, stop_host, suspicion, ..pool.demo(Some(kills))? };
             let report = tasks::run_demo(&exe()?, &demo)?;
             if let Some(path) = json {
                 std::fs::write(&path, serde_json::to_string_pretty(&report)? + "\n")

@@ -263,6 +263,8 @@ pub struct Demo {
     pub timeout: Duration,
     /// SIGSTOP one worker for this long (then SIGCONT).
     pub stop: Option<Duration>,
+    /// With `stop`: stop every worker on the stopped one's simulated host at once.
+    pub stop_host: bool,
     /// The suspicion bound, when given (Open MPI's heartbeat detector always runs with it).
     pub suspicion: Option<Duration>,
     /// Localized recovery instead of global.
@@ -307,17 +309,32 @@ pub struct RunReport {
     /// The rank this driver SIGSTOPped (`--stop`), when and when it was SIGCONTed (ms since
     /// the job started).
     pub stopped: Option<usize>,
+    /// Every rank stopped (`--stop-host`: the stopped rank's host mates too).
+    pub stopped_ranks: Vec<usize>,
     pub stop_ms: Option<f64>,
     pub resume_ms: Option<f64>,
+    /// When the stopped rank's process was seen gone while still stopped (ms since the job
+    /// started): the survivors ended it after declaring it failed.
+    pub stopped_ended_ms: Option<f64>,
     /// When the first survivor reported the result (ms since the job started).
     pub result_ms: Option<f64>,
+    /// When `mpirun` ended (ms since the job started).
+    pub job_ms: Option<f64>,
 }
 
 /// Runs the demo: the pool under mpirun, kills at random moments, progress on stderr, a
 /// verdict at the end (an error if the result is wrong).
 pub fn run_demo(exe: &Path, demo: &Demo) -> Result<RunReport> {
     let ranks = Opt::new("--ranks", demo.ranks);
-    let failures = demo.kills + usize::from(demo.stop.is_some());
+    let stopped = match demo.stop_host {
+        true => demo.ranks.div_ceil(simulated_hosts(demo)?),
+        false => 1,
+    };
+    ensure!(
+        !demo.stop_host || demo.stop.is_some(),
+        "--stop-host needs --stop SECS (how long the host's ranks stay stopped)"
+    );
+    let failures = demo.kills + if demo.stop.is_some() { stopped } else { 0 };
     args::check_kills(Opt::new("--kills (with --stop)", failures), ranks)?;
     ensure!(
         demo.suspicion().as_millis() > 10,
@@ -410,7 +427,7 @@ fn watch_pool_job(launch: &Launch, demo: &Demo, show: bool) -> Result<(JobOutput
     let expected = demo.workload.published().and_then(|(nodes, leaves)| nodes.or(Some(leaves)));
     let progress = if show { Progress::new("demo", expected) } else { Progress::plain("demo") };
     let mut watch = Watch::new(plan_kills(&mut rng, demo.kills), expected, demo.copies, progress);
-    watch.stop = demo.stop.map(|length| Stop::planned(&mut rng, length));
+    watch.stop = demo.stop.map(|length| Stop::planned(&mut rng, length, demo.stop_host));
     while job.is_running() || watch.pending_output {
         let line = job.next_line(Duration::from_millis(5));
         watch.pending_output = line.is_some();
@@ -423,6 +440,7 @@ fn watch_pool_job(launch: &Launch, demo: &Demo, show: bool) -> Result<(JobOutput
             watch.show_progress(job.elapsed());
         }
     }
+    watch.job_ended = Some(job.elapsed());
     Ok((job.finish()?, watch))
 }
 
@@ -441,12 +459,20 @@ struct Stop {
     length: Duration,
     /// The stopped rank and when (job time) it was stopped.
     done: Option<(usize, Duration)>,
+    /// Every stopped rank: the one of `done`, and with `whole_host` its host mates.
+    ranks: Vec<usize>,
+    /// Stop the chosen rank's whole (simulated) host.
+    whole_host: bool,
     resumed: Option<Duration>,
+    /// When (job time) every stopped process was seen gone before it was resumed: the survivors
+    /// ended it once they declared it failed.
+    ended: Option<Duration>,
 }
 
 impl Stop {
-    fn planned(rng: &mut SmallRng, length: Duration) -> Stop {
-        Stop { at: rng.gen_range(0.1..0.5), length, done: None, resumed: None }
+    fn planned(rng: &mut SmallRng, length: Duration, whole_host: bool) -> Stop {
+        let at = rng.gen_range(0.1..0.5);
+        Stop { at, length, done: None, ranks: Vec::new(), whole_host, resumed: None, ended: None }
     }
 }
 
@@ -467,6 +493,8 @@ fn tasks_at(series: &[(f64, u64)], t: f64) -> Option<f64> {
 /// The driver's view of the job: pids, progress, planned and done kills, recoveries.
 struct Watch {
     stop: Option<Stop>,
+    /// When `mpirun` ended (job time).
+    job_ended: Option<Duration>,
     /// When the first survivor printed its result (job time).
     result_at: Option<Duration>,
     pids: HashMap<usize, u32>,
@@ -499,6 +527,7 @@ impl Watch {
     fn new(plan: Vec<f64>, expected: Option<u64>, copies: usize, progress: Progress) -> Watch {
         Watch {
             stop: None,
+            job_ended: None,
             result_at: None,
             pids: HashMap::new(),
             tasks: HashMap::new(),
@@ -536,6 +565,11 @@ impl Watch {
 
     fn stopped_rank(&self) -> Option<usize> {
         self.stop.as_ref().and_then(|s| s.done).map(|(rank, _)| rank)
+    }
+
+    /// Every rank this driver stopped.
+    fn stopped_ranks(&self) -> &[usize] {
+        self.stop.as_ref().map_or(&[], |s| &s.ranks)
     }
 
     fn observe(&mut self, rank: usize, text: &str, elapsed: Duration) {
@@ -633,7 +667,8 @@ impl Watch {
     }
 
     /// SIGSTOPs the planned worker once the work reached its moment, and SIGCONTs it after its
-    /// stop's length.
+    /// stop's length unless its process ended meanwhile (the survivors end a process they
+    /// declared failed).
     fn maybe_stop_or_resume(
         &mut self,
         job: &crate::launch::RunningJob,
@@ -647,17 +682,36 @@ impl Watch {
                     self.pids.keys().copied().filter(|r| !self.killed.contains(r)).collect();
                 candidates.sort_unstable();
                 let rank = candidates[rng.gen_range(0..candidates.len())];
-                signal(self.pids[&rank], "-STOP")?;
+                stop.ranks = match stop.whole_host {
+                    true => host_mates(job, &self.pids, &candidates, rank)?,
+                    false => vec![rank],
+                };
+                for r in &stop.ranks {
+                    signal(self.pids[r], "-STOP")?;
+                    self.tasks.remove(r);
+                }
                 stop.done = Some((rank, job.elapsed()));
-                self.tasks.remove(&rank);
                 let at = job.elapsed().as_secs_f64();
-                self.progress.line(&format!("{at:>6.2} s: SIGSTOP rank {rank}"));
+                self.progress.line(&format!("{at:>6.2} s: SIGSTOP ranks {:?}", stop.ranks));
             }
-            (Some((rank, at)), None) if job.elapsed() >= at + stop.length => {
-                signal(self.pids[&rank], "-CONT")?;
+            (Some(_), None)
+                if stop.ended.is_none()
+                    && !stop.ranks.iter().any(|r| process_exists(self.pids[r])) =>
+            {
+                stop.ended = Some(job.elapsed());
+                let at = job.elapsed().as_secs_f64();
+                self.progress.line(&format!(
+                    "{at:>6.2} s: the stopped processes of ranks {:?} ended",
+                    stop.ranks
+                ));
+            }
+            (Some((_, at)), None) if stop.ended.is_none() && job.elapsed() >= at + stop.length => {
+                for r in &stop.ranks {
+                    crate::launch::signal_pid(self.pids[r], "-CONT")?;
+                }
                 stop.resumed = Some(job.elapsed());
                 let at = job.elapsed().as_secs_f64();
-                self.progress.line(&format!("{at:>6.2} s: SIGCONT rank {rank}"));
+                self.progress.line(&format!("{at:>6.2} s: SIGCONT ranks {:?}", stop.ranks));
             }
             _ => {}
         }
@@ -745,7 +799,9 @@ fn result_of(out: &JobOutput, demo: &Demo, watch: &Watch) -> Result<RunReport> {
     failed.sort_unstable();
     failed.dedup();
     let stopped = watch.stopped_rank();
-    let dead = |r: &usize| watch.killed.contains(r) || failed.contains(r) || stopped == Some(*r);
+    let dead = |r: &usize| {
+        watch.killed.contains(r) || failed.contains(r) || watch.stopped_ranks().contains(r)
+    };
     let survivors: Vec<usize> = (0..demo.ranks).filter(|r| !dead(r)).collect();
     let mut results = Vec::new();
     for &rank in &survivors {
@@ -803,9 +859,12 @@ fn result_of(out: &JobOutput, demo: &Demo, watch: &Watch) -> Result<RunReport> {
         self_ended: out.self_ended(demo.ranks),
         matches_published: None,
         stopped: watch.stopped_rank(),
+        stopped_ranks: watch.stopped_ranks().to_vec(),
         stop_ms: watch.stop.as_ref().and_then(|s| s.done).map(|(_, at)| ms(at)),
         resume_ms: watch.stop.as_ref().and_then(|s| s.resumed).map(ms),
+        stopped_ended_ms: watch.stop.as_ref().and_then(|s| s.ended).map(ms),
         result_ms: watch.result_at.map(ms),
+        job_ms: watch.job_ended.map(ms),
     })
 }
 
@@ -852,11 +911,17 @@ fn print_verdict(demo: &Demo, r: &RunReport) {
         r.recoveries,
         r.global_recoveries
     );
-    if let (Some(rank), Some(stop), Some(resume)) = (r.stopped, r.stop_ms, r.resume_ms) {
+    if let (Some(rank), Some(stop)) = (r.stopped, r.stop_ms) {
         let result =
             r.result_ms.map_or("no result".to_owned(), |t| format!("result at {:.0} ms", t));
+        let after = match (r.stopped_ended_ms, r.resume_ms) {
+            (Some(ended), _) => format!("its process ended by the survivors at {ended:.0} ms"),
+            (None, Some(resume)) => format!("resumed at {resume:.0} ms"),
+            (None, None) => "never resumed".to_owned(),
+        };
+        let job = r.job_ms.map_or(String::new(), |t| format!("; the job ended at {t:.0} ms"));
         println!(
-            "stopped rank {rank} at {stop:.0} ms, resumed at {resume:.0} ms; the survivors' {result}; failed as agreed: {}",
+            "stopped rank {rank} at {stop:.0} ms, {after}; the survivors' {result}{job}; failed as agreed: {}",
             r.failed.contains(&rank)
         );
     }
@@ -1034,6 +1099,38 @@ fn ms(at: Duration) -> f64 {
 }
 
 /// Sends `signal` (`-STOP`, `-CONT`) to a rank of this driver's job, which must still run.
+/// How many simulated hosts the demo runs on; `--stop-host` needs 2 or more.
+fn simulated_hosts(demo: &Demo) -> Result<usize> {
+    let hosts = match &demo.hosts {
+        Some(hosts) => hosts.clone(),
+        None => crate::cluster::Hosts::from_env()?,
+    };
+    match hosts {
+        crate::cluster::Hosts::Simulated(n) if n >= 2 => Ok(n),
+        _ => bail!("--stop-host needs 2 or more simulated hosts (--nodes N)"),
+    }
+}
+
+/// The ranks among `candidates` on `rank`'s simulated host, `rank` among them.
+fn host_mates(
+    job: &crate::launch::RunningJob,
+    pids: &HashMap<usize, u32>,
+    candidates: &[usize],
+    rank: usize,
+) -> Result<Vec<usize>> {
+    let cluster = job.cluster().context("--stop-host needs simulated hosts (--nodes)")?;
+    let host = cluster.host_of(pids[&rank]);
+    ensure!(host.is_some(), "the host of rank {rank} is not known");
+    Ok(candidates.iter().copied().filter(|r| cluster.host_of(pids[r]) == host).collect())
+}
+
+/// Whether process `pid` still exists (a stopped one does; a zombie counts as ended).
+fn process_exists(pid: u32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next());
+    !matches!(state, None | Some("Z") | Some("X"))
+}
+
 fn signal(pid: u32, signal: &str) -> Result<()> {
     ensure!(crate::launch::signal_pid(pid, signal)?, "process {pid} exited before kill {signal}");
     Ok(())

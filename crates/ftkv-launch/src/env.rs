@@ -42,8 +42,11 @@ pub fn max_ranks() -> Option<std::ffi::OsString> {
 }
 
 /// MCA defaults ftkv applies unless the user set them: the PyPI build probes for OFI and UCX
-/// hardware that this kind of machine lacks, which costs ~1 s per start-up.
-pub const MCA_DEFAULTS: [(&str, &str); 2] = [("OMPI_MCA_btl", "^ofi"), ("OMPI_MCA_osc", "^ucx")];
+/// hardware that this kind of machine lacks, which costs ~1 s per start-up; Open MPI's
+/// collective components that are not fault tolerant (`coll/han`, `coll/cuda`) are left out
+/// (see `ftkv_mpi::NOT_FAULT_TOLERANT_COLLECTIVES`).
+pub const MCA_DEFAULTS: [(&str, &str); 3] =
+    [("OMPI_MCA_btl", "^ofi"), ("OMPI_MCA_osc", "^ucx"), ("OMPI_MCA_coll", "^han,cuda")];
 
 /// Whether this process was started by `mpirun` as one rank of a job.
 pub fn running_under_mpirun() -> bool {

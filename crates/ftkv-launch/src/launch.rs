@@ -19,7 +19,7 @@ use crate::rank_errors::{find_rank_error, rank_errors_in, said_once};
 use crate::records::{RankRecords, RECORDS_VAR};
 
 /// Variables of ftkv's that every job's ranks see when they are set here.
-const FORWARDED: [&str; 2] = ["FTKV_FAILPOINT", "FTKV_TRACE"];
+const FORWARDED: [&str; 3] = ["FTKV_FAILPOINT", "FTKV_TRACE", "FTKV_END_DECLARED"];
 
 /// A job to start: program, arguments, rank count, environment, MCA parameters and timeout.
 #[derive(Debug, Clone)]
@@ -141,7 +141,7 @@ impl Launch {
     }
 
     /// The `mpirun` command line on `hosts` (ftkv's variables set in this process are passed
-    /// on to the ranks: `FTKV_FAILPOINT`, `FTKV_TRACE`).
+    /// on to the ranks: `FTKV_FAILPOINT`, `FTKV_TRACE`, `FTKV_END_DECLARED`).
     fn command(
         &self,
         hosts: &Hosts,

@@ -16,6 +16,7 @@ pub mod extent;
 pub mod failpoint;
 mod ffi;
 mod hybrid;
+pub mod process;
 mod remote;
 mod request;
 mod runtime;
@@ -27,6 +28,7 @@ pub use error::{MpiError, Result};
 pub use hybrid::{HostScope, HostWindow};
 pub use request::{RecvRequest, SendRequest};
 pub use runtime::{
-    default_heartbeat_detector, end_job, shared_memory_capacity, wtime, Mpi, DEFAULT_SUSPICION,
+    default_heartbeat_detector, end_job, fault_tolerant_collectives, shared_memory_capacity, wtime,
+    Mpi, DEFAULT_SUSPICION, NOT_FAULT_TOLERANT_COLLECTIVES,
 };
 pub use window::{LockKind, LockedWindow, RmaScope, TargetLock, Window, WindowKind};

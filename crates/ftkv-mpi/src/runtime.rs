@@ -68,6 +68,23 @@ pub fn default_heartbeat_detector() {
     }
 }
 
+/// The collective components that are not fault tolerant, left out unless the environment
+/// chooses the collective components itself (`OMPI_MCA_coll`, which `mpirun --mca coll ...`
+/// overrides): Open MPI 5.0's `coll/han` (and `coll/cuda`, which stacks on it) is selected by
+/// default on multi-host communicators, deadlocks `MPIX_Comm_agree` across nodes and crashes
+/// collectives after a failure (open-mpi/ompi issue 13915; a C program's own `MPI_Allreduce`
+/// after a host's ranks died ended in `mca_coll_han_comm_create`).
+pub const NOT_FAULT_TOLERANT_COLLECTIVES: &str = "^han,cuda";
+
+/// Leaves Open MPI's collective components that are not fault tolerant out
+/// ([`NOT_FAULT_TOLERANT_COLLECTIVES`]) unless the environment sets `OMPI_MCA_coll`. Read by
+/// `MPI_Init`; [`Mpi::init`] calls it, and ftkv's C library when it is loaded.
+pub fn fault_tolerant_collectives() {
+    if std::env::var_os("OMPI_MCA_coll").is_none() {
+        std::env::set_var("OMPI_MCA_coll", NOT_FAULT_TOLERANT_COLLECTIVES);
+    }
+}
+
 /// The MPI library, initialised once per process.
 ///
 /// Only [`Mpi::finalize`] and [`Mpi::finalize_bounded`] finalise MPI. Dropping it does not: a
@@ -92,6 +109,7 @@ impl Mpi {
         }
         check_abi()?;
         default_heartbeat_detector();
+        fault_tolerant_collectives();
         let mut provided: c_int = 0;
         // SAFETY: MPI permits NULL argc/argv; `provided` is a valid out-pointer.
         let rc = unsafe {

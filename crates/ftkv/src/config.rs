@@ -74,6 +74,14 @@ pub struct Config {
     /// SIGSTOPped, or its host froze) ends itself as a fail-stop failure with a message saying
     /// so, instead of rejoining a computation that has gone on without it.
     pub suspicion: std::time::Duration,
+    /// Whether the survivors make a process they declared failed dead (see
+    /// [`suspicion`](Config::suspicion)): a stopped or frozen rank is not dead, and the job's
+    /// launcher waits for every process it started, so without this a job whose survivors
+    /// finished would wait until the frozen rank runs again and ends itself. Its host mates
+    /// SIGKILL it by pid; for a host left without a live worker the lowest live worker asks
+    /// the runtime (PMIx job control through that host's daemon). On by default; off where
+    /// [`END_DECLARED_VAR`] is `0`.
+    pub end_declared: bool,
     /// How failures are repaired.
     pub recovery: Recovery,
     /// Reserve holders per copy: each reserves a slot (address space) for the copy, so
@@ -113,6 +121,14 @@ fn suspicion_from(seconds: Option<&str>) -> std::time::Duration {
         .unwrap_or(DEFAULT_SUSPICION)
 }
 
+/// The environment variable that switches [`Config::end_declared`] off when `0`.
+pub const END_DECLARED_VAR: &str = "FTKV_END_DECLARED";
+
+/// [`Config::end_declared`] as the environment sets it: on unless [`END_DECLARED_VAR`] is `0`.
+pub fn end_declared_from_environment() -> bool {
+    std::env::var(END_DECLARED_VAR).map_or(true, |v| v.trim() != "0")
+}
+
 /// How much longer than the suspicion bound the watchdog waits across hosts: a put to a silent
 /// holder on another host waits until the heartbeat detector declares it, and the declaration
 /// then takes a poll of the failed set to reach the put.
@@ -135,8 +151,9 @@ impl Config {
 
     /// A configuration with the given kinds and copies, 64 KiB initial and 64 MiB maximum
     /// value size, bitmap detection, 2 s watchdog, 1 ms polling, a 10 s recovery watchdog, the
-    /// environment's suspicion bound ([`suspicion_from_environment`], 10 s when unset) and
-    /// global recovery (no reserve holders).
+    /// environment's suspicion bound ([`suspicion_from_environment`], 10 s when unset), the
+    /// ending of declared processes on ([`end_declared_from_environment`]) and global recovery
+    /// (no reserve holders).
     pub fn new<S: Into<String>>(kinds: impl IntoIterator<Item = S>, copies: usize) -> Config {
         Config {
             kinds: kinds.into_iter().map(Into::into).collect(),
@@ -148,6 +165,7 @@ impl Config {
             poll_interval: std::time::Duration::from_millis(1),
             recovery_watchdog: std::time::Duration::from_secs(10),
             suspicion: suspicion_from_environment(),
+            end_declared: end_declared_from_environment(),
             recovery: Recovery::Global,
             spares: 0,
         }

@@ -14,6 +14,10 @@ use std::fmt;
 pub enum Event {
     /// A watchdog ends this process as a fail-stop failure, for the reason given.
     EndingProcess(String),
+    /// This member sent the end to the process of `worker`, which the survivors declared
+    /// failed (it may have been stopped, not dead): SIGKILL to `pid` on this host, or a
+    /// request to the runtime for a process on another host.
+    EndedDeclared { worker: i32, pid: u32, reach: crate::fabric::Reach },
     /// Something failed that the store works around (a revoke, a free, a helper thread).
     Warning(String),
     /// A recovery step reached (only when `FTKV_TRACE` is set).
@@ -31,6 +35,18 @@ impl fmt::Display for Event {
             Event::EndingProcess(why) => {
                 write!(f, "ftkv: {why}; ending this process so the others recover")
             }
+            Event::EndedDeclared { worker, pid, reach } => match reach {
+                crate::fabric::Reach::ThisHost => write!(
+                    f,
+                    "ftkv: worker {worker} was declared failed; its process (pid {pid}) on this \
+                     host was killed"
+                ),
+                crate::fabric::Reach::Runtime => write!(
+                    f,
+                    "ftkv: worker {worker} was declared failed; the runtime was asked to kill \
+                     its process on its host"
+                ),
+            },
             Event::Warning(what) => write!(f, "ftkv: {what}"),
             Event::RecoveryStep { worker, epoch, step } => {
                 write!(f, "ftkv: worker {worker} epoch {epoch}: recovery: {step}")
@@ -46,11 +62,12 @@ impl fmt::Display for Event {
 }
 
 impl Event {
-    /// The event's `kind` field: `ending_process`, `warning`, `recovery_step` or
-    /// `recovery_waiting`.
+    /// The event's `kind` field: `ending_process`, `ended_declared`, `warning`,
+    /// `recovery_step` or `recovery_waiting`.
     pub fn kind(&self) -> &'static str {
         match self {
             Event::EndingProcess(_) => "ending_process",
+            Event::EndedDeclared { .. } => "ended_declared",
             Event::Warning(_) => "warning",
             Event::RecoveryStep { .. } => "recovery_step",
             Event::RecoveryWaiting { .. } => "recovery_waiting",
@@ -64,7 +81,9 @@ pub(crate) fn emit(event: Event) {
     let kind = event.kind();
     match &event {
         Event::EndingProcess(_) => tracing::error!(kind, "{event}"),
-        Event::Warning(_) | Event::RecoveryWaiting { .. } => tracing::warn!(kind, "{event}"),
+        Event::Warning(_) | Event::RecoveryWaiting { .. } | Event::EndedDeclared { .. } => {
+            tracing::warn!(kind, "{event}")
+        }
         Event::RecoveryStep { .. } => tracing::info!(kind, "{event}"),
     }
 }

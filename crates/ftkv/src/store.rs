@@ -89,6 +89,9 @@ pub struct Store<F: Fabric = DefaultFabric> {
     workers: usize,
     /// The host id of every worker, by worker id (learned at creation).
     hosts: Vec<u32>,
+    /// Every worker's process (index: worker id), as each told at creation: what the detector
+    /// needs to end a process the survivors declared failed.
+    processes: Arc<Vec<crate::fabric::ProcessTag>>,
     origin: F,
     comm: Arc<F>,
     /// The current windows (`None` while a recovery runs, and after one that ended the store).

@@ -6,6 +6,12 @@
 //! - [`sources`]: where failures come from. The detector thread polls them every poll interval
 //!   (failures are noticed only while MPI makes progress), fences new failures out of this
 //!   rank's slots and publishes them in [`Health`].
+//! - [`ending`]: makes the processes the survivors declared failed dead (a stopped rank would
+//!   hold the job's end): by pid on this host, through the runtime for a host left without a
+//!   live worker.
+//! - [`heartbeat`]: the store's own heartbeat among the members that share keys: a peer
+//!   silent past the bound is made dead (Open MPI's ring detector finds consecutive stopped
+//!   ranks one bound after the other).
 //! - [`watchdog`]: the put path marks the start and end of every data-path MPI call in a
 //!   counter (odd while inside); a call that stays inside longer than the watchdog bound, which
 //!   is what one-sided calls do against some dead targets, ends the process with SIGKILL after a
@@ -16,7 +22,9 @@
 //! two-sided pings that writers send before every put, polling without sleeping (the
 //! reference paper's helper).
 
+mod ending;
 mod health;
+mod heartbeat;
 mod sources;
 mod watchdog;
 
@@ -24,13 +32,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::fabric::{Fabric, FabricResult};
+use crate::fabric::{Fabric, FabricResult, ProcessTag};
 use crate::rt::{self, Thread};
 use sources::{FailureSource, Notices, Revocation, Told, UlfmFailedSet};
 use watchdog::StuckCall;
 
 use health::DetectorStep;
 pub(crate) use health::{read_allowance, Health, Lane, SLOWEST_HEALTHY_RATE};
+pub(crate) use heartbeat::key_sharers;
 pub(crate) use watchdog::end_if_stopped;
 
 /// The running detector and clock threads; stopped and joined on drop.
@@ -50,6 +59,17 @@ pub(crate) struct Watch<F> {
     /// it, and the others learn of it here.
     pub store_comm: Arc<F>,
     pub live: Vec<i32>,
+    /// This member's worker id.
+    pub me: i32,
+    /// Every worker's host id, by worker id.
+    pub hosts: Vec<u32>,
+    /// Every worker's process, by worker id (see [`ending`]).
+    pub processes: Arc<Vec<ProcessTag>>,
+    /// [`crate::Config::end_declared`].
+    pub end_declared: bool,
+    /// The members this one exchanges heartbeats with (ranks of `comm`; see [`heartbeat`]):
+    /// those it shares keys with, when the fabric can end processes and `end_declared` is on.
+    pub heartbeat_peers: Vec<i32>,
     /// The ranks of `comm` on this member's host, this member left out: the members it tells
     /// of the failures it learns of, and the only ones that tell it. Empty with global
     /// recovery, where the first survivor's revocation reaches every member as fast: no
@@ -112,17 +132,20 @@ impl Drop for Detector {
 
 /// The detector thread: each round, the neighbours' notices, MPI progress and the other
 /// failure sources, a notice to the neighbours of what they did not tell, the fencing of new
-/// failures, the watchdog's look at every lane, then a pause.
+/// failures and the ending of their processes, the watchdog's look at every lane, then a pause.
 fn run<F: Fabric>(watch: Watch<F>, stop: &AtomicBool) {
     let mut stuck = Lane::ALL.map(StuckCall::new);
     let mut fenced_generation = 0;
-    let (mut notices, mut ulfm, mut revocation) = (Notices, UlfmFailedSet, Revocation);
+    let (mut notices, mut ulfm, mut revocation) = (Notices::default(), UlfmFailedSet, Revocation);
     let mut told = Told::starting(&watch);
+    let mut ending = ending::Ending::new();
+    let mut heartbeats = heartbeat::Heartbeats::new(watch.heartbeat_peers.clone(), watch.suspicion);
     while !stop.load(Ordering::Acquire) {
         watch.health.enter_detector_step(DetectorStep::Progress);
         watch.comm.stall_point("detector_round");
         watchdog::end_if_suspended(&watch);
         let heard = notices.poll(&watch);
+        notices.heartbeats_from.drain(..).for_each(|rank| heartbeats.heard(rank));
         told.heard(&heard);
         sources::act_on(&watch, heard);
         let sources: [&mut dyn FailureSource<F>; 2] = [&mut ulfm, &mut revocation];
@@ -133,6 +156,10 @@ fn run<F: Fabric>(watch: Watch<F>, stop: &AtomicBool) {
         told.tell_neighbours(&watch);
         watch.health.enter_detector_step(DetectorStep::Fence);
         fenced_generation = sources::fence_new_failures(&watch, fenced_generation);
+        ending.end_declared(&watch);
+        if heartbeats.any() {
+            ending.end_silent(&watch, &heartbeats.round(&watch));
+        }
         stuck.iter_mut().for_each(|lane| lane.check(&watch));
         watch.health.enter_detector_step(DetectorStep::Pause);
         if watch.answer_pings {

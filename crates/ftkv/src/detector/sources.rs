@@ -55,14 +55,21 @@ impl<F: Fabric> FailureSource<F> for UlfmFailedSet {
 }
 
 /// The failure notices other members on this host sent ([`Told::tell_neighbours`]): a notice
-/// names failed workers, each a `u32` (little-endian). A notice that names no worker of the
-/// store is reported and dropped; this member itself is never taken from a notice.
-pub(super) struct Notices;
+/// names failed workers, each a `u32` (little-endian). An empty notice is a heartbeat (see
+/// [`super::heartbeat`]): its sender is kept in `heartbeats_from`. A notice that names no
+/// worker of the store is reported and dropped; this member itself is never taken from a
+/// notice.
+#[derive(Default)]
+pub(super) struct Notices {
+    /// The senders (ranks of the detector's communicator) of the heartbeats the last poll took.
+    pub heartbeats_from: Vec<i32>,
+}
 
 impl<F: Fabric> FailureSource<F> for Notices {
-    /// No MPI call at all for a member without neighbours: only they send it notices.
+    /// No MPI call at all for a member without neighbours or heartbeat peers: only they send
+    /// it notices.
     fn poll(&mut self, watch: &Watch<F>) -> Found {
-        if watch.neighbours.is_empty() {
+        if watch.neighbours.is_empty() && watch.heartbeat_peers.is_empty() {
             return Found::Nothing;
         }
         watch.health.enter_detector_step(DetectorStep::Notices);
@@ -70,6 +77,9 @@ impl<F: Fabric> FailureSource<F> for Notices {
         let mut named = Vec::new();
         loop {
             match watch.comm.try_receive_notice() {
+                Ok(Some(notice)) if notice.data.is_empty() => {
+                    self.heartbeats_from.push(notice.source)
+                }
                 Ok(Some(notice)) => match decode_notice(&notice.data, watch.health.workers()) {
                     Some(workers) => named.extend(workers.into_iter().filter(|&w| w != me)),
                     None => crate::events::warn(format!(
@@ -240,6 +250,11 @@ mod tests {
             store_comm: comm.clone(),
             comm,
             live: vec![0, 1, 2, 3],
+            me,
+            hosts: hosts.to_vec(),
+            processes: Arc::new(vec![Default::default(); 4]),
+            end_declared: false,
+            heartbeat_peers: Vec::new(),
             neighbours,
             health,
             poll_interval: Duration::from_millis(1),
@@ -263,7 +278,7 @@ mod tests {
                 told.tell_neighbours(&watch);
             }
             watch.comm.barrier().expect("barrier");
-            let found = Notices.poll(&watch);
+            let found = Notices::default().poll(&watch);
             told.heard(&found);
             let named = match &found {
                 Found::Failed(workers) => workers.clone(),
@@ -272,7 +287,7 @@ mod tests {
             act_on(&watch, found);
             told.tell_neighbours(&watch);
             watch.comm.barrier().expect("barrier");
-            let passed_on = match Notices.poll(&watch) {
+            let passed_on = match Notices::default().poll(&watch) {
                 Found::Failed(workers) => workers,
                 _ => Vec::new(),
             };

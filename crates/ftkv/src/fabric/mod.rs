@@ -61,6 +61,64 @@ pub struct Message {
     pub data: Vec<u8>,
 }
 
+/// Who a member's process is, told by every member at the store's creation: what a survivor
+/// needs to end that process once the survivors declared it failed ([`Fabric::end_process`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ProcessTag {
+    /// Its pid on its host (0: unknown).
+    pub pid: u32,
+    /// When it started, in the host's clock ticks after boot (0: unknown): a pid that names
+    /// another process since is told apart by it.
+    pub started: u64,
+    /// Its rank in the runtime's job (`u32::MAX`: none).
+    pub runtime_rank: u32,
+}
+
+impl ProcessTag {
+    /// The length of [`ProcessTag::to_bytes`].
+    pub const LEN: usize = 16;
+
+    pub fn to_bytes(&self) -> [u8; Self::LEN] {
+        let mut bytes = [0; Self::LEN];
+        bytes[..4].copy_from_slice(&self.pid.to_le_bytes());
+        bytes[4..12].copy_from_slice(&self.started.to_le_bytes());
+        bytes[12..].copy_from_slice(&self.runtime_rank.to_le_bytes());
+        bytes
+    }
+
+    /// The tag of `bytes` (at least [`ProcessTag::LEN`] long).
+    pub fn from_bytes(bytes: &[u8]) -> ProcessTag {
+        let word = |range: std::ops::Range<usize>| {
+            bytes[range].iter().rev().fold(0u64, |w, &b| w << 8 | b as u64)
+        };
+        ProcessTag {
+            pid: word(0..4) as u32,
+            started: word(4..12),
+            runtime_rank: word(12..16) as u32,
+        }
+    }
+}
+
+/// How a survivor reaches a process it ends ([`Fabric::end_process`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reach {
+    /// The process runs on this member's host: by its pid.
+    ThisHost,
+    /// The process runs on another host: through the runtime that started the job.
+    Runtime,
+}
+
+/// What [`Fabric::end_process`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// The process was sent its end (SIGKILL, or the runtime took the request).
+    Sent,
+    /// The process had ended already.
+    Gone,
+    /// This fabric cannot end processes that way.
+    Unsupported,
+}
+
 /// A communicator: one member per worker still alive, ranks `0..size()`.
 ///
 /// Collective calls are made by all members in the same order. `barrier`, `allgather`, `dup`
@@ -124,6 +182,24 @@ pub trait Fabric: Send + Sync + Sized + 'static {
     /// while another thread of this process is inside an agreement). `Revoked` on a revoked
     /// communicator.
     fn try_receive_notice(&self) -> FabricResult<Option<Message>>;
+    /// Whether [`Fabric::end_process`] can end processes (the store's heartbeat runs only
+    /// then: what it finds silent it ends).
+    fn can_end_processes(&self) -> bool {
+        false
+    }
+    /// This member's [`ProcessTag`]; the default knows none.
+    fn process_tag(&self) -> ProcessTag {
+        ProcessTag::default()
+    }
+    /// Ends the process `tag` names, which the survivors declared failed (it may be stopped or
+    /// frozen rather than dead, and the job's launcher waits for every process it started).
+    /// Returns once the end was sent: SIGKILL on this host, a request to the runtime for
+    /// another host (which ends it asynchronously). `Other` when the system refused; the
+    /// default fabric has no processes to end ([`Ended::Unsupported`]).
+    fn end_process(&self, tag: &ProcessTag, reach: Reach) -> FabricResult<Ended> {
+        let _ = (tag, reach);
+        Ok(Ended::Unsupported)
+    }
     /// Bytes of shared memory this host offers for windows, when the fabric knows it.
     fn shared_memory_capacity(&self) -> Option<u64> {
         None

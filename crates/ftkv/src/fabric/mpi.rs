@@ -5,10 +5,13 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use ftkv_mpi::{
-    failpoint, Comm, HostScope, HostWindow, MpiError, SendRequest, ANY_SOURCE, ANY_TAG,
+    failpoint, process, Comm, HostScope, HostWindow, MpiError, SendRequest, ANY_SOURCE, ANY_TAG,
 };
 
-use super::{Agreed, Fabric, FabricError, FabricResult, FabricWindow, Message, RmaOps};
+use super::{
+    Agreed, Ended, Fabric, FabricError, FabricResult, FabricWindow, Message, ProcessTag, Reach,
+    RmaOps,
+};
 
 impl From<MpiError> for FabricError {
     fn from(e: MpiError) -> FabricError {
@@ -170,6 +173,31 @@ impl Fabric for Comm {
     fn stall_point(&self, name: &str) {
         failpoint::stall(name);
         failpoint::stop(name);
+    }
+
+    fn can_end_processes(&self) -> bool {
+        true
+    }
+
+    fn process_tag(&self) -> ProcessTag {
+        let tag = process::own_tag();
+        ProcessTag { pid: tag.pid, started: tag.started, runtime_rank: tag.runtime_rank }
+    }
+
+    fn end_process(&self, tag: &ProcessTag, reach: Reach) -> FabricResult<Ended> {
+        let killed = match reach {
+            Reach::ThisHost => process::kill_on_this_host(&process::ProcessTag {
+                pid: tag.pid,
+                started: tag.started,
+                runtime_rank: tag.runtime_rank,
+            })?,
+            Reach::Runtime if tag.runtime_rank == u32::MAX => return Ok(Ended::Unsupported),
+            Reach::Runtime => process::kill_through_runtime(tag.runtime_rank)?,
+        };
+        Ok(match killed {
+            process::Killed::Sent => Ended::Sent,
+            process::Killed::Gone => Ended::Gone,
+        })
     }
 
     fn fail_stop(&self, why: &str) {

@@ -8,7 +8,7 @@ use super::{follow, Store, Windows};
 use crate::config::{Config, Recovery};
 use crate::detector::Health;
 use crate::error::{Error, Result};
-use crate::fabric::Fabric;
+use crate::fabric::{Fabric, ProcessTag};
 use crate::halves;
 use crate::layout::Layout;
 use crate::slot::SlotGeometry;
@@ -48,7 +48,7 @@ impl<F: Fabric> Store<F> {
         let me = comm.rank();
         let host = comm.host_id();
         // A rank that cannot tell its host still joins the allgather, and then says no.
-        let hosts = gather_hosts(comm, host.as_ref().copied().unwrap_or(0))?;
+        let (hosts, processes) = gather_members(comm, host.as_ref().copied().unwrap_or(0))?;
         let valid = host
             .map_err(Error::from)
             .and_then(|_| config.validate(workers))
@@ -70,6 +70,7 @@ impl<F: Fabric> Store<F> {
             me,
             workers,
             hosts,
+            processes: Arc::new(processes),
             origin,
             comm: store_comm,
             windows: Some(Arc::new(windows)),
@@ -92,10 +93,15 @@ impl<F: Fabric> Store<F> {
     }
 }
 
-/// Every member's host id, by rank: one allgather of `mine` (4 bytes little-endian each).
-fn gather_hosts<F: Fabric>(comm: &F, mine: u32) -> Result<Vec<u32>> {
-    let all = comm.allgather(&mine.to_le_bytes())?;
-    Ok(all.chunks(4).map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes"))).collect())
+/// Every member's host id and process tag, by rank: one allgather of `host` (4 bytes
+/// little-endian) and this member's [`ProcessTag`] each.
+fn gather_members<F: Fabric>(comm: &F, host: u32) -> Result<(Vec<u32>, Vec<ProcessTag>)> {
+    let mut mine = host.to_le_bytes().to_vec();
+    mine.extend(comm.process_tag().to_bytes());
+    let all = comm.allgather(&mine)?;
+    let members = all.chunks(4 + ProcessTag::LEN);
+    let hosts = members.clone().map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+    Ok((hosts, members.map(|c| ProcessTag::from_bytes(&c[4..])).collect()))
 }
 
 /// Every rank learns whether all configs are valid and equal before anyone acts on its own.

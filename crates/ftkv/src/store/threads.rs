@@ -9,6 +9,7 @@ use crate::config::{Detection, Recovery};
 use crate::detector::{Detector, Watch};
 use crate::error::{Error, Result};
 use crate::fabric::Fabric;
+use crate::key::Key;
 
 impl<F: Fabric> Store<F> {
     /// Starts the detector thread on the current windows and routes, and with localized
@@ -27,6 +28,10 @@ impl<F: Fabric> Store<F> {
             })
             .filter(|_| localized)
             .collect();
+        let heartbeat_peers = match self.config.end_declared && comm.can_end_processes() {
+            true => self.heartbeat_peers(),
+            false => Vec::new(),
+        };
         let windows = self.windows.clone().ok_or(Error::Closed)?;
         if self.config.recovery == Recovery::Localized {
             self.start_repairer()?;
@@ -35,6 +40,11 @@ impl<F: Fabric> Store<F> {
             comm,
             store_comm: self.comm.clone(),
             live: self.routes.live.clone(),
+            me: self.me,
+            hosts: self.hosts.clone(),
+            processes: self.processes.clone(),
+            end_declared: self.config.end_declared,
+            heartbeat_peers,
             neighbours,
             health: self.health.clone(),
             poll_interval: self.config.poll_interval,
@@ -44,6 +54,19 @@ impl<F: Fabric> Store<F> {
             fence: Box::new(move |failed: &[i32]| windows.fence(failed)),
         }));
         Ok(())
+    }
+
+    /// The members this one shares keys with (the holders of its keys, the owners of the keys
+    /// it holds), as ranks of the current communicator: its heartbeat peers.
+    fn heartbeat_peers(&self) -> Vec<i32> {
+        let holders = |key| self.routes.route(key).unwrap_or(&[]).iter().map(|c| c.worker);
+        let kinds = 0..self.config.kinds.len() as u16;
+        let mine: Vec<i32> = kinds.flat_map(|k| holders(Key::new(self.me, k))).collect();
+        let held = self.routes.keys().filter(|&key| holders(key).any(|w| w == self.me));
+        let owners: Vec<i32> = held.map(|key| key.owner).collect();
+        let peers = crate::detector::key_sharers(self.me, &mine, &owners);
+        let rank_of = |w: i32| self.routes.live.iter().position(|&l| l == w).map(|r| r as i32);
+        peers.into_iter().filter_map(rank_of).collect()
     }
 
     /// Starts the repairer thread of localized recovery on the current windows and routes.

@@ -1,0 +1,132 @@
+//! Ending the processes the survivors declared failed. A rank that is stopped (SIGSTOP, a hung
+//! driver call, a node in trouble) is declared failed after the suspicion bound and the
+//! survivors go on without it, but it is not dead: the launcher waits for every process it
+//! started, so the job would end only when that rank runs again and ends itself. Each time
+//! the failed set grows, the detector makes the failed processes dead:
+//!
+//! - a failed worker on this member's host: SIGKILL by its pid, which every survivor on that
+//!   host sends (a pid that names another process since is left alone, see
+//!   [`Fabric::end_process`]);
+//! - a failed worker on a host where no worker is left alive (a whole host frozen): the lowest
+//!   live worker asks the runtime, whose daemon on that host kills it. Pids mean nothing
+//!   between machines, so nothing else is tried across hosts.
+//!
+//! A process already dead is left as it is. Where nothing reaches the process (its host's
+//! daemon frozen with it, or a runtime that offers no job control) it stays until it runs
+//! again, and then ends itself (its clock, see [`super::watchdog`]).
+
+use super::Watch;
+use crate::events::{self, Event};
+use crate::fabric::{Ended, Fabric, Reach};
+
+/// What this member did to end failed processes.
+pub(super) struct Ending {
+    /// The failure generation last acted on.
+    generation: u64,
+    /// The failed workers this member sent an end or a request for (each once).
+    done: Vec<i32>,
+}
+
+impl Ending {
+    pub fn new() -> Ending {
+        Ending { generation: 0, done: Vec::new() }
+    }
+
+    /// Once the failed set grew since the last call: ends the failed processes this member is
+    /// to end ([`plan`]), each once; an error is reported, not retried.
+    pub fn end_declared<F: Fabric>(&mut self, watch: &Watch<F>) {
+        let generation = watch.health.generation();
+        if generation == self.generation || !watch.end_declared {
+            return;
+        }
+        self.generation = generation;
+        let failed = watch.health.failed_workers(watch.health.workers());
+        let alive: Vec<i32> = watch.live.iter().copied().filter(|w| !failed.contains(w)).collect();
+        for (worker, reach) in plan(watch.me, &failed, &alive, &watch.hosts, &self.done) {
+            self.done.push(worker);
+            end(watch, worker, reach);
+        }
+    }
+}
+
+impl Ending {
+    /// Ends the processes of the `silent` members (ranks of the detector's communicator), which
+    /// sent no heartbeat past the bound: by pid on this host, through the runtime otherwise.
+    /// Open MPI learns of their deaths from the runtime.
+    pub fn end_silent<F: Fabric>(&mut self, watch: &Watch<F>, silent: &[i32]) {
+        let host = |w: i32| watch.hosts.get(w as usize).copied();
+        for worker in silent.iter().map(|&rank| watch.live[rank as usize]) {
+            if worker == watch.me || self.done.contains(&worker) {
+                continue;
+            }
+            let reach =
+                if host(worker) == host(watch.me) { Reach::ThisHost } else { Reach::Runtime };
+            events::warn(format!(
+                "worker {worker} sent no heartbeat for the suspicion bound {:?}",
+                watch.suspicion
+            ));
+            self.done.push(worker);
+            end(watch, worker, reach);
+        }
+    }
+}
+
+/// Which of the `failed` workers (none of `done`) member `me` ends, and how: those on its
+/// host by pid; those on a host where none of the `alive` workers runs through the runtime,
+/// when `me` is the lowest live worker. `hosts` is every worker's host by worker id.
+fn plan(me: i32, failed: &[i32], alive: &[i32], hosts: &[u32], done: &[i32]) -> Vec<(i32, Reach)> {
+    let host = |w: i32| hosts.get(w as usize).copied();
+    let lowest_alive = alive.iter().min() == Some(&me);
+    let to_end = failed.iter().copied().filter(|w| *w != me && !done.contains(w));
+    to_end
+        .filter_map(|w| match host(w) == host(me) {
+            true => Some((w, Reach::ThisHost)),
+            false => {
+                let host_empty = !alive.iter().any(|&a| host(a) == host(w));
+                (host_empty && lowest_alive).then_some((w, Reach::Runtime))
+            }
+        })
+        .collect()
+}
+
+fn end<F: Fabric>(watch: &Watch<F>, worker: i32, reach: Reach) {
+    let Some(tag) = watch.processes.get(worker as usize) else { return };
+    match watch.comm.end_process(tag, reach) {
+        Ok(Ended::Sent) => events::emit(Event::EndedDeclared { worker, pid: tag.pid, reach }),
+        Ok(Ended::Gone | Ended::Unsupported) => {}
+        Err(e) => events::warn(format!(
+            "worker {worker} was declared failed, but its process could not be ended: {e}"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failed_workers_are_ended_by_their_host_mates_or_through_the_runtime_by_the_lowest_live() {
+        // Workers 0..6 on hosts 0, 0, 1, 1, 2, 2.
+        let hosts = [0, 0, 1, 1, 2, 2];
+        let table: [(i32, &[i32], &[i32], &[i32], Vec<(i32, Reach)>); 7] = [
+            // Worker 1 stopped: its host mate 0 kills it by pid; nobody else acts.
+            (0, &[1], &[0, 2, 3, 4, 5], &[], vec![(1, Reach::ThisHost)]),
+            (2, &[1], &[0, 2, 3, 4, 5], &[], vec![]),
+            // Host 1 frozen whole: the lowest live worker asks the runtime for both.
+            (0, &[2, 3], &[0, 1, 4, 5], &[], vec![(2, Reach::Runtime), (3, Reach::Runtime)]),
+            (4, &[2, 3], &[0, 1, 4, 5], &[], vec![]),
+            // Host 0 frozen whole: worker 2 is the lowest live one now.
+            (2, &[0, 1], &[2, 3, 4, 5], &[], vec![(0, Reach::Runtime), (1, Reach::Runtime)]),
+            // What was done is not done again; this member itself never.
+            (0, &[1, 3], &[0, 2, 4, 5], &[1], vec![]),
+            (1, &[1], &[0, 2, 3, 4, 5], &[], vec![]),
+        ];
+        for (me, failed, alive, done, expected) in table {
+            assert_eq!(
+                plan(me, failed, alive, &hosts, done),
+                expected,
+                "me {me}, failed {failed:?}"
+            );
+        }
+    }
+}

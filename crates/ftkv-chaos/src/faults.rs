@@ -98,6 +98,8 @@ pub struct Stall {
     /// The stopped rank and when (job time) it was stopped.
     pub stopped: Option<(usize, Duration)>,
     pub resumed: bool,
+    /// The stopped process was gone when it was due to be resumed: the survivors ended it.
+    pub ended_while_stopped: bool,
 }
 
 /// What became of a stalled rank.
@@ -110,19 +112,22 @@ pub struct StallOutcome {
     /// It ended itself once resumed, saying why (the store's own gap check, Open MPI's
     /// detector verdict, or a fail-stop).
     pub ended_itself: bool,
+    /// The survivors ended it while it was still stopped.
+    pub ended_by_survivors: bool,
 }
 
 impl StallOutcome {
-    /// Whether the stall went as the store promises: declared, never rejoined, ended itself.
+    /// Whether the stall went as the store promises: declared, never rejoined, and ended,
+    /// by the survivors while stopped or by itself once resumed.
     pub fn ok(&self) -> bool {
-        self.declared && !self.rejoined && self.ended_itself
+        self.declared && !self.rejoined && (self.ended_itself || self.ended_by_survivors)
     }
 }
 
 impl Stall {
     /// A stall `at` after every rank is ready, `length` long.
     pub fn planned(at: Duration, length: Duration) -> Stall {
-        Stall { at, length, stopped: None, resumed: false }
+        Stall { at, length, stopped: None, resumed: false, ended_while_stopped: false }
     }
 
     /// SIGSTOPs a random rank not in `dead` once due (`since_ready` after every rank was
@@ -141,7 +146,7 @@ impl Stall {
                 eprintln!("[chaos] {:.1} s: SIGSTOP rank {rank}", now.as_secs_f64());
             }
             (Some((rank, at)), false) if now >= at + self.length => {
-                signal_pid(pids[&rank], "-CONT")?;
+                self.ended_while_stopped = !signal_pid(pids[&rank], "-CONT")?;
                 self.resumed = true;
                 eprintln!("[chaos] {:.1} s: SIGCONT rank {rank}", now.as_secs_f64());
             }
@@ -163,6 +168,8 @@ impl Stall {
             declared: agreed_failed.contains(&rank),
             rejoined: crate::done_report(out, rank).is_some(),
             ended_itself: ended_after_stall(out, rank),
+            // A job that ended before the stall's end had its stopped process ended meanwhile.
+            ended_by_survivors: self.ended_while_stopped || !self.resumed,
         })
     }
 }
@@ -203,10 +210,16 @@ mod tests {
 
     #[test]
     fn a_stall_is_fine_only_when_declared_ended_and_not_rejoined() {
-        let ok = StallOutcome { declared: true, rejoined: false, ended_itself: true };
+        let ok = StallOutcome {
+            declared: true,
+            rejoined: false,
+            ended_itself: true,
+            ended_by_survivors: false,
+        };
         assert!(ok.ok());
         assert!(!StallOutcome { declared: false, ..ok }.ok());
         assert!(!StallOutcome { rejoined: true, ..ok }.ok());
         assert!(!StallOutcome { ended_itself: false, ..ok }.ok());
+        assert!(StallOutcome { ended_itself: false, ended_by_survivors: true, ..ok }.ok());
     }
 }

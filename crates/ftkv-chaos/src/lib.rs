@@ -288,8 +288,8 @@ impl RunResult {
         }
         if let Some(s) = self.stall {
             kills += &format!(
-                " stall(declared={} ended_itself={} rejoined={})",
-                s.declared, s.ended_itself, s.rejoined
+                " stall(declared={} ended_itself={} ended_by_survivors={} rejoined={})",
+                s.declared, s.ended_itself, s.ended_by_survivors, s.rejoined
             );
         }
         let v = &self.verdict;

@@ -189,19 +189,29 @@ fn demo_with_a_stop_and(
     suspicion: &str,
     extra: &[&str],
 ) -> (serde_json::Value, String, String) {
-    let args = ["-n", "4", "--kills", "0", "--copies", "2", "--tree", "T1", "--timeout", "60"];
-    let stopped = ["--stop", stop, "--suspicion", suspicion];
-    common::demo_report(&[&args[..], &stopped[..], extra].concat(), Duration::from_secs(90))
+    demo_with_a_stop_in(stop, suspicion, extra, &[])
 }
 
-/// A worker SIGSTOPped for 8 s with a 3 s suspicion bound: Open MPI's heartbeat detector
-/// declares it failed, the survivors recover and print the exact result while it is still
-/// stopped; resumed, it ends itself (its detector thread saw the gap) and never rejoins.
+fn demo_with_a_stop_in(
+    stop: &str,
+    suspicion: &str,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> (serde_json::Value, String, String) {
+    let args = ["-n", "4", "--kills", "0", "--copies", "2", "--tree", "T1", "--timeout", "60"];
+    let stopped = ["--stop", stop, "--suspicion", suspicion];
+    let args = [&args[..], &stopped[..], extra].concat();
+    common::demo_report_with(&args, env, Duration::from_secs(90))
+}
+
+/// A worker SIGSTOPped for 30 s with a 3 s suspicion bound: it is declared failed, the
+/// survivors recover, print the exact result and kill the stopped process (by pid, it shares
+/// their host), so the job ends within the bound, a recovery and a second of the stop.
 #[test]
-fn a_worker_stopped_past_the_suspicion_bound_is_left_behind_and_ends_once_resumed() {
+fn a_worker_stopped_past_the_suspicion_bound_is_ended_by_the_survivors() {
     let _slot = job_slot();
-    let (report, stdout, stderr) = demo_with_a_stop("8", "3");
-    common::assert_left_behind_while_stopped(&report, &stdout, &stderr, true);
+    let (report, stdout, stderr) = demo_with_a_stop("30", "3");
+    common::assert_ended_while_stopped(&report, &stdout, &stderr, true, Duration::from_secs(3));
 }
 
 /// The same with the pool's localized recovery: the stopped worker's buddy adopts its work
@@ -209,9 +219,19 @@ fn a_worker_stopped_past_the_suspicion_bound_is_left_behind_and_ends_once_resume
 #[test]
 fn a_worker_stopped_past_the_suspicion_bound_is_settled_locally() {
     let _slot = job_slot();
-    let (report, stdout, stderr) = demo_with_a_stop_and("8", "3", &["--recovery", "localized"]);
-    common::assert_left_behind_while_stopped(&report, &stdout, &stderr, true);
+    let (report, stdout, stderr) = demo_with_a_stop_and("30", "3", &["--recovery", "localized"]);
+    common::assert_ended_while_stopped(&report, &stdout, &stderr, true, Duration::from_secs(3));
     assert_eq!(report["global_recoveries"], 0, "{stdout}\n{stderr}");
+}
+
+/// With the ending of declared processes off (`FTKV_END_DECLARED=0`), a worker SIGSTOPped for
+/// 8 s with a 3 s bound is left behind: the survivors print the exact result while it is still
+/// stopped; resumed, it ends itself (its clock saw the gap) and never rejoins.
+#[test]
+fn a_worker_stopped_past_the_suspicion_bound_ends_itself_once_resumed() {
+    let _slot = job_slot();
+    let (report, stdout, stderr) = demo_with_a_stop_in("8", "3", &[], &[("FTKV_END_DECLARED", "0")]);
+    common::assert_left_behind_while_stopped(&report, &stdout, &stderr, true);
 }
 
 /// A worker SIGSTOPped for 1 s, well under the 4 s suspicion bound, is only slow: nobody is
@@ -233,7 +253,8 @@ fn signal(pid: u32, signal: &str) {
     assert!(sent.expect("kill runs").success(), "SIG{signal} to {pid}");
 }
 
-/// Fencing on real MPI (localized store, 4 ranks, one host): while every rank overwrites its
+/// Fencing on real MPI (localized store, 4 ranks, one host; the survivors leave the declared
+/// process alive, `FTKV_END_DECLARED=0`, so that it can be resumed): while every rank overwrites its
 /// checkpoint in a loop, rank 2 stops itself (SIGSTOP) inside its 1000th put, with the data
 /// on its first holder and the header not yet; Open MPI's heartbeat detector declares it failed
 /// after the 3 s bound. Each survivor reads its checkpoint then (the 999th) and keeps writing
@@ -253,6 +274,7 @@ fn a_stopped_writer_declared_failed_lands_no_write_after_the_declaration() {
         .timeout(Duration::from_secs(120))
         .heartbeat_detector(Duration::from_millis(300), Duration::from_secs(3))
         .env("STORE_VICTIM", &victim.to_string())
+        .env("FTKV_END_DECLARED", "0")
         .env("FTKV_FAILPOINT", &format!("put_before_header:stop@{victim}#1999"))
         .env("STORE_RESUMED_FILE", &resumed.display().to_string());
     let mut running = launch.spawn().expect("mpirun starts");

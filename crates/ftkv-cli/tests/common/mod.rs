@@ -26,10 +26,21 @@ pub fn run(launch: Launch) -> JobOutput {
 /// Runs `ftkv demo` with `args` and `--json` within `bound`; its JSON report, stdout and
 /// stderr. Panics (the test fails) when the demo fails or does not end in time.
 pub fn demo_report(args: &[&str], bound: Duration) -> (serde_json::Value, String, String) {
+    demo_report_with(args, &[], bound)
+}
+
+/// [`demo_report`] with variables `env` set for the demo (and its ranks, for the variables the
+/// launcher forwards).
+pub fn demo_report_with(
+    args: &[&str],
+    env: &[(&str, &str)],
+    bound: Duration,
+) -> (serde_json::Value, String, String) {
     let json =
         std::env::temp_dir().join(format!("ftkv-demo-{}-{}.json", std::process::id(), args.len()));
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_ftkv"));
     cmd.arg("demo").args(args).arg("--json").arg(&json);
+    cmd.envs(env.iter().copied());
     let out = ftkv_cli::launch::output_within(cmd, bound).expect("the demo ends within its bound");
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
@@ -39,7 +50,43 @@ pub fn demo_report(args: &[&str], bound: Duration) -> (serde_json::Value, String
     (serde_json::from_str(&text).expect("a JSON report"), stdout, stderr)
 }
 
-/// The checks of a demo whose one worker was SIGSTOPped past the suspicion bound: exact
+/// The checks of a demo whose worker(s) were SIGSTOPped past the suspicion `bound` with every
+/// default: exact result, the stopped ranks failed as the survivors agreed (`only`: nobody
+/// else), the survivors ended the stopped processes while they were still stopped (never
+/// resumed), and the job ended at most the bound, the slowest recovery and a second after the
+/// stop. A stopped rank that the runtime ended (it sends SIGCONT before SIGKILL) may have ended
+/// itself first, saying why; no other rank did.
+pub fn assert_ended_while_stopped(
+    report: &serde_json::Value,
+    stdout: &str,
+    stderr: &str,
+    only: bool,
+    bound: Duration,
+) {
+    let all = format!("{stdout}\n{stderr}");
+    assert_eq!(report["matches_published"], true, "{all}");
+    let stopped: Vec<serde_json::Value> = report["stopped_ranks"].as_array().expect("stopped").clone();
+    assert!(!stopped.is_empty(), "a rank was stopped: {all}");
+    let failed = report["failed"].as_array().expect("the failed ranks").clone();
+    assert!(stopped.iter().all(|r| failed.contains(r)), "every stopped rank declared: {all}");
+    if only {
+        assert_eq!(failed, stopped, "{all}");
+    }
+    let ended = report["self_ended"].as_array().expect("the ranks that ended themselves").clone();
+    assert!(ended.iter().all(|r| stopped.contains(r)), "only stopped ranks ended themselves: {all}");
+    assert!(report["resume_ms"].is_null(), "the stopped ranks were never resumed: {all}");
+    let stop = report["stop_ms"].as_f64().expect("a stop time");
+    let gone = report["stopped_ended_ms"].as_f64().expect("the stopped processes ended");
+    let job = report["job_ms"].as_f64().expect("the job's end");
+    let recovery = report["recoveries"].as_array().expect("recoveries").iter();
+    let slowest = recovery.filter_map(|r| r[1].as_f64()).fold(0.0, f64::max);
+    let allowed = bound.as_secs_f64() * 1000.0 + slowest + 1000.0;
+    assert!(gone - stop <= allowed, "ended {:.0} ms after the stop (allowed {allowed:.0}): {all}", gone - stop);
+    assert!(job - stop <= allowed, "the job ended {:.0} ms after the stop (allowed {allowed:.0}): {all}", job - stop);
+}
+
+/// The checks of a demo whose one worker was SIGSTOPped past the suspicion bound while the
+/// survivors do not end declared processes (`FTKV_END_DECLARED=0`): exact
 /// result, the stopped rank failed as the survivors agreed, their result came before it was
 /// resumed, and once resumed it ended itself saying why: the store's own gap check or Open
 /// MPI's detector, whichever of the two threads runs first after SIGCONT. `only` also requires

@@ -177,12 +177,32 @@ fn survivor_reports<T: Report>(
 ) -> Result<Vec<T>> {
     let reports = reports_by_rank(out, ranks)?;
     let failed = failed(&reports);
+    let silent: Vec<usize> = (0..ranks)
+        .filter(|r| *r != victim && !failed.contains(r) && reports[*r].is_none())
+        .collect();
     survivors(reports, victim, &failed).with_context(|| {
         format!(
-            "not every survivor (all but rank {victim} and the failed {failed:?}) reported:\n{}",
+            "survivors {silent:?} (all ranks but {victim} and the failed {failed:?}) made no \
+             report; {}\n{}",
+            causes_of(out, &silent),
             out.transcript()
         )
     })
+}
+
+/// What the `ranks` said of why they failed, on one line: the ranks' error lines, else each
+/// one's last stderr line, else that they said nothing.
+fn causes_of(out: &JobOutput, ranks: &[usize]) -> String {
+    let errors = out.errors_said_once();
+    if !errors.is_empty() {
+        return format!("their errors: {}", errors.join(" | "));
+    }
+    let last = |r: &usize| {
+        let line = out.own_stderr(*r).map(str::trim).filter(|l| !l.is_empty()).last();
+        format!("rank {r}: {}", line.unwrap_or("said nothing"))
+    };
+    let timed_out = if out.timed_out { "the job timed out; " } else { "" };
+    format!("{timed_out}{}", ranks.iter().map(last).collect::<Vec<_>>().join(" | "))
 }
 
 /// The reports of every rank but `victim` and the ranks in `failed` (`reports` is in rank

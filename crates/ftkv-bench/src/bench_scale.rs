@@ -273,6 +273,9 @@ pub fn run_scale(
     print_fit(&rows);
     for row in rows.iter().filter(|r| !r.recovery_errors.is_empty()) {
         println!("{} ranks on {} hosts: {}", row.ranks, row.hosts, row.recovery_errors.join("; "));
+        let layout = Layout { ranks: row.ranks, hosts: row.hosts };
+        let errors = row.recovery_errors.iter().cloned();
+        failed.extend(errors.map(|error| ScaleFailure { layout, error }));
     }
     for f in &failed {
         println!("{} ranks on {} hosts failed: {}", f.layout.ranks, f.layout.hosts, f.error);
@@ -280,7 +283,16 @@ pub fn run_scale(
     write_json(out_dir, "bench_scale.json", &ScaleResults { rows: &rows, failed: &failed })?;
     let svg = svg_plot(&rows)?;
     std::fs::write(out_dir.join("bench_scale.svg"), svg).context("writing bench_scale.svg")?;
-    anyhow::ensure!(failed.is_empty(), "{} layouts failed", failed.len());
+    anyhow::ensure!(
+        failed.is_empty(),
+        "{} measurements failed (a layout's job, or a recovery that did not finish): {}",
+        failed.len(),
+        failed
+            .iter()
+            .map(|f| format!("{} ranks on {} hosts: {}", f.layout.ranks, f.layout.hosts, f.error))
+            .collect::<Vec<_>>()
+            .join("; ")
+    );
     Ok(rows)
 }
 

@@ -181,6 +181,32 @@ fn c_transactions_keep_the_total_when_a_coordinator_is_killed_from_outside() {
     assert!(resolved >= 1, "no backup resolved the victim's transactions:\n{}", out.transcript());
 }
 
+/// A C program's own `MPI_Allreduce` on the communicator it shrank after ranks 4 and 5 were
+/// SIGKILLed from outside at once (with `FTKV_NODES=3` the whole third host's ranks), launched
+/// as the docs say (ftkv's launcher passes `coll ^han,cuda`; the C library sets it too): every
+/// survivor's sum is the survivors' count. With `coll/han` selected it crashed in
+/// `mca_coll_han_comm_create`.
+#[test]
+fn a_c_programs_own_allreduce_after_a_hosts_ranks_died_counts_the_survivors() {
+    let exe =
+        build(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/allreduce_after_failure.c"));
+    let ranks = 6;
+    let launch = Launch::new(&exe, ranks).args(["3"]).timeout(Duration::from_secs(120));
+    let launch = launch.transport_from_env();
+    let delay = Duration::from_millis(800);
+    let out = run_with_outside_kills(&launch, ranks, &[4, 5], delay).expect("the job runs");
+    assert!(!out.timed_out, "the program hung:\n{}", out.transcript());
+    for rank in 0..4 {
+        let lines = out.rank_lines(rank);
+        assert!(
+            lines.iter().any(|l| l == "allreduce 4 of 4"),
+            "rank {rank}:\n{}",
+            out.transcript()
+        );
+        assert!(lines.iter().any(|l| l == "done"), "rank {rank}:\n{}", out.transcript());
+    }
+}
+
 /// `tests/c/api_checks.c` on 4 ranks without failures: every C function's documented result
 /// (argument errors, an asynchronous 1 MiB put, a handed write of another rank's key, exact
 /// counters, transactions committed, aborted on a named key, their reads).

@@ -230,7 +230,8 @@ fn a_worker_stopped_past_the_suspicion_bound_is_settled_locally() {
 #[test]
 fn a_worker_stopped_past_the_suspicion_bound_ends_itself_once_resumed() {
     let _slot = job_slot();
-    let (report, stdout, stderr) = demo_with_a_stop_in("8", "3", &[], &[("FTKV_END_DECLARED", "0")]);
+    let (report, stdout, stderr) =
+        demo_with_a_stop_in("8", "3", &[], &[("FTKV_END_DECLARED", "0")]);
     common::assert_left_behind_while_stopped(&report, &stdout, &stderr, true);
 }
 

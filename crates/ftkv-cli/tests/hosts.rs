@@ -227,7 +227,11 @@ fn a_hosts_every_rank_stopped_at_once_is_ended_through_the_runtime() {
     assert!(report["resume_ms"].is_null(), "never resumed: {all}");
     let stop = report["stop_ms"].as_f64().expect("a stop time");
     let job = report["job_ms"].as_f64().expect("the job's end");
-    assert!(job - stop <= 5000.0 + 5000.0, "the job ended {:.0} ms after the stop: {all}", job - stop);
+    assert!(
+        job - stop <= 5000.0 + 5000.0,
+        "the job ended {:.0} ms after the stop: {all}",
+        job - stop
+    );
 }
 
 #[test]

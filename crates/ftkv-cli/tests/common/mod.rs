@@ -65,7 +65,8 @@ pub fn assert_ended_while_stopped(
 ) {
     let all = format!("{stdout}\n{stderr}");
     assert_eq!(report["matches_published"], true, "{all}");
-    let stopped: Vec<serde_json::Value> = report["stopped_ranks"].as_array().expect("stopped").clone();
+    let stopped: Vec<serde_json::Value> =
+        report["stopped_ranks"].as_array().expect("stopped").clone();
     assert!(!stopped.is_empty(), "a rank was stopped: {all}");
     let failed = report["failed"].as_array().expect("the failed ranks").clone();
     assert!(stopped.iter().all(|r| failed.contains(r)), "every stopped rank declared: {all}");
@@ -73,7 +74,10 @@ pub fn assert_ended_while_stopped(
         assert_eq!(failed, stopped, "{all}");
     }
     let ended = report["self_ended"].as_array().expect("the ranks that ended themselves").clone();
-    assert!(ended.iter().all(|r| stopped.contains(r)), "only stopped ranks ended themselves: {all}");
+    assert!(
+        ended.iter().all(|r| stopped.contains(r)),
+        "only stopped ranks ended themselves: {all}"
+    );
     assert!(report["resume_ms"].is_null(), "the stopped ranks were never resumed: {all}");
     let stop = report["stop_ms"].as_f64().expect("a stop time");
     let gone = report["stopped_ended_ms"].as_f64().expect("the stopped processes ended");
@@ -81,8 +85,16 @@ pub fn assert_ended_while_stopped(
     let recovery = report["recoveries"].as_array().expect("recoveries").iter();
     let slowest = recovery.filter_map(|r| r[1].as_f64()).fold(0.0, f64::max);
     let allowed = bound.as_secs_f64() * 1000.0 + slowest + 1000.0;
-    assert!(gone - stop <= allowed, "ended {:.0} ms after the stop (allowed {allowed:.0}): {all}", gone - stop);
-    assert!(job - stop <= allowed, "the job ended {:.0} ms after the stop (allowed {allowed:.0}): {all}", job - stop);
+    assert!(
+        gone - stop <= allowed,
+        "ended {:.0} ms after the stop (allowed {allowed:.0}): {all}",
+        gone - stop
+    );
+    assert!(
+        job - stop <= allowed,
+        "the job ended {:.0} ms after the stop (allowed {allowed:.0}): {all}",
+        job - stop
+    );
 }
 
 /// The checks of a demo whose one worker was SIGSTOPped past the suspicion bound while the

@@ -7,9 +7,10 @@
 //! - a failed worker on this member's host: SIGKILL by its pid, which every survivor on that
 //!   host sends (a pid that names another process since is left alone, see
 //!   [`Fabric::end_process`]);
-//! - a failed worker on a host where no worker is left alive (a whole host frozen): the lowest
-//!   live worker asks the runtime, whose daemon on that host kills it. Pids mean nothing
-//!   between machines, so nothing else is tried across hosts.
+//! - a worker on another host that its heartbeat peers found silent past the bound, or that
+//!   was declared failed after half a bound of silence (a death is reported within
+//!   milliseconds): each such peer asks the runtime, whose daemon on that host kills it. Pids
+//!   mean nothing between machines, so nothing else is tried across hosts.
 //!
 //! A process already dead is left as it is. Where nothing reaches the process (its host's
 //! daemon frozen with it, or a runtime that offers no job control) it stays until it runs
@@ -41,8 +42,7 @@ impl Ending {
         }
         self.generation = generation;
         let failed = watch.health.failed_workers(watch.health.workers());
-        let alive: Vec<i32> = watch.live.iter().copied().filter(|w| !failed.contains(w)).collect();
-        for (worker, reach) in plan(watch.me, &failed, &alive, &watch.hosts, &self.done) {
+        for (worker, reach) in plan(watch.me, &failed, &watch.hosts, &self.done) {
             self.done.push(worker);
             end(watch, worker, reach);
         }
@@ -51,8 +51,8 @@ impl Ending {
 
 impl Ending {
     /// Ends the processes of the `silent` members (ranks of the detector's communicator), which
-    /// sent no heartbeat past the bound: by pid on this host, through the runtime otherwise.
-    /// Open MPI learns of their deaths from the runtime.
+    /// sent no heartbeat past the bound or were declared failed after a stall: by pid on this
+    /// host, through the runtime otherwise. Open MPI learns of their deaths from the runtime.
     pub fn end_silent<F: Fabric>(&mut self, watch: &Watch<F>, silent: &[i32]) {
         let host = |w: i32| watch.hosts.get(w as usize).copied();
         for worker in silent.iter().map(|&rank| watch.live[rank as usize]) {
@@ -61,10 +61,6 @@ impl Ending {
             }
             let reach =
                 if host(worker) == host(watch.me) { Reach::ThisHost } else { Reach::Runtime };
-            events::warn(format!(
-                "worker {worker} sent no heartbeat for the suspicion bound {:?}",
-                watch.suspicion
-            ));
             self.done.push(worker);
             end(watch, worker, reach);
         }
@@ -72,21 +68,14 @@ impl Ending {
 }
 
 /// Which of the `failed` workers (none of `done`) member `me` ends, and how: those on its
-/// host by pid; those on a host where none of the `alive` workers runs through the runtime,
-/// when `me` is the lowest live worker. `hosts` is every worker's host by worker id.
-fn plan(me: i32, failed: &[i32], alive: &[i32], hosts: &[u32], done: &[i32]) -> Vec<(i32, Reach)> {
+/// host by pid (a dead one is told apart by its pid's start time). A failed worker on another
+/// host is left to the heartbeat ([`Ending::end_silent`]), which asks the runtime only for a
+/// process that was silent before it was declared: one that died is gone already, and the
+/// runtime cannot tell. `hosts` is every worker's host by worker id.
+fn plan(me: i32, failed: &[i32], hosts: &[u32], done: &[i32]) -> Vec<(i32, Reach)> {
     let host = |w: i32| hosts.get(w as usize).copied();
-    let lowest_alive = alive.iter().min() == Some(&me);
     let to_end = failed.iter().copied().filter(|w| *w != me && !done.contains(w));
-    to_end
-        .filter_map(|w| match host(w) == host(me) {
-            true => Some((w, Reach::ThisHost)),
-            false => {
-                let host_empty = !alive.iter().any(|&a| host(a) == host(w));
-                (host_empty && lowest_alive).then_some((w, Reach::Runtime))
-            }
-        })
-        .collect()
+    to_end.filter(|&w| host(w) == host(me)).map(|w| (w, Reach::ThisHost)).collect()
 }
 
 fn end<F: Fabric>(watch: &Watch<F>, worker: i32, reach: Reach) {
@@ -105,28 +94,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn failed_workers_are_ended_by_their_host_mates_or_through_the_runtime_by_the_lowest_live() {
+    fn failed_workers_on_this_host_are_ended_by_pid_and_others_left_to_the_heartbeat() {
         // Workers 0..6 on hosts 0, 0, 1, 1, 2, 2.
         let hosts = [0, 0, 1, 1, 2, 2];
-        let table: [(i32, &[i32], &[i32], &[i32], Vec<(i32, Reach)>); 7] = [
-            // Worker 1 stopped: its host mate 0 kills it by pid; nobody else acts.
-            (0, &[1], &[0, 2, 3, 4, 5], &[], vec![(1, Reach::ThisHost)]),
-            (2, &[1], &[0, 2, 3, 4, 5], &[], vec![]),
-            // Host 1 frozen whole: the lowest live worker asks the runtime for both.
-            (0, &[2, 3], &[0, 1, 4, 5], &[], vec![(2, Reach::Runtime), (3, Reach::Runtime)]),
-            (4, &[2, 3], &[0, 1, 4, 5], &[], vec![]),
-            // Host 0 frozen whole: worker 2 is the lowest live one now.
-            (2, &[0, 1], &[2, 3, 4, 5], &[], vec![(0, Reach::Runtime), (1, Reach::Runtime)]),
-            // What was done is not done again; this member itself never.
-            (0, &[1, 3], &[0, 2, 4, 5], &[1], vec![]),
-            (1, &[1], &[0, 2, 3, 4, 5], &[], vec![]),
+        let table: [(i32, &[i32], &[i32], Vec<(i32, Reach)>); 5] = [
+            (0, &[1], &[], vec![(1, Reach::ThisHost)]),
+            (2, &[1], &[], vec![]),
+            (0, &[2, 3], &[], vec![]),
+            (0, &[1, 3], &[1], vec![]),
+            (1, &[1], &[], vec![]),
         ];
-        for (me, failed, alive, done, expected) in table {
-            assert_eq!(
-                plan(me, failed, alive, &hosts, done),
-                expected,
-                "me {me}, failed {failed:?}"
-            );
+        for (me, failed, done, expected) in table {
+            assert_eq!(plan(me, failed, &hosts, done), expected, "me {me}, failed {failed:?}");
         }
     }
 }

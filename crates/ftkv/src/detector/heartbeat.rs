@@ -30,8 +30,9 @@ pub(super) struct Heartbeats {
     peers: Vec<i32>,
     /// Per peer: how long this member ran without a heartbeat from it.
     silence: Vec<Duration>,
-    /// Peers found silent past the bound (each is ended once).
-    suspected: Vec<i32>,
+    /// Peers found silent past the bound or declared after a stall (each is ended once), and
+    /// peers reported dead promptly (left alone): every peer judged.
+    judged: Vec<i32>,
     period: Duration,
     bound: Duration,
     last_round: Instant,
@@ -44,7 +45,7 @@ impl Heartbeats {
         let silence = vec![Duration::ZERO; peers.len()];
         let period = period_for(bound);
         let (last_round, last_sent) = (rt::now(), None);
-        Heartbeats { peers, silence, suspected: Vec::new(), period, bound, last_round, last_sent }
+        Heartbeats { peers, silence, judged: Vec::new(), period, bound, last_round, last_sent }
     }
 
     /// Whether this member exchanges heartbeats at all.
@@ -61,7 +62,12 @@ impl Heartbeats {
 
     /// One detector round: sends the heartbeats when a period passed, adds the time since the
     /// last round to every peer's silence (a period at most) and returns the peers (ranks of
-    /// the detector's communicator) newly silent past the bound. Peers known failed are left.
+    /// the detector's communicator) to end: those newly silent past the bound, and those newly
+    /// known failed after half a bound of silence or more (Open MPI's detector declared them:
+    /// they may be stopped, not dead). A peer known failed after a shorter silence died (the
+    /// runtime reports a death within milliseconds) and is left alone: asking the runtime to
+    /// kill a process that is gone is not harmless (PRRTE 3.0.14 treats a target it cannot
+    /// find as every process).
     pub fn round<F: Fabric>(&mut self, watch: &Watch<F>) -> Vec<i32> {
         let now = rt::now();
         let ran = now.saturating_duration_since(self.last_round).min(self.period);
@@ -74,9 +80,16 @@ impl Heartbeats {
         let mut newly = Vec::new();
         for (i, &peer) in self.peers.iter().enumerate() {
             self.silence[i] += ran;
-            if self.silence[i] > self.bound && !failed(peer) && !self.suspected.contains(&peer) {
-                self.suspected.push(peer);
-                newly.push(peer);
+            if self.judged.contains(&peer) {
+                continue;
+            }
+            let verdict = match failed(peer) {
+                true => Some(self.silence[i] >= self.bound / 2),
+                false => (self.silence[i] > self.bound).then_some(true),
+            };
+            if let Some(end) = verdict {
+                self.judged.push(peer);
+                newly.extend(end.then_some(peer));
             }
         }
         newly

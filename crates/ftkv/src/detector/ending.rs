@@ -93,11 +93,14 @@ fn end<F: Fabric>(watch: &Watch<F>, worker: i32, reach: Reach) {
 mod tests {
     use super::*;
 
+    /// This member, the failed workers, those done, what it ends.
+    type Case<'a> = (i32, &'a [i32], &'a [i32], Vec<(i32, Reach)>);
+
     #[test]
     fn failed_workers_on_this_host_are_ended_by_pid_and_others_left_to_the_heartbeat() {
         // Workers 0..6 on hosts 0, 0, 1, 1, 2, 2.
         let hosts = [0, 0, 1, 1, 2, 2];
-        let table: [(i32, &[i32], &[i32], Vec<(i32, Reach)>); 5] = [
+        let table: [Case; 5] = [
             (0, &[1], &[], vec![(1, Reach::ThisHost)]),
             (2, &[1], &[], vec![]),
             (0, &[2, 3], &[], vec![]),

@@ -69,8 +69,8 @@ enum Command {
         #[arg(allow_negative_numbers = true)]
         kills: usize,
         /// SIGSTOP one random worker at a random moment (10–50% of the work) for SECS seconds,
-        /// then SIGCONT it: past the suspicion bound the others declare it failed, finish
-        /// without it, and it ends itself once resumed.
+        /// then SIGCONT it: past the suspicion bound the others declare it failed, end its
+        /// process and finish without it (with FTKV_END_DECLARED=0 it ends itself once resumed).
         #[arg(long, value_parser = args::seconds, value_name = "SECS")]
         #[arg(allow_negative_numbers = true)]
         stop: Option<Duration>,
@@ -217,7 +217,8 @@ enum Command {
         recovery: RecoveryArg,
         /// SIGSTOP one random rank this many seconds into each run's writing, for 6 s (twice the 3 s
         /// suspicion bound, with Open MPI's heartbeat detector on), then SIGCONT it: the others
-        /// must declare it failed and finish exact, the resumed rank must end itself.
+        /// must declare it failed and finish exact, and the stopped rank must end: killed by the
+        /// survivors while still stopped, or by itself once resumed.
         #[arg(long, value_parser = args::seconds, value_name = "SECS")]
         stop: Option<Duration>,
         /// SIGKILL every rank of one simulated host at once at a random moment (needs `--nodes`

@@ -36,9 +36,9 @@ pub use transactions::*;
 /// Switches Open MPI's heartbeat detector on ([`ftkv_mpi::default_heartbeat_detector`]: a
 /// rank silent for 10 s is declared failed) when the shared library is loaded, before the
 /// program's `main` and so before its `MPI_Init`, unless the environment configures the
-/// detector (`mpirun --mca mpi_ft_detector ...`), and leaves out Open MPI's collective
-/// components that are not fault tolerant ([`ftkv_mpi::fault_tolerant_collectives`]) unless the
-/// environment sets `OMPI_MCA_coll`. A program linked with the static library passes the
+/// detector (`mpirun --mca mpi_ft_detector ...`), and applies the other settings fault tolerance
+/// needs ([`ftkv_mpi::fault_tolerant_defaults`]: no collective component that is not fault
+/// tolerant, `MPI_Finalize` without its closing fence), each unless the environment sets it. A program linked with the static library passes the
 /// parameters to `mpirun` itself.
 #[used]
 #[link_section = ".init_array"]
@@ -46,7 +46,7 @@ static HEARTBEAT_DETECTOR_ON_LOAD: extern "C" fn() = heartbeat_detector_on_load;
 
 extern "C" fn heartbeat_detector_on_load() {
     ftkv_mpi::default_heartbeat_detector();
-    ftkv_mpi::fault_tolerant_collectives();
+    ftkv_mpi::fault_tolerant_defaults();
 }
 
 /// An MPI communicator handle as Open MPI's `mpi.h` defines it (a pointer).

@@ -207,10 +207,10 @@ fn a_worker_stopped_past_the_suspicion_bound_across_hosts_is_ended() {
 
 /// Every rank of one of 3 simulated hosts (mapped by slot: consecutive ranks, which Open
 /// MPI's ring detector would find one bound after the other) SIGSTOPped at once for 60 s
-/// with a 5 s bound: the store's own heartbeat finds them within the bound, the lowest live
-/// worker asks the runtime to end them (no worker is left on their host), and the survivors'
-/// result is exact. The runtime's kill and the end of the job took about 3 s more than a kill
-/// by pid (measured with the 10 s default), which the bound here allows for.
+/// with a 5 s bound: the store's own heartbeat finds them within the bound, their heartbeat
+/// peers on the other hosts ask the runtime to end them (no worker is left on their host), the
+/// survivors' result is exact, and the job ends within the bound, a recovery and a second of
+/// the stop.
 #[test]
 fn a_hosts_every_rank_stopped_at_once_is_ended_through_the_runtime() {
     let _slot = job_slot();
@@ -218,20 +218,9 @@ fn a_hosts_every_rank_stopped_at_once_is_ended_through_the_runtime() {
     let stop = ["--stop", "60", "--stop-host", "--suspicion", "5", "--timeout", "90"];
     let (report, stdout, stderr) =
         common::demo_report(&[&args[..], &stop[..]].concat(), Duration::from_secs(150));
-    let all = format!("{stdout}\n{stderr}");
-    assert_eq!(report["matches_published"], true, "{all}");
-    let stopped = report["stopped_ranks"].as_array().expect("stopped").clone();
-    assert_eq!(stopped.len(), 2, "a host's 2 ranks: {all}");
-    let failed = report["failed"].as_array().expect("failed").clone();
-    assert!(stopped.iter().all(|r| failed.contains(r)), "{all}");
-    assert!(report["resume_ms"].is_null(), "never resumed: {all}");
-    let stop = report["stop_ms"].as_f64().expect("a stop time");
-    let job = report["job_ms"].as_f64().expect("the job's end");
-    assert!(
-        job - stop <= 5000.0 + 5000.0,
-        "the job ended {:.0} ms after the stop: {all}",
-        job - stop
-    );
+    let stopped = report["stopped_ranks"].as_array().expect("stopped").len();
+    assert_eq!(stopped, 2, "a host's 2 ranks: {stdout}\n{stderr}");
+    common::assert_ended_while_stopped(&report, &stdout, &stderr, true, Duration::from_secs(5));
 }
 
 #[test]

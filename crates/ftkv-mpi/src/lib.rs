@@ -28,7 +28,7 @@ pub use error::{MpiError, Result};
 pub use hybrid::{HostScope, HostWindow};
 pub use request::{RecvRequest, SendRequest};
 pub use runtime::{
-    default_heartbeat_detector, end_job, fault_tolerant_collectives, shared_memory_capacity, wtime,
+    default_heartbeat_detector, end_job, fault_tolerant_defaults, shared_memory_capacity, wtime,
     Mpi, DEFAULT_SUSPICION, NOT_FAULT_TOLERANT_COLLECTIVES,
 };
 pub use window::{LockKind, LockedWindow, RmaScope, TargetLock, Window, WindowKind};

@@ -78,9 +78,10 @@ pub struct Config {
     /// [`suspicion`](Config::suspicion)): a stopped or frozen rank is not dead, and the job's
     /// launcher waits for every process it started, so without this a job whose survivors
     /// finished would wait until the frozen rank runs again and ends itself. Its host mates
-    /// SIGKILL it by pid; for a host left without a live worker the lowest live worker asks
-    /// the runtime (PMIx job control through that host's daemon). On by default; off where
-    /// [`END_DECLARED_VAR`] is `0`.
+    /// SIGKILL it by pid; a rank on another host that was silent before it was declared (the
+    /// store's own heartbeat among the members that share keys) is ended by its heartbeat peers
+    /// through the runtime (PMIx job control through that host's daemon). On by default (and
+    /// with it the heartbeat); off where [`END_DECLARED_VAR`] is `0`.
     pub end_declared: bool,
     /// How failures are repaired.
     pub recovery: Recovery,

@@ -19,7 +19,8 @@ use crate::rank_errors::{find_rank_error, rank_errors_in, said_once};
 use crate::records::{RankRecords, RECORDS_VAR};
 
 /// Variables of ftkv's that every job's ranks see when they are set here.
-const FORWARDED: [&str; 3] = ["FTKV_FAILPOINT", "FTKV_TRACE", "FTKV_END_DECLARED"];
+const FORWARDED: [&str; 4] =
+    ["FTKV_FAILPOINT", "FTKV_TRACE", "FTKV_END_DECLARED", "FTKV_END_THROUGH_RUNTIME"];
 
 /// A job to start: program, arguments, rank count, environment, MCA parameters and timeout.
 #[derive(Debug, Clone)]
@@ -141,7 +142,7 @@ impl Launch {
     }
 
     /// The `mpirun` command line on `hosts` (ftkv's variables set in this process are passed
-    /// on to the ranks: `FTKV_FAILPOINT`, `FTKV_TRACE`, `FTKV_END_DECLARED`).
+    /// on to the ranks: `FTKV_FAILPOINT`, `FTKV_TRACE`, `FTKV_END_DECLARED`, `FTKV_END_THROUGH_RUNTIME`).
     fn command(
         &self,
         hosts: &Hosts,

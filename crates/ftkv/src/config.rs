@@ -78,11 +78,19 @@ pub struct Config {
     /// [`suspicion`](Config::suspicion)): a stopped or frozen rank is not dead, and the job's
     /// launcher waits for every process it started, so without this a job whose survivors
     /// finished would wait until the frozen rank runs again and ends itself. Its host mates
-    /// SIGKILL it by pid; a rank on another host that was silent before it was declared (the
-    /// store's own heartbeat among the members that share keys) is ended by its heartbeat peers
-    /// through the runtime (PMIx job control through that host's daemon). On by default (and
-    /// with it the heartbeat); off where [`END_DECLARED_VAR`] is `0`.
+    /// SIGKILL it by pid (also one the store's own heartbeat among the members that share keys
+    /// found silent); with [`Config::end_through_runtime`] a rank on another host that was
+    /// silent before it was declared is ended by its heartbeat peers through the runtime (PMIx
+    /// job control through that host's daemon). On by default (and with it the heartbeat); off
+    /// where [`END_DECLARED_VAR`] is `0`.
     pub end_declared: bool,
+    /// Whether a silent worker on another host is ended through the runtime (PMIx job control)
+    /// as well; off by default: a request for a rank behind a cut link left PRRTE 3.0.14 and
+    /// every survivor stuck (`ftkv chaos --nodes 3 --cut-link 2`: 2 of 2 runs unfinished on
+    /// every rank, 1 of 1 fine without it), and a stopped host cannot yet be told from a cut
+    /// one. On where [`END_THROUGH_RUNTIME_VAR`] is `1`: then a host whose every rank froze
+    /// (its daemon alive) is ended within the bound.
+    pub end_through_runtime: bool,
     /// How failures are repaired.
     pub recovery: Recovery,
     /// Reserve holders per copy: each reserves a slot (address space) for the copy, so
@@ -130,6 +138,15 @@ pub fn end_declared_from_environment() -> bool {
     std::env::var(END_DECLARED_VAR).map_or(true, |v| v.trim() != "0")
 }
 
+/// The environment variable that switches [`Config::end_through_runtime`] on when `1`.
+pub const END_THROUGH_RUNTIME_VAR: &str = "FTKV_END_THROUGH_RUNTIME";
+
+/// [`Config::end_through_runtime`] as the environment sets it: off unless
+/// [`END_THROUGH_RUNTIME_VAR`] is `1`.
+pub fn end_through_runtime_from_environment() -> bool {
+    std::env::var(END_THROUGH_RUNTIME_VAR).is_ok_and(|v| v.trim() == "1")
+}
+
 /// How much longer than the suspicion bound the watchdog waits across hosts: a put to a silent
 /// holder on another host waits until the heartbeat detector declares it, and the declaration
 /// then takes a poll of the failed set to reach the put.
@@ -167,6 +184,7 @@ impl Config {
             recovery_watchdog: std::time::Duration::from_secs(10),
             suspicion: suspicion_from_environment(),
             end_declared: end_declared_from_environment(),
+            end_through_runtime: end_through_runtime_from_environment(),
             recovery: Recovery::Global,
             spares: 0,
         }

@@ -83,8 +83,9 @@ pub mod txn_types;
 pub mod world;
 
 pub use config::{
-    end_declared_from_environment, suspicion_from_environment, Config, Detection, Recovery,
-    CROSS_HOST_WATCHDOG, DEFAULT_SUSPICION, DETECTOR_TIMEOUT_VAR, END_DECLARED_VAR,
+    end_declared_from_environment, end_through_runtime_from_environment,
+    suspicion_from_environment, Config, Detection, Recovery, CROSS_HOST_WATCHDOG,
+    DEFAULT_SUSPICION, DETECTOR_TIMEOUT_VAR, END_DECLARED_VAR, END_THROUGH_RUNTIME_VAR,
     SUSPICION_MARGIN, TX_RECORD_KIND,
 };
 pub use error::{Error, Result};

@@ -9,8 +9,10 @@
 //!   [`Fabric::end_process`]);
 //! - a worker on another host that its heartbeat peers found silent past the bound, or that
 //!   was declared failed after half a bound of silence (a death is reported within
-//!   milliseconds): each such peer asks the runtime, whose daemon on that host kills it. Pids
-//!   mean nothing between machines, so nothing else is tried across hosts.
+//!   milliseconds): with `Config::end_through_runtime`, each such peer asks the runtime, whose
+//!   daemon on that host kills it (off by default: a request for a rank behind a cut link left
+//!   PRRTE 3.0.14 stuck). Pids mean nothing between machines, so nothing else is tried across
+//!   hosts.
 //!
 //! A process already dead is left as it is. Where nothing reaches the process (its host's
 //! daemon frozen with it, or a runtime that offers no job control) it stays until it runs
@@ -61,6 +63,9 @@ impl Ending {
             }
             let reach =
                 if host(worker) == host(watch.me) { Reach::ThisHost } else { Reach::Runtime };
+            if reach == Reach::Runtime && !watch.end_through_runtime {
+                continue;
+            }
             self.done.push(worker);
             end(watch, worker, reach);
         }

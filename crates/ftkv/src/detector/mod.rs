@@ -67,6 +67,8 @@ pub(crate) struct Watch<F> {
     pub processes: Arc<Vec<ProcessTag>>,
     /// [`crate::Config::end_declared`].
     pub end_declared: bool,
+    /// [`crate::Config::end_through_runtime`].
+    pub end_through_runtime: bool,
     /// The members this one exchanges heartbeats with (ranks of `comm`; see [`heartbeat`]):
     /// those it shares keys with, when the fabric can end processes and `end_declared` is on.
     pub heartbeat_peers: Vec<i32>,

@@ -44,6 +44,7 @@ impl<F: Fabric> Store<F> {
             hosts: self.hosts.clone(),
             processes: self.processes.clone(),
             end_declared: self.config.end_declared,
+            end_through_runtime: self.config.end_through_runtime,
             heartbeat_peers,
             neighbours,
             health: self.health.clone(),

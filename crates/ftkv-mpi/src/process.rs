@@ -49,9 +49,16 @@ pub fn own_tag() -> ProcessTag {
 
 /// The start time of process `pid` (field 22 of `/proc/<pid>/stat`), `None` when it is gone.
 fn start_time(pid: u32) -> Option<u64> {
+    stat_field(pid, 22)?.parse().ok()
+}
+
+/// Field `number` (counted from 1, as proc(5) does; 3 or more) of `/proc/<pid>/stat`, `None`
+/// when the process is gone.
+pub(crate) fn stat_field(pid: u32, number: usize) -> Option<String> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Field 2 (the command) is in parentheses and may hold spaces: count after its end.
-    stat.rsplit_once(')')?.1.split_whitespace().nth(19)?.parse().ok()
+    let after_command = stat.rsplit_once(')')?.1;
+    after_command.split_whitespace().nth(number.checked_sub(3)?).map(str::to_owned)
 }
 
 /// SIGKILLs the process `tag` names on this host, when its pid still names it (same start
@@ -241,6 +248,15 @@ mod pmix {
 
     #[cfg(test)]
     mod tests {
+        #[test]
+        fn stat_fields_count_as_proc_5_does() {
+            let me = std::process::id();
+            let parent = std::os::unix::process::parent_id().to_string();
+            assert_eq!(super::super::stat_field(me, 4), Some(parent));
+            assert!(super::super::start_time(me).is_some_and(|t| t > 0));
+            assert_eq!(super::super::stat_field(me, 2), None);
+        }
+
         #[test]
         fn the_structs_have_pmix_5s_sizes() {
             assert_eq!(std::mem::size_of::<super::Proc>(), 260);

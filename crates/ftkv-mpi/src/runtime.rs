@@ -295,8 +295,7 @@ fn children_of(parent: libc::pid_t) -> Vec<libc::pid_t> {
 }
 
 fn parent_of(pid: libc::pid_t) -> Option<libc::pid_t> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
+    crate::process::stat_field(u32::try_from(pid).ok()?, 4)?.parse().ok()
 }
 
 /// Whether process `pid` is one of PRRTE's launcher processes.

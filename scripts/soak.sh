@@ -14,6 +14,11 @@
 #   kill-host-node3     --kill-host, 3 simulated hosts by node, localized, 6 ranks, 2 copies
 #   stop                a rank SIGSTOPped past the suspicion bound, 6 ranks, 2 copies
 #   hosts2-32-localized 32 ranks over 2 simulated hosts, localized, 3 copies, 2 kills
+#   stop4-busy          a rank of 4 SIGSTOPped, two busy loops beside every run (50 runs)
+#   stop8-busy          a rank of 8 SIGSTOPped, two busy loops beside every run (50 runs)
+#
+# A stop run fails unless the survivors declared the stopped rank, ended it within the bound
+# plus 2 s of its stop, and declared no healthy rank.
 #
 # A chunk already in OUT (same campaign, same first seed) is not run again. The total counts
 # runs, lost and torn writes, hangs and unexplained endings (`failed_runs`) per campaign.
@@ -45,8 +50,11 @@ declare -A args=(
   [kill-host-node3]="--nodes 3 --map-by node --kill-host --recovery localized --ranks 6 --copies 2 --kills 0"
   [stop]="--ranks 6 --copies 2 --kills 0 --stop 1"
   [hosts2-32-localized]="--nodes 2 --recovery localized --ranks 32 --copies 3 --kills 2"
+  [stop4-busy]="--ranks 4 --copies 2 --kills 0 --stop 1"
+  [stop8-busy]="--ranks 8 --copies 2 --kills 0 --stop 1"
 )
-order=(host-localized hosts3-localized kill-host-slot2 kill-host-node3 stop hosts2-32-localized)
+order=(host-localized hosts3-localized kill-host-slot2 kill-host-node3 stop hosts2-32-localized
+  stop4-busy stop8-busy)
 [ ${#only[@]} -gt 0 ] && order=("${only[@]}")
 
 busy_pids=()
@@ -84,10 +92,13 @@ for name in "${order[@]}"; do
   [ -n "${args[$name]:-}" ] || { echo "soak.sh: no campaign $name" >&2; exit 2; }
   total=${runs:-500}
   [ -z "$runs" ] && [ "$name" = hosts2-32-localized ] && total=100
+  [ -z "$runs" ] && [[ "$name" == *-busy ]] && total=50
   for (( first = 0, i = 0; first < total; first += chunk, i++ )); do
     [ -n "$deadline" ] && [ "$(date +%s)" -ge "$deadline" ] && break 2
     n=$(( total - first < chunk ? total - first : chunk ))
-    run_chunk "$name" $(( 1000 + first )) "$n" $(( i % 5 == 4 ? 1 : 0 ))
+    busy=$(( i % 5 == 4 ? 1 : 0 ))
+    [[ "$name" == *-busy ]] && busy=1
+    run_chunk "$name" $(( 1000 + first )) "$n" "$busy"
   done
 done
 
@@ -100,9 +111,12 @@ keys = ["runs", "lost_writes", "torn_reads", "hangs", "failed_runs", "stuck_runs
 for path in sorted(glob.glob(os.path.join(out, "*-seed*.json"))):
     name = os.path.basename(path).rsplit("-seed", 1)[0]
     chunk = json.load(open(path))
-    t = totals.setdefault(name, {k: 0 for k in keys} | {"busy_runs": 0, "chunks": 0})
+    t = totals.setdefault(name, {k: 0 for k in keys} | {"busy_runs": 0, "chunks": 0,
+                                 "healthy_declared": 0, "stall_ended_after_ms_max": 0})
     for k in keys:
         t[k] += int(chunk.get(k, 0))
+    t["healthy_declared"] += int(chunk.get("healthy_declared", 0))
+    t["stall_ended_after_ms_max"] = max([t["stall_ended_after_ms_max"]] + chunk.get("stall_ended_after_ms", []))
     t["busy_runs"] += int(chunk.get("runs", 0)) if chunk.get("busy_loops") else 0
     t["chunks"] += 1
 json.dump(totals, open(os.path.join(out, "soak.json"), "w"), indent=1)

@@ -98,8 +98,9 @@ pub struct Stall {
     /// The stopped rank and when (job time) it was stopped.
     pub stopped: Option<(usize, Duration)>,
     pub resumed: bool,
-    /// The stopped process was gone when it was due to be resumed: the survivors ended it.
-    pub ended_while_stopped: bool,
+    /// How long after its stop the stopped process was first seen gone while still stopped
+    /// (the survivors ended it).
+    pub ended_after: Option<Duration>,
 }
 
 /// What became of a stalled rank.
@@ -114,20 +115,40 @@ pub struct StallOutcome {
     pub ended_itself: bool,
     /// The survivors ended it while it was still stopped.
     pub ended_by_survivors: bool,
+    /// Milliseconds from the stop to the moment its process was seen gone, when the survivors
+    /// ended it while stopped.
+    pub ended_after_ms: Option<u64>,
+    /// The survivors agreed that a rank failed that nobody killed or stopped: a healthy rank
+    /// was declared.
+    pub healthy_declared: bool,
+    /// The survivors were to end it ([`ftkv::end_declared_from_environment`]); otherwise it
+    /// ends itself once resumed.
+    pub ending_expected: bool,
 }
 
+/// How late after its stop a stopped rank may be ended: the suspicion bound plus 2 s (the
+/// detector's margin under load).
+pub const ENDING_MARGIN: Duration = Duration::from_secs(2);
+
 impl StallOutcome {
-    /// Whether the stall went as the store promises: declared, never rejoined, and ended,
-    /// by the survivors while stopped or by itself once resumed.
-    pub fn ok(&self) -> bool {
-        self.declared && !self.rejoined && (self.ended_itself || self.ended_by_survivors)
+    /// Whether the stall went as the store promises: declared, never rejoined, ended (by the
+    /// survivors while stopped, within `bound` + [`ENDING_MARGIN`] of the stop, or, when they
+    /// were not to end it, by itself once resumed), and no healthy rank declared beside it.
+    pub fn ok(&self, bound: Duration) -> bool {
+        let late = (bound + ENDING_MARGIN).as_millis() as u64;
+        let in_time = self.ended_after_ms.is_none_or(|ms| ms <= late);
+        self.declared
+            && !self.rejoined
+            && !self.healthy_declared
+            && in_time
+            && (self.ended_by_survivors || (self.ended_itself && !self.ending_expected))
     }
 }
 
 impl Stall {
     /// A stall `at` after every rank is ready, `length` long.
     pub fn planned(at: Duration, length: Duration) -> Stall {
-        Stall { at, length, stopped: None, resumed: false, ended_while_stopped: false }
+        Stall { at, length, stopped: None, resumed: false, ended_after: None }
     }
 
     /// SIGSTOPs a random rank not in `dead` once due (`since_ready` after every rank was
@@ -146,9 +167,19 @@ impl Stall {
                 eprintln!("[chaos] {:.1} s: SIGSTOP rank {rank}", now.as_secs_f64());
             }
             (Some((rank, at)), false) if now >= at + self.length => {
-                self.ended_while_stopped = !signal_pid(pids[&rank], "-CONT")?;
+                if !signal_pid(pids[&rank], "-CONT")? {
+                    self.ended_after.get_or_insert(now - at);
+                }
                 self.resumed = true;
                 eprintln!("[chaos] {:.1} s: SIGCONT rank {rank}", now.as_secs_f64());
+            }
+            (Some((rank, at)), false) if self.ended_after.is_none() && is_gone(pids[&rank]) => {
+                self.ended_after = Some(now - at);
+                let after = (now - at).as_secs_f64();
+                eprintln!(
+                    "[chaos] {:.1} s: stopped rank {rank} ended {after:.2} s after its stop",
+                    now.as_secs_f64()
+                );
             }
             _ => {}
         }
@@ -162,15 +193,36 @@ impl Stall {
 
     /// What became of the stopped rank, judged from the job's output and the failed set the
     /// survivors agreed on.
-    pub fn outcome(&self, out: &JobOutput, agreed_failed: &[usize]) -> Option<StallOutcome> {
+    /// `killed` are the ranks the driver SIGKILLed.
+    pub fn outcome(
+        &self,
+        out: &JobOutput,
+        agreed_failed: &[usize],
+        killed: &[usize],
+    ) -> Option<StallOutcome> {
         let rank = self.rank()?;
+        let healthy = |r: &&usize| **r != rank && !killed.contains(r);
         Some(StallOutcome {
             declared: agreed_failed.contains(&rank),
             rejoined: crate::done_report(out, rank).is_some(),
             ended_itself: ended_after_stall(out, rank),
             // A job that ended before the stall's end had its stopped process ended meanwhile.
-            ended_by_survivors: self.ended_while_stopped || !self.resumed,
+            ended_by_survivors: self.ended_after.is_some() || !self.resumed,
+            ended_after_ms: self.ended_after.map(|d| d.as_millis() as u64),
+            healthy_declared: agreed_failed.iter().any(|r| healthy(&r)),
+            ending_expected: ftkv::end_declared_from_environment(),
         })
+    }
+}
+
+/// Whether the process `pid` is gone: no longer in `/proc`, or a zombie its parent has not
+/// reaped yet.
+fn is_gone(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => {
+            stat.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X']))
+        }
     }
 }
 
@@ -215,11 +267,20 @@ mod tests {
             rejoined: false,
             ended_itself: true,
             ended_by_survivors: false,
+            ended_after_ms: None,
+            healthy_declared: false,
+            ending_expected: false,
         };
-        assert!(ok.ok());
-        assert!(!StallOutcome { declared: false, ..ok }.ok());
-        assert!(!StallOutcome { rejoined: true, ..ok }.ok());
-        assert!(!StallOutcome { ended_itself: false, ..ok }.ok());
-        assert!(StallOutcome { ended_itself: false, ended_by_survivors: true, ..ok }.ok());
+        let bound = Duration::from_secs(3);
+        assert!(ok.ok(bound));
+        assert!(!StallOutcome { declared: false, ..ok }.ok(bound));
+        assert!(!StallOutcome { rejoined: true, ..ok }.ok(bound));
+        assert!(!StallOutcome { ended_itself: false, ..ok }.ok(bound));
+        assert!(!StallOutcome { healthy_declared: true, ..ok }.ok(bound));
+        let by_survivors = StallOutcome { ended_itself: false, ended_by_survivors: true, ..ok };
+        assert!(StallOutcome { ended_after_ms: Some(5000), ..by_survivors }.ok(bound));
+        assert!(!StallOutcome { ended_after_ms: Some(5001), ..by_survivors }.ok(bound));
+        assert!(!StallOutcome { ending_expected: true, ..ok }.ok(bound));
+        assert!(StallOutcome { ending_expected: true, ..by_survivors }.ok(bound));
     }
 }

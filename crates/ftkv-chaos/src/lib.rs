@@ -114,8 +114,14 @@ pub struct Summary {
     pub host_kills: usize,
     /// Ranks SIGSTOPped past the suspicion bound (`--stop`).
     pub stalls: usize,
-    /// Of those, ranks that were not declared failed, rejoined, or ended without saying why.
+    /// Of those, ranks that were not declared failed, rejoined, ended without saying why or
+    /// late, or were declared beside a healthy rank.
     pub stall_failures: usize,
+    /// Per stalled rank the survivors ended while stopped: milliseconds from its stop to its
+    /// end.
+    pub stall_ended_after_ms: Vec<u64>,
+    /// Stalls beside which a healthy rank was declared failed.
+    pub healthy_declared: usize,
     /// Reads of a key as lost that no recovery reported, or of a live owner's key that its
     /// owner had not written again.
     pub unaccounted_losses: u64,
@@ -204,7 +210,9 @@ pub fn run(exe: &std::path::Path, campaign: &Campaign) -> Result<Summary> {
         summary.keys_lost_in_recovery += result.lost_in_recovery;
         summary.host_kills += usize::from(result.host_killed);
         summary.stalls += usize::from(result.stall.is_some());
-        summary.stall_failures += usize::from(result.stall.is_some_and(|s| !s.ok()));
+        summary.stall_failures += usize::from(result.stall.is_some_and(|s| !s.ok(STOP_SUSPICION)));
+        summary.stall_ended_after_ms.extend(result.stall.and_then(|s| s.ended_after_ms));
+        summary.healthy_declared += usize::from(result.stall.is_some_and(|s| s.healthy_declared));
         summary.unaccounted_losses += result.verdict.unaccounted;
         summary.local_reads += result.verdict.local_reads;
         let failed = result.failed(campaign.copies);
@@ -265,7 +273,7 @@ impl RunResult {
         self.hung
             || self.split_brain > 0
             || v.lost + v.torn + v.unaccounted > 0
-            || self.stall.is_some_and(|s| !s.ok())
+            || self.stall.is_some_and(|s| !s.ok(STOP_SUSPICION))
             || unexplained_loss
             || self.unexplained
             || (self.none_finished && !self.stuck)
@@ -288,8 +296,8 @@ impl RunResult {
         }
         if let Some(s) = self.stall {
             kills += &format!(
-                " stall(declared={} ended_itself={} ended_by_survivors={} rejoined={})",
-                s.declared, s.ended_itself, s.ended_by_survivors, s.rejoined
+                " stall(declared={} ended_itself={} ended_by_survivors={} ended_after_ms={:?} healthy_declared={} rejoined={})",
+                s.declared, s.ended_itself, s.ended_by_survivors, s.ended_after_ms, s.healthy_declared, s.rejoined
             );
         }
         let v = &self.verdict;
@@ -466,7 +474,8 @@ impl Faults {
         let others = self.single_kills || self.stall.is_some() || self.cut.is_some();
         result.host_kill_only = host_killed && !others;
         if let Some(stall) = &self.stall {
-            result.stall = stall.outcome(out, &agreed_failed(out, campaign.ranks));
+            let agreed = agreed_failed(out, campaign.ranks);
+            result.stall = stall.outcome(out, &agreed, &self.killer.killed);
             result.unexplained |= result.stall.is_none();
         }
         result.unexplained |= self.host.is_some() && !host_killed;

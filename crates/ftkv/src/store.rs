@@ -92,6 +92,9 @@ pub struct Store<F: Fabric = DefaultFabric> {
     /// Every worker's process (index: worker id), as each told at creation: what the detector
     /// needs to end a process the survivors declared failed.
     processes: Arc<Vec<crate::fabric::ProcessTag>>,
+    /// The failed processes this member ended or left alone, and the silent ones, shared with
+    /// every detector of this store (see [`crate::detector::ending`]).
+    ending: crate::detector::SharedEnding,
     origin: F,
     comm: Arc<F>,
     /// The current windows (`None` while a recovery runs, and after one that ended the store).

@@ -15,6 +15,7 @@
 
 use std::time::{Duration, Instant};
 
+use super::ending::Ending;
 use super::Watch;
 use crate::fabric::Fabric;
 use crate::rt;
@@ -30,8 +31,7 @@ pub(super) struct Heartbeats {
     peers: Vec<i32>,
     /// Per peer: how long this member ran without a heartbeat from it.
     silence: Vec<Duration>,
-    /// Peers found silent past the bound or declared after a stall (each is ended once), and
-    /// peers reported dead promptly (left alone): every peer judged.
+    /// Peers found silent past the bound (each is ended once).
     judged: Vec<i32>,
     period: Duration,
     bound: Duration,
@@ -61,14 +61,11 @@ impl Heartbeats {
     }
 
     /// One detector round: sends the heartbeats when a period passed, adds the time since the
-    /// last round to every peer's silence (a period at most) and returns the peers (ranks of
-    /// the detector's communicator) to end: those newly silent past the bound, and those newly
-    /// known failed after half a bound of silence or more (Open MPI's detector declared them:
-    /// they may be stopped, not dead). A peer known failed after a shorter silence died (the
-    /// runtime reports a death within milliseconds) and is left alone: asking the runtime to
-    /// kill a process that is gone is not harmless (PRRTE 3.0.14 treats a target it cannot
-    /// find as every process).
-    pub fn round<F: Fabric>(&mut self, watch: &Watch<F>) -> Vec<i32> {
+    /// last round to every peer's silence (a period at most), tells `ending` which live peers
+    /// were silent for half a bound or more (declared later, they were stopped, not dead: the
+    /// runtime reports a death within milliseconds) and returns the live peers newly silent
+    /// past the bound (worker ids) to end.
+    pub fn round<F: Fabric>(&mut self, watch: &Watch<F>, ending: &mut Ending) -> Vec<i32> {
         let now = rt::now();
         let ran = now.saturating_duration_since(self.last_round).min(self.period);
         self.last_round = now;
@@ -76,20 +73,17 @@ impl Heartbeats {
             self.send(watch);
             self.last_sent = Some(now);
         }
-        let failed = |rank: i32| watch.health.is_failed(watch.live[rank as usize]);
         let mut newly = Vec::new();
         for (i, &peer) in self.peers.iter().enumerate() {
             self.silence[i] += ran;
-            if self.judged.contains(&peer) {
+            let worker = watch.live[peer as usize];
+            if self.judged.contains(&peer) || watch.health.is_failed(worker) {
                 continue;
             }
-            let verdict = match failed(peer) {
-                true => Some(self.silence[i] >= self.bound / 2),
-                false => (self.silence[i] > self.bound).then_some(true),
-            };
-            if let Some(end) = verdict {
+            ending.suspect(worker, self.silence[i] >= self.bound / 2);
+            if self.silence[i] > self.bound {
                 self.judged.push(peer);
-                newly.extend(end.then_some(peer));
+                newly.push(worker);
             }
         }
         newly

@@ -22,7 +22,7 @@
 //! two-sided pings that writers send before every put, polling without sleeping (the
 //! reference paper's helper).
 
-mod ending;
+pub(crate) mod ending;
 mod health;
 mod heartbeat;
 mod sources;
@@ -37,6 +37,7 @@ use crate::rt::{self, Thread};
 use sources::{FailureSource, Notices, Revocation, Told, UlfmFailedSet};
 use watchdog::StuckCall;
 
+pub(crate) use ending::{Reacher, SharedEnding};
 use health::DetectorStep;
 pub(crate) use health::{read_allowance, Health, Lane, SLOWEST_HEALTHY_RATE};
 pub(crate) use heartbeat::key_sharers;
@@ -67,6 +68,8 @@ pub(crate) struct Watch<F> {
     pub processes: Arc<Vec<ProcessTag>>,
     /// [`crate::Config::end_declared`].
     pub end_declared: bool,
+    /// What this store's members ended so far, shared with the store ([`ending`]).
+    pub ending: SharedEnding,
     /// [`crate::Config::end_through_runtime`].
     pub end_through_runtime: bool,
     /// The members this one exchanges heartbeats with (ranks of `comm`; see [`heartbeat`]):
@@ -85,6 +88,31 @@ pub(crate) struct Watch<F> {
     pub answer_pings: bool,
     /// Fences newly failed workers out of this rank's slots (see [`crate::fence`]).
     pub fence: FenceFailed,
+}
+
+impl<F> Watch<F> {
+    /// Who ends failed processes, from this member ([`ending`]).
+    fn reacher(&self) -> ending::Reacher<'_, F> {
+        ending::Reacher {
+            comm: &*self.comm,
+            me: self.me,
+            hosts: &self.hosts,
+            processes: &self.processes,
+            through_runtime: self.end_through_runtime,
+        }
+    }
+}
+
+/// Once the failed set grew past `generation` (the one last acted on): ends the failed
+/// processes this member is to end ([`ending::Ending::end_failed`]). Returns the generation
+/// acted on.
+fn end_new_failures<F: Fabric>(watch: &Watch<F>, generation: u64) -> u64 {
+    let now = watch.health.generation();
+    if now != generation && watch.end_declared {
+        let failed = watch.health.failed_workers(watch.health.workers());
+        ending::lock(&watch.ending).end_failed(&watch.reacher(), &failed);
+    }
+    now
 }
 
 /// What the detector calls with every failed worker once the failed set grew.
@@ -140,7 +168,7 @@ fn run<F: Fabric>(watch: Watch<F>, stop: &AtomicBool) {
     let mut fenced_generation = 0;
     let (mut notices, mut ulfm, mut revocation) = (Notices::default(), UlfmFailedSet, Revocation);
     let mut told = Told::starting(&watch);
-    let mut ending = ending::Ending::new();
+    let mut ended_generation = 0;
     let mut heartbeats = heartbeat::Heartbeats::new(watch.heartbeat_peers.clone(), watch.suspicion);
     while !stop.load(Ordering::Acquire) {
         watch.health.enter_detector_step(DetectorStep::Progress);
@@ -158,9 +186,11 @@ fn run<F: Fabric>(watch: Watch<F>, stop: &AtomicBool) {
         told.tell_neighbours(&watch);
         watch.health.enter_detector_step(DetectorStep::Fence);
         fenced_generation = sources::fence_new_failures(&watch, fenced_generation);
-        ending.end_declared(&watch);
+        ended_generation = end_new_failures(&watch, ended_generation);
         if heartbeats.any() {
-            ending.end_silent(&watch, &heartbeats.round(&watch));
+            let mut ending = ending::lock(&watch.ending);
+            let silent = heartbeats.round(&watch, &mut ending);
+            ending.end_silent(&watch.reacher(), &silent);
         }
         stuck.iter_mut().for_each(|lane| lane.check(&watch));
         watch.health.enter_detector_step(DetectorStep::Pause);

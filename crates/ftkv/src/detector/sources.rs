@@ -254,6 +254,7 @@ mod tests {
             hosts: hosts.to_vec(),
             processes: Arc::new(vec![Default::default(); 4]),
             end_declared: false,
+            ending: crate::detector::ending::shared(),
             end_through_runtime: false,
             heartbeat_peers: Vec::new(),
             neighbours,

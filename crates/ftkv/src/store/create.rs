@@ -71,6 +71,7 @@ impl<F: Fabric> Store<F> {
             workers,
             hosts,
             processes: Arc::new(processes),
+            ending: crate::detector::ending::shared(),
             origin,
             comm: store_comm,
             windows: Some(Arc::new(windows)),

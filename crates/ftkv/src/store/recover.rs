@@ -317,6 +317,23 @@ impl<F: Fabric> Store<F> {
         }
     }
 
+    /// Ends the processes of the workers this recovery found failed, as the detector does when
+    /// it sees a failure first ([`crate::detector::ending`]): the recovery replaced the
+    /// detector, which may not have seen them.
+    fn end_failed(&self, failed: &[i32]) {
+        if !self.config.end_declared || failed.is_empty() {
+            return;
+        }
+        let reacher = crate::detector::Reacher {
+            comm: &*self.comm,
+            me: self.me,
+            hosts: &self.hosts,
+            processes: &self.processes,
+            through_runtime: self.config.end_through_runtime,
+        };
+        crate::detector::ending::lock(&self.ending).end_failed(&reacher, failed);
+    }
+
     fn finish_recovery(
         &mut self,
         recovered: Recovered,
@@ -327,6 +344,7 @@ impl<F: Fabric> Store<F> {
             .filter(|w| !self.routes.live.contains(w) && !self.recoveries.failed.contains(w))
             .collect();
         self.recoveries.failed.extend(&failed);
+        self.end_failed(&failed);
         self.lost = recovered.lost.clone();
         self.handed.clear();
         // The new routes are fresh: the next call follows every failure known by then.

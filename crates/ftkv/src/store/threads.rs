@@ -44,6 +44,7 @@ impl<F: Fabric> Store<F> {
             hosts: self.hosts.clone(),
             processes: self.processes.clone(),
             end_declared: self.config.end_declared,
+            ending: self.ending.clone(),
             end_through_runtime: self.config.end_through_runtime,
             heartbeat_peers,
             neighbours,

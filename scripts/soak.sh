@@ -39,7 +39,11 @@ done
 mkdir -p "$out"
 scripts/setup.sh >/dev/null
 cargo build --release -p ftkv-cli --quiet
-ftkv="$root/target/release/ftkv"
+# The campaigns run a copy of the binary, so that a build meanwhile does not replace it under
+# a running job.
+mkdir -p "$out/bin"
+cp "$root/target/release/ftkv" "$out/bin/ftkv.new" && mv "$out/bin/ftkv.new" "$out/bin/ftkv"
+ftkv="$out/bin/ftkv"
 deadline=""
 [ -n "$hours" ] && deadline=$(( $(date +%s) + ${hours%.*} * 3600 ))
 

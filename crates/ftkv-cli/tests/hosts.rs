@@ -205,22 +205,19 @@ fn a_worker_stopped_past_the_suspicion_bound_across_hosts_is_ended() {
     common::assert_ended_while_stopped(&report, &stdout, &stderr, false, Duration::from_secs(5));
 }
 
-/// With the runtime's ending on (`FTKV_END_THROUGH_RUNTIME=1`): every rank of one of 3
-/// simulated hosts (mapped by slot: consecutive ranks, which Open
-/// MPI's ring detector would find one bound after the other) SIGSTOPped at once for 60 s
-/// with a 5 s bound: the store's own heartbeat finds them within the bound, their heartbeat
-/// peers on the other hosts ask the runtime to end them (no worker is left on their host), the
-/// survivors' result is exact, and the job ends within the bound, a recovery and a second of
-/// the stop.
+/// With every default: every rank of one of 3 simulated hosts (mapped by slot: consecutive
+/// ranks, which Open MPI's ring detector would find one bound after the other) SIGSTOPped at
+/// once for 60 s with a 5 s bound: the store's own heartbeat finds them within the bound, their
+/// heartbeat peers on the other hosts find that the host still answers and ask the runtime to
+/// end them (no worker is left on their host), the survivors' result is exact, and the job
+/// ends within the bound, a recovery and a second of the stop.
 #[test]
 fn a_hosts_every_rank_stopped_at_once_is_ended_through_the_runtime() {
     let _slot = job_slot();
     let args = ["--nodes", "3", "-n", "6", "--kills", "0", "--copies", "3", "--tree", "T1"];
     let stop = ["--stop", "60", "--stop-host", "--suspicion", "5", "--timeout", "90"];
     let args = [&args[..], &stop[..]].concat();
-    let runtime = [("FTKV_END_THROUGH_RUNTIME", "1")];
-    let (report, stdout, stderr) =
-        common::demo_report_with(&args, &runtime, Duration::from_secs(150));
+    let (report, stdout, stderr) = common::demo_report(&args, Duration::from_secs(150));
     let stopped = report["stopped_ranks"].as_array().expect("stopped").len();
     assert_eq!(stopped, 2, "a host's 2 ranks: {stdout}\n{stderr}");
     common::assert_ended_while_stopped(&report, &stdout, &stderr, true, Duration::from_secs(5));

@@ -101,6 +101,12 @@ impl HostWindow {
         self.links.is_some()
     }
 
+    /// The listening address of `target`, a member on another host (`None` for a member on
+    /// this host, or once the window is closed).
+    pub fn listener_of(&self, target: i32) -> Option<std::net::SocketAddrV4> {
+        self.links.as_ref().and_then(|links| links.address_of(target))
+    }
+
     /// How many connections to this member were dropped, since the window was created,
     /// because they did not prove to come from a member of this job (a wrong, incomplete or
     /// late introduction, or a member's second connection). 0 when every member shares this

@@ -221,6 +221,13 @@ impl Links {
         Ok(Links { outgoing, server, members })
     }
 
+    /// The listening address of member `target` on another host (`None` for a member on this
+    /// host or no member).
+    pub fn address_of(&self, target: i32) -> Option<SocketAddrV4> {
+        let target = self.outgoing.targets.get(usize::try_from(target).ok()?)?;
+        target.as_ref().map(|t| t.address)
+    }
+
     /// How many connections to this member were dropped, since the links started, because
     /// they did not prove to come from a member of this job: a wrong, incomplete or late
     /// introduction, or a member's second connection (see [`Gate`]).

@@ -80,16 +80,16 @@ pub struct Config {
     /// finished would wait until the frozen rank runs again and ends itself. Its host mates
     /// SIGKILL it by pid (also one the store's own heartbeat among the members that share keys
     /// found silent); with [`Config::end_through_runtime`] a rank on another host that was
-    /// silent before it was declared is ended by its heartbeat peers through the runtime (PMIx
-    /// job control through that host's daemon). On by default (and with it the heartbeat); off
-    /// where [`END_DECLARED_VAR`] is `0`.
+    /// silent before it was declared, and whose host still answers, is ended by its heartbeat
+    /// peers through the runtime (PMIx job control through that host's daemon). On by default
+    /// (and with it the heartbeat); off where [`END_DECLARED_VAR`] is `0`.
     pub end_declared: bool,
     /// Whether a silent worker on another host is ended through the runtime (PMIx job control)
-    /// as well; off by default: a request for a rank behind a cut link left PRRTE 3.0.14 and
-    /// every survivor stuck (`ftkv chaos --nodes 3 --cut-link 2`: 2 of 2 runs unfinished on
-    /// every rank, 1 of 1 fine without it), and a stopped host cannot yet be told from a cut
-    /// one. On where [`END_THROUGH_RUNTIME_VAR`] is `1`: then a host whose every rank froze
-    /// (its daemon alive) is ended within the bound.
+    /// as well, when its host still completes a TCP connection to the worker's listener (its
+    /// kernel runs and is reachable: the worker is frozen, and the host's daemon can end it).
+    /// A host that does not answer is cut off or down: nothing is asked for it, since a request
+    /// for a rank behind a cut link left PRRTE 3.0.14 and every survivor stuck. On by default;
+    /// off where [`END_THROUGH_RUNTIME_VAR`] is `0`.
     pub end_through_runtime: bool,
     /// How failures are repaired.
     pub recovery: Recovery,
@@ -138,13 +138,13 @@ pub fn end_declared_from_environment() -> bool {
     std::env::var(END_DECLARED_VAR).map_or(true, |v| v.trim() != "0")
 }
 
-/// The environment variable that switches [`Config::end_through_runtime`] on when `1`.
+/// The environment variable that switches [`Config::end_through_runtime`] off when `0`.
 pub const END_THROUGH_RUNTIME_VAR: &str = "FTKV_END_THROUGH_RUNTIME";
 
-/// [`Config::end_through_runtime`] as the environment sets it: off unless
-/// [`END_THROUGH_RUNTIME_VAR`] is `1`.
+/// [`Config::end_through_runtime`] as the environment sets it: on unless
+/// [`END_THROUGH_RUNTIME_VAR`] is `0`.
 pub fn end_through_runtime_from_environment() -> bool {
-    std::env::var(END_THROUGH_RUNTIME_VAR).is_ok_and(|v| v.trim() == "1")
+    std::env::var(END_THROUGH_RUNTIME_VAR).map_or(true, |v| v.trim() != "0")
 }
 
 /// How much longer than the suspicion bound the watchdog waits across hosts: a put to a silent

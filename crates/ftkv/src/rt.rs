@@ -155,3 +155,19 @@ pub fn recv<T>(queue: &mpsc::Receiver<T>) -> Result<T, mpsc::RecvError> {
     }
     queue.recv()
 }
+
+/// Tries a TCP connection to `address` on a thread of its own (closed at once when made) and
+/// returns the channel on which that thread tells, within `timeout`, whether it was made; the
+/// channel ends without a word when the thread could not start. A host whose kernel runs
+/// completes the connection to a listener of a stopped process; across a cut link or to a host
+/// that is down it does not: what tells a frozen host from an unreachable one. Never used on a
+/// simulated world (its fabric has no listeners).
+pub fn probe_tcp(address: std::net::SocketAddr, timeout: Duration) -> mpsc::Receiver<bool> {
+    let (tell, told) = mpsc::channel();
+    let probe = move || {
+        let made = std::net::TcpStream::connect_timeout(&address, timeout).is_ok();
+        let _ = tell.send(made);
+    };
+    let _ = std::thread::Builder::new().name("ftkv-probe".into()).spawn(probe);
+    told
+}

@@ -33,6 +33,10 @@ pub(super) struct Heartbeats {
     silence: Vec<Duration>,
     /// Peers found silent past the bound (each is ended once).
     judged: Vec<i32>,
+    /// Once the alarm of a global recovery is raised, per peer: it was heard within half a
+    /// bound then, so it may be in that recovery, which sends no heartbeats until it replaces
+    /// the detectors: its silence is not counted. Empty before the alarm.
+    may_recover: Vec<bool>,
     period: Duration,
     bound: Duration,
     last_round: Instant,
@@ -45,7 +49,8 @@ impl Heartbeats {
         let silence = vec![Duration::ZERO; peers.len()];
         let period = period_for(bound);
         let (last_round, last_sent) = (rt::now(), None);
-        Heartbeats { peers, silence, judged: Vec::new(), period, bound, last_round, last_sent }
+        let (judged, may_recover) = (Vec::new(), Vec::new());
+        Heartbeats { peers, silence, judged, may_recover, period, bound, last_round, last_sent }
     }
 
     /// Whether this member exchanges heartbeats at all.
@@ -61,7 +66,8 @@ impl Heartbeats {
     }
 
     /// One detector round: sends the heartbeats when a period passed, adds the time since the
-    /// last round to every peer's silence (a period at most), tells `ending` which live peers
+    /// last round to every peer's silence (a period at most; not to peers that may be in a
+    /// global recovery, see `may_recover`), tells `ending` which live peers
     /// were silent for half a bound or more (declared later, they were stopped, not dead: the
     /// runtime reports a death within milliseconds) and returns the live peers newly silent
     /// past the bound (worker ids) to end.
@@ -74,13 +80,22 @@ impl Heartbeats {
             self.last_sent = Some(now);
         }
         let mut newly = Vec::new();
+        if watch.health.alarmed() && self.may_recover.is_empty() {
+            let heard_lately = |silence: &Duration| *silence < self.bound / 2;
+            self.may_recover = self.silence.iter().map(heard_lately).collect();
+        }
         for (i, &peer) in self.peers.iter().enumerate() {
+            if self.may_recover.get(i).copied().unwrap_or(false) {
+                continue;
+            }
             self.silence[i] += ran;
             let worker = watch.live[peer as usize];
             if self.judged.contains(&peer) || watch.health.is_failed(worker) {
                 continue;
             }
-            ending.suspect(worker, self.silence[i] >= self.bound / 2);
+            let listener = watch.listeners.get(peer as usize).copied().flatten();
+            let timeout = super::ending::probe_timeout(self.bound);
+            ending.suspect(worker, self.silence[i] >= self.bound / 2, listener, timeout);
             if self.silence[i] > self.bound {
                 self.judged.push(peer);
                 newly.push(worker);

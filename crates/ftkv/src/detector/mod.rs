@@ -70,6 +70,9 @@ pub(crate) struct Watch<F> {
     pub end_declared: bool,
     /// What this store's members ended so far, shared with the store ([`ending`]).
     pub ending: SharedEnding,
+    /// Per rank of `comm`: its listener on another host, which that host's kernel answers
+    /// while it runs ([`crate::fabric::FabricWindow::listener_of`]).
+    pub listeners: Vec<Option<std::net::SocketAddr>>,
     /// [`crate::Config::end_through_runtime`].
     pub end_through_runtime: bool,
     /// The members this one exchanges heartbeats with (ranks of `comm`; see [`heartbeat`]):
@@ -190,7 +193,8 @@ fn run<F: Fabric>(watch: Watch<F>, stop: &AtomicBool) {
         if heartbeats.any() {
             let mut ending = ending::lock(&watch.ending);
             let silent = heartbeats.round(&watch, &mut ending);
-            ending.end_silent(&watch.reacher(), &silent);
+            ending.end_failed(&watch.reacher(), &silent);
+            ending.end_waiting(&watch.reacher());
         }
         stuck.iter_mut().for_each(|lane| lane.check(&watch));
         watch.health.enter_detector_step(DetectorStep::Pause);

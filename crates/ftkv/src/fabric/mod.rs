@@ -261,6 +261,14 @@ pub trait FabricWindow: Send + Sync + 'static {
     /// Leaves the window allocated without touching it again: a collective free cannot be
     /// matched when the members of a failed recovery attempt do not all hold it.
     fn abandon(self);
+    /// The address of `target`'s listener when `target` is a member on another host reached
+    /// over connections of the window's own: its host's kernel completes a TCP connection to
+    /// it while the host runs and is reachable, even when `target`'s process is stopped.
+    /// `None` for a member on this host, or when the window has no listeners.
+    fn listener_of(&self, target: i32) -> Option<std::net::SocketAddr> {
+        let _ = target;
+        None
+    }
 }
 
 /// One-sided operations inside a [`FabricWindow::scope`]; buffers stay borrowed until it ends.

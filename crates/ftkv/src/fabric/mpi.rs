@@ -258,6 +258,9 @@ impl FabricWindow for HostWindow {
     fn abandon(self) {
         HostWindow::abandon(self);
     }
+    fn listener_of(&self, target: i32) -> Option<std::net::SocketAddr> {
+        HostWindow::listener_of(self, target).map(std::net::SocketAddr::V4)
+    }
 }
 
 impl<'buf> RmaOps<'buf> for HostScope<'buf> {

@@ -8,7 +8,7 @@ use super::{follow, Store};
 use crate::config::{Detection, Recovery};
 use crate::detector::{Detector, Watch};
 use crate::error::{Error, Result};
-use crate::fabric::Fabric;
+use crate::fabric::{Fabric, FabricWindow};
 use crate::key::Key;
 
 impl<F: Fabric> Store<F> {
@@ -33,6 +33,7 @@ impl<F: Fabric> Store<F> {
             false => Vec::new(),
         };
         let windows = self.windows.clone().ok_or(Error::Closed)?;
+        let listeners = (0..comm.size()).map(|rank| windows.window().listener_of(rank)).collect();
         if self.config.recovery == Recovery::Localized {
             self.start_repairer()?;
         }
@@ -45,6 +46,7 @@ impl<F: Fabric> Store<F> {
             processes: self.processes.clone(),
             end_declared: self.config.end_declared,
             ending: self.ending.clone(),
+            listeners,
             end_through_runtime: self.config.end_through_runtime,
             heartbeat_peers,
             neighbours,

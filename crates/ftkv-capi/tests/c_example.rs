@@ -221,3 +221,120 @@ fn every_c_function_returns_what_its_comment_says() {
         assert!(lines.iter().any(|l| l == "checks passed"), "rank {rank}:\n{}", out.transcript());
     }
 }
+
+/// The C checkpoint loop under plain `mpirun --with-ft ulfm` (not ftkv's launcher: what the
+/// C library sets before `MPI_Init` is all it gets) with every default (the 10 s bound: the
+/// suite's longer `OMPI_MCA_mpi_ft_detector_timeout` is removed), one rank SIGSTOPped from
+/// outside by pid for 90 s: the survivors declare it, end its process and finish, and
+/// `mpirun` ends within the bound, a recovery and a second of the stop, not after the 90 s.
+#[test]
+fn a_c_rank_stopped_for_90_s_under_plain_mpirun_costs_the_job_the_bound_and_a_second() {
+    let exe = build_example("c/checkpoint.c");
+    let (ranks, victim) = (4, 2);
+    let mut mpirun = Command::new(ftkv_launch::env::mpirun());
+    mpirun
+        .args(["--with-ft", "ulfm", "--oversubscribe", "--allow-run-as-root", "--output", "tag"])
+        .args(["-n", &ranks.to_string()])
+        .arg(&exe)
+        .arg("3")
+        .env_remove("OMPI_MCA_mpi_ft_detector_timeout")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let job = plain::Job::spawn(mpirun, ranks);
+    let stopped_at = std::time::Instant::now();
+    assert!(ftkv_launch::launch::signal_pid(job.pids[&victim], "-STOP").expect("kill runs"));
+    let (ended, out) = job.wait(Duration::from_secs(100));
+    let resumed = ftkv_launch::launch::signal_pid(job.pids[&victim], "-CONT").expect("kill runs");
+    let took = ended.map(|at| at.duration_since(stopped_at));
+    let allowed = Duration::from_secs(10) + Duration::from_secs(2);
+    assert!(took.is_some_and(|t| t <= allowed), "the job took {took:?} after the stop:\n{out}");
+    assert!(!resumed, "the stopped rank was still there when the job ended:\n{out}");
+    for rank in (0..ranks).filter(|&r| r != victim) {
+        let done = format!("[1,{rank}]<stdout>: done");
+        assert!(out.lines().any(|l| l == done), "rank {rank} did not finish:\n{out}");
+        let read = format!("[1,{rank}]<stdout>: read rank {victim} iteration ");
+        let matched = out.lines().any(|l| l.starts_with(&read) && l.ends_with("-> MATCH"));
+        assert!(matched, "rank {rank} read no whole checkpoint of rank {victim}:\n{out}");
+    }
+}
+
+/// A job under plain `mpirun`, its tagged output read on threads.
+mod plain {
+    use std::collections::HashMap;
+    use std::io::{BufRead, BufReader};
+    use std::process::{Child, Command};
+    use std::sync::mpsc;
+    use std::time::{Duration, Instant};
+
+    pub struct Job {
+        child: Child,
+        lines: mpsc::Receiver<String>,
+        seen: Vec<String>,
+        /// Each rank's pid, from its `ready pid=<pid>` line.
+        pub pids: HashMap<usize, u32>,
+    }
+
+    impl Job {
+        /// Starts `mpirun` and waits (60 s at most) until each of the `ranks` printed its pid.
+        pub fn spawn(mut mpirun: Command, ranks: usize) -> Job {
+            let mut child = mpirun.spawn().expect("mpirun starts");
+            let (tell, lines) = mpsc::channel();
+            let stdout = child.stdout.take().expect("piped");
+            let stderr = child.stderr.take().expect("piped");
+            for stream in [Box::new(stdout) as Box<dyn std::io::Read + Send>, Box::new(stderr)] {
+                let tell = tell.clone();
+                std::thread::spawn(move || {
+                    for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                        let _ = tell.send(line);
+                    }
+                });
+            }
+            let mut job = Job { child, lines, seen: Vec::new(), pids: HashMap::new() };
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while job.pids.len() < ranks && Instant::now() < deadline {
+                let Ok(line) = job.lines.recv_timeout(Duration::from_millis(100)) else { continue };
+                if let Some((rank, pid)) = ready_pid(&line) {
+                    job.pids.insert(rank, pid);
+                }
+                job.seen.push(line);
+            }
+            if job.pids.len() < ranks {
+                let _ = job.child.kill();
+                panic!("the ranks did not get ready:\n{}", job.seen.join("\n"));
+            }
+            job
+        }
+
+        /// Waits up to `limit` for `mpirun` to end (killing it past that); when it ended (if it
+        /// did) and everything it printed.
+        pub fn wait(mut self, limit: Duration) -> (Option<Instant>, String) {
+            let deadline = Instant::now() + limit;
+            let mut ended = None;
+            while ended.is_none() && Instant::now() < deadline {
+                if let Ok(line) = self.lines.recv_timeout(Duration::from_millis(20)) {
+                    self.seen.push(line);
+                }
+                if self.child.try_wait().ok().flatten().is_some() {
+                    ended = Some(Instant::now());
+                }
+            }
+            if ended.is_none() {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+            }
+            // The readers end with the streams; what they still hold comes within moments.
+            while let Ok(line) = self.lines.recv_timeout(Duration::from_millis(500)) {
+                self.seen.push(line);
+            }
+            (ended, self.seen.join("\n"))
+        }
+    }
+
+    /// `(rank, pid)` from a tagged `[1,<rank>]<stdout>: ready pid=<pid>` line.
+    fn ready_pid(line: &str) -> Option<(usize, u32)> {
+        let rest = line.strip_prefix("[1,")?;
+        let (rank, rest) = rest.split_once(']')?;
+        let pid = rest.strip_prefix("<stdout>: ready pid=")?;
+        Some((rank.parse().ok()?, pid.trim().parse().ok()?))
+    }
+}

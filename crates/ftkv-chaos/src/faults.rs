@@ -121,8 +121,9 @@ pub struct StallOutcome {
     /// The survivors agreed that a rank failed that nobody killed or stopped: a healthy rank
     /// was declared.
     pub healthy_declared: bool,
-    /// The survivors were to end it ([`ftkv::end_declared_from_environment`]); otherwise it
-    /// ends itself once resumed.
+    /// The survivors were to end it ([`ftkv::end_declared_from_environment`], and across hosts
+    /// [`ftkv::end_through_runtime_from_environment`]); otherwise it may end itself once
+    /// resumed.
     pub ending_expected: bool,
 }
 
@@ -186,6 +187,14 @@ impl Stall {
         Ok(())
     }
 
+    /// Notes that the job ended at `now` (job time): a rank still stopped then was ended by the
+    /// survivors by then, at the latest.
+    pub fn job_ended(&mut self, now: Duration) {
+        if let (Some((_, at)), false, None) = (self.stopped, self.resumed, self.ended_after) {
+            self.ended_after = Some(now.saturating_sub(at));
+        }
+    }
+
     /// The stopped rank, if any.
     pub fn rank(&self) -> Option<usize> {
         self.stopped.map(|(rank, _)| rank)
@@ -210,7 +219,8 @@ impl Stall {
             ended_by_survivors: self.ended_after.is_some() || !self.resumed,
             ended_after_ms: self.ended_after.map(|d| d.as_millis() as u64),
             healthy_declared: agreed_failed.iter().any(|r| healthy(&r)),
-            ending_expected: ftkv::end_declared_from_environment(),
+            ending_expected: ftkv::end_declared_from_environment()
+                && ftkv::end_through_runtime_from_environment(),
         })
     }
 }

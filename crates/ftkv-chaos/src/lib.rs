@@ -361,6 +361,9 @@ fn run_attempt(
     while let Some(line) = job.next_line(Duration::from_millis(2)).or_else(|| idle(&mut job)) {
         faults.step(&job, &line, campaign.ranks, &mut rng)?;
     }
+    if let Some(stall) = &mut faults.stall {
+        stall.job_ended(job.elapsed());
+    }
     let restored = faults.cut.as_mut().map(|c| c.restore(&job)).transpose()?;
     let out = job.finish()?;
     let mut result = classify(&out, campaign.ranks, &faults.faulted());

@@ -10,12 +10,14 @@
 //! 0.1–1 s) and counts, per peer, the time it itself ran without hearing from that peer: a round
 //! gap longer than a period (this member was not scheduled) counts as a period only, so a
 //! member that was itself starved does not blame its peers. A peer silent past the bound is
-//! made dead ([`super::ending`]): Open MPI then learns of its death from the runtime and reports
-//! it like any failure; nothing is marked failed here.
+//! ended as a declared one would be ([`super::ending`]: by pid on this host, through the
+//! runtime on another host that still answers): Open MPI then learns of its death and reports
+//! it like any failure; nothing is marked failed here. While a global recovery's alarm is
+//! raised, a peer heard within half a bound before it, and not since, is not judged: it may be
+//! in that recovery, which sends no heartbeats.
 
 use std::time::{Duration, Instant};
 
-use super::ending::Ending;
 use super::Watch;
 use crate::fabric::Fabric;
 use crate::rt;
@@ -34,8 +36,9 @@ pub(super) struct Heartbeats {
     /// Peers found silent past the bound (each is ended once).
     judged: Vec<i32>,
     /// Once the alarm of a global recovery is raised, per peer: it was heard within half a
-    /// bound then, so it may be in that recovery, which sends no heartbeats until it replaces
-    /// the detectors: its silence is not counted. Empty before the alarm.
+    /// bound then and not since, so it may be in that recovery, which sends no heartbeats until
+    /// it replaces the detectors: its silence is not counted (a peer stopped meanwhile is left
+    /// to Open MPI's detector, whose declaration ends it). Empty before the alarm.
     may_recover: Vec<bool>,
     period: Duration,
     bound: Duration,
@@ -58,20 +61,21 @@ impl Heartbeats {
         !self.peers.is_empty()
     }
 
-    /// Notes a heartbeat from `rank`.
+    /// Notes a heartbeat from `rank`: it runs its detector, so it is not in a recovery either.
     pub fn heard(&mut self, rank: i32) {
         if let Some(i) = self.peers.iter().position(|&p| p == rank) {
             self.silence[i] = Duration::ZERO;
+            if let Some(may_recover) = self.may_recover.get_mut(i) {
+                *may_recover = false;
+            }
         }
     }
 
     /// One detector round: sends the heartbeats when a period passed, adds the time since the
     /// last round to every peer's silence (a period at most; not to peers that may be in a
-    /// global recovery, see `may_recover`), tells `ending` which live peers
-    /// were silent for half a bound or more (declared later, they were stopped, not dead: the
-    /// runtime reports a death within milliseconds) and returns the live peers newly silent
-    /// past the bound (worker ids) to end.
-    pub fn round<F: Fabric>(&mut self, watch: &Watch<F>, ending: &mut Ending) -> Vec<i32> {
+    /// global recovery, see `may_recover`) and returns the live peers newly silent past the
+    /// bound (worker ids), to end.
+    pub fn round<F: Fabric>(&mut self, watch: &Watch<F>) -> Vec<i32> {
         let now = rt::now();
         let ran = now.saturating_duration_since(self.last_round).min(self.period);
         self.last_round = now;
@@ -93,9 +97,6 @@ impl Heartbeats {
             if self.judged.contains(&peer) || watch.health.is_failed(worker) {
                 continue;
             }
-            let listener = watch.listeners.get(peer as usize).copied().flatten();
-            let timeout = super::ending::probe_timeout(self.bound);
-            ending.suspect(worker, self.silence[i] >= self.bound / 2, listener, timeout);
             if self.silence[i] > self.bound {
                 self.judged.push(peer);
                 newly.push(worker);

@@ -7,11 +7,11 @@
 //!   (failures are noticed only while MPI makes progress), fences new failures out of this
 //!   rank's slots and publishes them in [`Health`].
 //! - [`ending`]: makes the processes the survivors declared failed dead (a stopped rank would
-//!   hold the job's end): by pid on this host, through the runtime for a host left without a
-//!   live worker.
+//!   hold the job's end): by pid on this host, through the runtime on another host that still
+//!   answers a TCP connection to the worker's listener.
 //! - [`heartbeat`]: the store's own heartbeat among the members that share keys: a peer
-//!   silent past the bound is made dead (Open MPI's ring detector finds consecutive stopped
-//!   ranks one bound after the other).
+//!   silent past the bound is ended as a declared one (Open MPI's ring detector finds
+//!   consecutive stopped ranks one bound after the other).
 //! - [`watchdog`]: the put path marks the start and end of every data-path MPI call in a
 //!   counter (odd while inside); a call that stays inside longer than the watchdog bound, which
 //!   is what one-sided calls do against some dead targets, ends the process with SIGKILL after a
@@ -70,9 +70,6 @@ pub(crate) struct Watch<F> {
     pub end_declared: bool,
     /// What this store's members ended so far, shared with the store ([`ending`]).
     pub ending: SharedEnding,
-    /// Per rank of `comm`: its listener on another host, which that host's kernel answers
-    /// while it runs ([`crate::fabric::FabricWindow::listener_of`]).
-    pub listeners: Vec<Option<std::net::SocketAddr>>,
     /// [`crate::Config::end_through_runtime`].
     pub end_through_runtime: bool,
     /// The members this one exchanges heartbeats with (ranks of `comm`; see [`heartbeat`]):
@@ -102,6 +99,7 @@ impl<F> Watch<F> {
             hosts: &self.hosts,
             processes: &self.processes,
             through_runtime: self.end_through_runtime,
+            probe_timeout: ending::probe_timeout(self.suspicion),
         }
     }
 }
@@ -190,12 +188,11 @@ fn run<F: Fabric>(watch: Watch<F>, stop: &AtomicBool) {
         watch.health.enter_detector_step(DetectorStep::Fence);
         fenced_generation = sources::fence_new_failures(&watch, fenced_generation);
         ended_generation = end_new_failures(&watch, ended_generation);
-        if heartbeats.any() {
-            let mut ending = ending::lock(&watch.ending);
-            let silent = heartbeats.round(&watch, &mut ending);
-            ending.end_failed(&watch.reacher(), &silent);
-            ending.end_waiting(&watch.reacher());
-        }
+        let silent = if heartbeats.any() { heartbeats.round(&watch) } else { Vec::new() };
+        let mut ending = ending::lock(&watch.ending);
+        ending.end_failed(&watch.reacher(), &silent);
+        ending.end_probed(&watch.reacher());
+        drop(ending);
         stuck.iter_mut().for_each(|lane| lane.check(&watch));
         watch.health.enter_detector_step(DetectorStep::Pause);
         if watch.answer_pings {

@@ -255,7 +255,6 @@ mod tests {
             processes: Arc::new(vec![Default::default(); 4]),
             end_declared: false,
             ending: crate::detector::ending::shared(),
-            listeners: Vec::new(),
             end_through_runtime: false,
             heartbeat_peers: Vec::new(),
             neighbours,

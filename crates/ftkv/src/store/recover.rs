@@ -319,7 +319,8 @@ impl<F: Fabric> Store<F> {
 
     /// Ends the processes of the workers this recovery found failed, as the detector does when
     /// it sees a failure first ([`crate::detector::ending`]): the recovery replaced the
-    /// detector, which may not have seen them.
+    /// detector, which may not have seen them. The probes of other hosts this starts are
+    /// answered in the next detector's rounds.
     fn end_failed(&self, failed: &[i32]) {
         if !self.config.end_declared || failed.is_empty() {
             return;
@@ -330,6 +331,7 @@ impl<F: Fabric> Store<F> {
             hosts: &self.hosts,
             processes: &self.processes,
             through_runtime: self.config.end_through_runtime,
+            probe_timeout: crate::detector::ending::probe_timeout(self.config.suspicion),
         };
         crate::detector::ending::lock(&self.ending).end_failed(&reacher, failed);
     }

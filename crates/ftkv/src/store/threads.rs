@@ -33,7 +33,10 @@ impl<F: Fabric> Store<F> {
             false => Vec::new(),
         };
         let windows = self.windows.clone().ok_or(Error::Closed)?;
-        let listeners = (0..comm.size()).map(|rank| windows.window().listener_of(rank)).collect();
+        let listeners = self.routes.live.iter().enumerate().filter_map(|(rank, &worker)| {
+            windows.window().listener_of(rank as i32).map(|address| (worker, address))
+        });
+        crate::detector::ending::lock(&self.ending).know_listeners(listeners);
         if self.config.recovery == Recovery::Localized {
             self.start_repairer()?;
         }
@@ -46,7 +49,6 @@ impl<F: Fabric> Store<F> {
             processes: self.processes.clone(),
             end_declared: self.config.end_declared,
             ending: self.ending.clone(),
-            listeners,
             end_through_runtime: self.config.end_through_runtime,
             heartbeat_peers,
             neighbours,

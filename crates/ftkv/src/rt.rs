@@ -156,18 +156,42 @@ pub fn recv<T>(queue: &mpsc::Receiver<T>) -> Result<T, mpsc::RecvError> {
     queue.recv()
 }
 
-/// Tries a TCP connection to `address` on a thread of its own (closed at once when made) and
-/// returns the channel on which that thread tells, within `timeout`, whether it was made; the
-/// channel ends without a word when the thread could not start. A host whose kernel runs
-/// completes the connection to a listener of a stopped process; across a cut link or to a host
-/// that is down it does not: what tells a frozen host from an unreachable one. Never used on a
-/// simulated world (its fabric has no listeners).
+/// Tells on a thread of its own, within `timeout` and half a second more, whether the process listening
+/// at `address` is frozen: its host's kernel completes a TCP connection (it does so for a
+/// stopped process), and the listener's owner then neither reads nor closes it. The probe
+/// sends 4 KiB of zeros, which a running owner rejects as a wrong introduction by closing the
+/// connection within [`FROZEN_AFTER`] (so a member that runs, in a recovery for one, is not
+/// taken for frozen); a
+/// refused connection (the process is dead) or none within `timeout` (the host is cut off or
+/// down) answers no as well. The channel ends without a word when the thread could not start.
+/// Never used on a simulated world (its fabric has no listeners).
 pub fn probe_tcp(address: std::net::SocketAddr, timeout: Duration) -> mpsc::Receiver<bool> {
     let (tell, told) = mpsc::channel();
     let probe = move || {
-        let made = std::net::TcpStream::connect_timeout(&address, timeout).is_ok();
-        let _ = tell.send(made);
+        let _ = tell.send(is_frozen(address, timeout));
     };
     let _ = std::thread::Builder::new().name("ftkv-probe".into()).spawn(probe);
     told
+}
+
+/// How long a probe waits for a running listener's owner to reject its bytes: its serving
+/// thread sleeps in `poll` and answers within milliseconds, also beside busy loops.
+const FROZEN_AFTER: Duration = Duration::from_millis(500);
+
+fn is_frozen(address: std::net::SocketAddr, timeout: Duration) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut stream) = std::net::TcpStream::connect_timeout(&address, timeout) else {
+        return false;
+    };
+    if stream.set_write_timeout(Some(timeout)).is_err() || stream.write_all(&[0; 4096]).is_err() {
+        return false;
+    }
+    if stream.set_read_timeout(Some(timeout.min(FROZEN_AFTER))).is_err() {
+        return false;
+    }
+    let mut byte = [0u8; 1];
+    match stream.read(&mut byte) {
+        Err(e) => matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut),
+        Ok(_) => false,
+    }
 }

@@ -41,8 +41,8 @@ use crate::rt;
 pub(crate) type SharedEnding = Arc<Mutex<Ending>>;
 
 /// Who ends processes and how: this member, every worker's host and process, whether the
-/// runtime may be asked ([`crate::Config::end_through_runtime`]) and how long a probe of a
-/// host may take ([`probe_timeout`]).
+/// runtime may be asked ([`crate::Config::end_through_runtime`], while this member's side
+/// keeps the quorum) and how long a probe of a host may take ([`probe_timeout`]).
 pub(crate) struct Reacher<'a, F> {
     pub comm: &'a F,
     pub me: i32,
@@ -117,6 +117,11 @@ impl Ending {
         }
     }
 
+    /// Whether a probe is still to be answered.
+    pub fn is_probing(&self) -> bool {
+        !self.probing.is_empty()
+    }
+
     /// Asks the runtime to end each probed worker whose host completed the connection; a
     /// probe that failed (refused: the process is dead; no answer: the host is cut off or
     /// down) leaves its worker alone. Probes still running are looked at next time.
@@ -131,7 +136,9 @@ impl Ending {
             Err(TryRecvError::Empty) => true,
         });
         for (worker, _) in answered.into_iter().filter(|&(_, made)| made) {
-            end(reacher, worker, Reach::Runtime);
+            if reacher.through_runtime {
+                end(reacher, worker, Reach::Runtime);
+            }
         }
     }
 }
@@ -193,16 +200,21 @@ mod tests {
     }
 
     #[test]
-    fn a_probe_tells_a_listening_host_from_a_closed_port() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a listener");
-        let open = listener.local_addr().expect("its address");
+    fn a_probe_tells_a_frozen_listener_from_a_running_one_and_a_closed_port() {
+        let frozen = std::net::TcpListener::bind("127.0.0.1:0").expect("a listener");
+        let running = std::net::TcpListener::bind("127.0.0.1:0").expect("a listener");
+        let running_at = running.local_addr().expect("its address");
+        let rejecting = std::thread::spawn(move || drop(running.accept()));
         let closed = {
             let gone = std::net::TcpListener::bind("127.0.0.1:0").expect("a listener");
             gone.local_addr().expect("its address")
         };
-        let timeout = Duration::from_secs(1);
-        assert_eq!(rt::probe_tcp(open, timeout).recv(), Ok(true));
+        let timeout = Duration::from_millis(500);
+        let frozen_at = frozen.local_addr().expect("its address");
+        assert_eq!(rt::probe_tcp(frozen_at, timeout).recv(), Ok(true));
+        assert_eq!(rt::probe_tcp(running_at, timeout).recv(), Ok(false));
         assert_eq!(rt::probe_tcp(closed, timeout).recv(), Ok(false));
+        rejecting.join().expect("the rejecting listener");
     }
 
     #[test]

@@ -91,14 +91,20 @@ pub(crate) struct Watch<F> {
 }
 
 impl<F> Watch<F> {
-    /// Who ends failed processes, from this member ([`ending`]).
+    /// Who ends failed processes, from this member ([`ending`]). The runtime is asked only
+    /// while this member's side keeps the quorum of the detector's live set
+    /// ([`crate::keeps_quorum`]): a side cut off from the others finds them all silent, and
+    /// once the link is back it would otherwise have the majority's processes killed.
     fn reacher(&self) -> ending::Reacher<'_, F> {
+        let failed = self.health.failed_workers(self.health.workers());
+        let live: Vec<i32> = self.live.iter().copied().filter(|w| !failed.contains(w)).collect();
+        let quorum = crate::recovery::keeps_quorum(&self.live, &live, &self.hosts);
         ending::Reacher {
             comm: &*self.comm,
             me: self.me,
             hosts: &self.hosts,
             processes: &self.processes,
-            through_runtime: self.end_through_runtime,
+            through_runtime: self.end_through_runtime && quorum,
             probe_timeout: ending::probe_timeout(self.suspicion),
         }
     }
@@ -190,8 +196,11 @@ fn run<F: Fabric>(watch: Watch<F>, stop: &AtomicBool) {
         ended_generation = end_new_failures(&watch, ended_generation);
         let silent = if heartbeats.any() { heartbeats.round(&watch) } else { Vec::new() };
         let mut ending = ending::lock(&watch.ending);
-        ending.end_failed(&watch.reacher(), &silent);
-        ending.end_probed(&watch.reacher());
+        if !silent.is_empty() || ending.is_probing() {
+            let reacher = watch.reacher();
+            ending.end_failed(&reacher, &silent);
+            ending.end_probed(&reacher);
+        }
         drop(ending);
         stuck.iter_mut().for_each(|lane| lane.check(&watch));
         watch.health.enter_detector_step(DetectorStep::Pause);

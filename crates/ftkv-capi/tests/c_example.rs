@@ -241,10 +241,11 @@ fn a_c_rank_stopped_for_90_s_under_plain_mpirun_costs_the_job_the_bound_and_a_se
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
     let job = plain::Job::spawn(mpirun, ranks);
+    let pid = job.pids[&victim];
     let stopped_at = std::time::Instant::now();
-    assert!(ftkv_launch::launch::signal_pid(job.pids[&victim], "-STOP").expect("kill runs"));
+    assert!(ftkv_launch::launch::signal_pid(pid, "-STOP").expect("kill runs"));
     let (ended, out) = job.wait(Duration::from_secs(100));
-    let resumed = ftkv_launch::launch::signal_pid(job.pids[&victim], "-CONT").expect("kill runs");
+    let resumed = ftkv_launch::launch::signal_pid(pid, "-CONT").expect("kill runs");
     let took = ended.map(|at| at.duration_since(stopped_at));
     let allowed = Duration::from_secs(10) + Duration::from_secs(2);
     assert!(took.is_some_and(|t| t <= allowed), "the job took {took:?} after the stop:\n{out}");

@@ -192,6 +192,8 @@ fn is_frozen(address: std::net::SocketAddr, timeout: Duration) -> bool {
     let mut byte = [0u8; 1];
     match stream.read(&mut byte) {
         Err(e) => matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut),
+        // Closed (0 bytes) or answered: the owner runs.
+        Ok(0) => false,
         Ok(_) => false,
     }
 }

@@ -227,7 +227,7 @@ fn every_c_function_returns_what_its_comment_says() {
 /// suite's longer `OMPI_MCA_mpi_ft_detector_timeout` is removed), one rank SIGSTOPped from
 /// outside by pid for 90 s: the survivors declare it, end its process and finish, and
 /// `mpirun` ends within the bound, a recovery and a second of the stop, not after the 90 s.
-/// Ignored: it fails on every run so far (3 of 3: the job ended 19.5 s after the stop, rank 0
+/// Ignored: it fails on every run so far (2 of 2: the job ended 19.5 s after the stop, rank 0
 /// never entering the global recovery the other survivors wait in, until the example's 20 s
 /// end bound); the cause is not found yet, and the test states the requirement.
 #[test]

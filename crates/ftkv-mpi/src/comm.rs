@@ -136,7 +136,8 @@ impl Comm {
     /// those that never got it. A failure the agreement meets once all got the new
     /// communicator is left to the next call on it.
     fn creation_agreed(&self, rc: c_int, raw: ffi::MPI_Comm, op: &'static str) -> Result<Comm> {
-        let created = check(rc, op).and_then(|()| Comm::owned(raw, self.runtime.clone()));
+        let created =
+            self.check_collective(rc, op).and_then(|()| Comm::owned(raw, self.runtime.clone()));
         let agreed = self.agree(u32::from(created.is_ok()))?;
         match created {
             Ok(comm) if agreed.value == 1 => Ok(comm),
@@ -170,7 +171,48 @@ impl Comm {
     /// `MPI_Barrier`. Returns `ProcFailed` (or `Revoked`) instead of hanging when a member died.
     pub fn barrier(&self) -> Result<()> {
         // SAFETY: `self.raw` is a valid communicator.
-        check(unsafe { ffi::MPI_Barrier(self.raw) }, "MPI_Barrier")
+        let rc = unsafe { ffi::MPI_Barrier(self.raw) };
+        self.check_collective(rc, "MPI_Barrier")
+    }
+
+    /// [`check`] for the return code of a collective on this communicator: an error of no
+    /// failure class while ULFM knows a failed member (or the communicator is revoked) is the
+    /// failure it is, `ProcFailed`.
+    ///
+    /// Open MPI 5.0 (up to its main branch of December 2026) returns `MPI_ERR_OTHER` from a
+    /// blocking collective that a member's death interrupts when its internal
+    /// `ompi_request_default_wait_all` is woken by the failure under `MPI_THREAD_MULTIPLE`:
+    /// the wait keeps the wake-up's `OPAL_ERROR` across its re-check, and an any-source
+    /// receive that ends with `MPI_ERR_PROC_FAILED_PENDING` does not replace it. The root of
+    /// the linear barrier (Open MPI's choice for small communicators) gets it
+    /// (`docs/limits.md`).
+    fn check_collective(&self, rc: c_int, op: &'static str) -> Result<()> {
+        match check(rc, op) {
+            Err(MpiError::Other { .. }) if self.knows_a_failure() => {
+                Err(MpiError::ProcFailed { op, peer: None })
+            }
+            outcome => outcome,
+        }
+    }
+
+    /// True when ULFM knows a failed member of this communicator or it is revoked (and when
+    /// asking fails: the communicator is then unusable the way a failed one is).
+    fn knows_a_failure(&self) -> bool {
+        self.is_revoked().unwrap_or(true) || self.failed_count().map_or(true, |n| n > 0)
+    }
+
+    /// The number of members ULFM knows failed (`MPIX_Comm_get_failed`), acknowledging none.
+    fn failed_count(&self) -> Result<i32> {
+        self.failed_group()?.size()
+    }
+
+    /// The group of members ULFM knows failed (`MPIX_Comm_get_failed`). Local.
+    fn failed_group(&self) -> Result<Group> {
+        let mut failed = null_group();
+        // SAFETY: `self.raw` is a valid communicator; `failed` a valid out-pointer.
+        let rc = unsafe { ffi::MPIX_Comm_get_failed(self.raw, &mut failed) };
+        check(rc, "MPIX_Comm_get_failed")?;
+        Ok(Group(failed))
     }
 
     /// `MPI_Allgather` of `send.len()` bytes per rank; the result holds rank 0's bytes first.
@@ -191,7 +233,7 @@ impl Comm {
                 self.raw,
             )
         };
-        check(rc, "MPI_Allgather")?;
+        self.check_collective(rc, "MPI_Allgather")?;
         Ok(out)
     }
 
@@ -371,11 +413,7 @@ impl Comm {
     /// `ANY_SOURCE` receives and [`Comm::agree`] proceed. Local; the set only grows while MPI makes
     /// progress on this process.
     pub fn failed_ranks(&self) -> Result<Vec<i32>> {
-        let mut failed = null_group();
-        // SAFETY: `self.raw` is a valid communicator; `failed` a valid out-pointer.
-        let rc = unsafe { ffi::MPIX_Comm_get_failed(self.raw, &mut failed) };
-        check(rc, "MPIX_Comm_get_failed")?;
-        let failed = Group(failed);
+        let failed = self.failed_group()?;
         let members = failed.size()?;
         let ranks = failed.translate_into(&self.group()?, members)?;
         let mut acked: c_int = 0;

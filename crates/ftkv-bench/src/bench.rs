@@ -5,7 +5,8 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use ftkv::{placement, Config, Detection, Key, Store};
+use ftkv::engine::placement;
+use ftkv::{Config, Detection, Key, Store};
 use ftkv_mpi::{failpoint, Comm, LockedWindow, Mpi, Window};
 use plotters::style::RGBColor;
 

@@ -19,7 +19,7 @@
 use rand::{rngs::StdRng, seq::SliceRandom, SeedableRng};
 use serde::Serialize;
 
-use ftkv::layout::{Layout, Shape};
+use ftkv::engine::layout::{Layout, Shape};
 
 /// Bytes of one version record in the global recovery's allgather (key, version, source).
 const RECORD_BYTES: u64 = 16;

@@ -19,7 +19,7 @@ pub enum Recovery {
     /// windows, every key's newest version copied to its new holders.
     Global,
     /// No revoke, no new windows: a copy that lived on a failed worker moves to the next
-    /// reserve holder of its chain ([`crate::layout`]). Each worker's repairer thread copies
+    /// reserve holder of its chain ([`crate::engine::layout`]). Each worker's repairer thread copies
     /// the newest surviving version there as soon as the failure is published, whether or not
     /// the worker makes store calls: the owner's thread for its own keys, the first live holder's
     /// for a key whose owner failed too. Ranks whose keys lost no copy only recompute their
@@ -191,8 +191,12 @@ impl Config {
     }
 
     /// The layout's shape: kinds, copies and reserve holders.
-    pub fn shape(&self) -> crate::layout::Shape {
-        crate::layout::Shape { kinds: self.kinds.len(), copies: self.copies, spares: self.spares }
+    pub fn shape(&self) -> crate::engine::layout::Shape {
+        crate::engine::layout::Shape {
+            kinds: self.kinds.len(),
+            copies: self.copies,
+            spares: self.spares,
+        }
     }
 
     /// This configuration with one more kind, [`TX_RECORD_KIND`], which holds each worker's

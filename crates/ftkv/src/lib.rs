@@ -12,7 +12,7 @@
 //! ```
 //!
 //! - **Keys** are `(owner, kind)`; the owner is the worker's rank in the communicator the store
-//!   was created on. Copies are placed by [`placement::holders`], never on the owner: one on
+//!   was created on. Copies are placed by [`placement::holders`](engine::placement::holders), never on the owner: one on
 //!   each other host, then one on the owner's host, before a second on any, so losing one host
 //!   costs each key as few copies as the hosts allow.
 //! - **put / delete** are blocking: `Ok` means every holder has the new version. The data path
@@ -33,7 +33,7 @@
 //!   [`Detection::Ping`] adds the reference paper's per-put ping.
 //! - **Recovery** ([`Store::recover`]) is global: revoke, shrink, new windows, newest surviving
 //!   version of every key copied to its new holders. With [`Recovery::Localized`] a failure that
-//!   every key survives is repaired without it: copies move to reserve holders ([`layout`]) and
+//!   every key survives is repaired without it: copies move to reserve holders ([`layout`](engine::layout)) and
 //!   only the owners of lost copies copy data, while the other ranks keep writing. Up to `copies − 1` failures between two
 //!   recoveries lose no acknowledged write. A recovery step stuck inside Open MPI (shrink can
 //!   stay blocked on one member, or on all) ends the members stuck in it after
@@ -50,21 +50,15 @@
 #[cfg(not(any(feature = "mpi", feature = "sim", test)))]
 compile_error!("ftkv needs a fabric: the `mpi` feature (production) or `sim` (the in-process one)");
 
-pub mod attempt;
 pub mod codec;
 mod config;
 mod detector;
+pub mod engine;
 mod error;
 pub mod events;
 pub mod fabric;
-mod fence;
-mod halves;
 pub mod history;
 mod key;
-pub mod layout;
-pub mod placement;
-mod recovery;
-pub mod repair_engine;
 pub mod rt;
 #[cfg(any(test, feature = "sim"))]
 pub mod sim;
@@ -74,11 +68,7 @@ pub mod sim_store;
 pub mod sim_transactions;
 pub mod slot;
 mod store;
-pub mod txn;
-pub mod txn_engine;
 pub mod txn_log;
-pub mod txn_resolution;
-pub mod txn_types;
 #[cfg(feature = "sim")]
 pub mod world;
 
@@ -88,9 +78,10 @@ pub use config::{
     DEFAULT_SUSPICION, DETECTOR_TIMEOUT_VAR, END_DECLARED_VAR, END_THROUGH_RUNTIME_VAR,
     SUSPICION_MARGIN, TX_RECORD_KIND,
 };
+pub use engine::plan::keeps_quorum;
 pub use error::{Error, Result};
 pub use key::Key;
-pub use recovery::keeps_quorum;
+pub use store::txn;
 pub use store::{
     DefaultFabric, DetachedPut, PendingPut, RecoveryReport, RepairReport, Store,
     WRITE_THROUGH_BYTES,

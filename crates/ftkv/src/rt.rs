@@ -176,7 +176,7 @@ pub fn probe_tcp(address: std::net::SocketAddr, timeout: Duration) -> mpsc::Rece
 
 /// How long a probe waits for a running listener's owner to reject its bytes: its serving
 /// thread sleeps in `poll` and answers within milliseconds, also beside busy loops.
-const FROZEN_AFTER: Duration = Duration::from_millis(500);
+pub const FROZEN_AFTER: Duration = Duration::from_millis(500);
 
 fn is_frozen(address: std::net::SocketAddr, timeout: Duration) -> bool {
     use std::io::{Read, Write};

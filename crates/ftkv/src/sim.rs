@@ -22,12 +22,12 @@ use std::collections::BTreeMap;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use crate::attempt::{self, Command, Event, Fault, Machine};
 use crate::codec;
+use crate::engine::attempt::{self, Command, Event, Fault, Machine};
+use crate::engine::layout::Layout;
+use crate::engine::plan::Record;
 use crate::history::{allowed, Observed, Op};
 use crate::key::Key;
-use crate::layout::Layout;
-use crate::recovery::Record;
 use crate::slot::SlotGeometry;
 
 /// One simulated recovery: what went wrong (empty when nothing) and a hash of its trace.

@@ -10,11 +10,10 @@ use std::time::Duration;
 
 use crate::config::Config;
 use crate::detector::{Detector, Health};
+use crate::engine::layout::Layout;
 use crate::error::{Error, Result};
 use crate::fabric::{Fabric, FabricWindow};
-use crate::halves;
 use crate::key::Key;
-use crate::layout::Layout;
 
 /// The fabric a plain `Store` runs on: MPI when built with it.
 #[cfg(feature = "mpi")]
@@ -65,10 +64,14 @@ mod asynchronous;
 mod create;
 mod data;
 mod deadline;
+mod exchange;
+pub(crate) mod fence;
 mod follow;
+pub(crate) mod halves;
 mod recover;
 mod threads;
 mod transactions;
+pub mod txn;
 mod windows;
 
 pub use asynchronous::{DetachedPut, PendingPut, WRITE_THROUGH_BYTES};

@@ -11,10 +11,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{acknowledge, within, History};
+use ftkv::engine::layout::{Layout, Shape};
 use ftkv::fabric::local::{LocalCluster, LocalFabric};
 use ftkv::fabric::Fabric;
 use ftkv::history::{allowed, observe, planned_write, value, Observed, Op};
-use ftkv::layout::{Layout, Shape};
 use ftkv::slot::SlotGeometry;
 use ftkv::{Config, Key, RepairReport, Store};
 use rand::rngs::SmallRng;

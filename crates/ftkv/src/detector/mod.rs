@@ -86,7 +86,7 @@ pub(crate) struct Watch<F> {
     /// [`crate::Config::suspicion`].
     pub suspicion: Duration,
     pub answer_pings: bool,
-    /// Fences newly failed workers out of this rank's slots (see [`crate::fence`]).
+    /// Fences newly failed workers out of this rank's slots (see [`crate::store::fence`]).
     pub fence: FenceFailed,
 }
 
@@ -98,7 +98,7 @@ impl<F> Watch<F> {
     fn reacher(&self) -> ending::Reacher<'_, F> {
         let failed = self.health.failed_workers(self.health.workers());
         let live: Vec<i32> = self.live.iter().copied().filter(|w| !failed.contains(w)).collect();
-        let quorum = crate::recovery::keeps_quorum(&self.live, &live, &self.hosts);
+        let quorum = crate::engine::plan::keeps_quorum(&self.live, &live, &self.hosts);
         ending::Reacher {
             comm: &*self.comm,
             me: self.me,

@@ -15,13 +15,13 @@ use std::sync::{Arc, Weak};
 use super::{Store, Windows};
 use crate::config::Recovery;
 use crate::detector::{Health, Lane};
+use crate::engine::layout::Copy;
 use crate::error::{Error, Result};
 use crate::fabric::{Fabric, FabricError, FabricResult, FabricWindow};
-use crate::halves;
 use crate::key::Key;
-use crate::layout::Copy;
 use crate::rt::{self, Thread};
 use crate::slot::{Header, HEADER_LEN};
+use crate::store::halves;
 
 /// The largest value [`Store::put_async`] writes to every holder itself when they all share
 /// this host: below it, handing the copies to the replicator thread (a channel message and a

@@ -7,11 +7,11 @@ use std::sync::Arc;
 use super::{follow, Store, Windows};
 use crate::config::{Config, Recovery};
 use crate::detector::Health;
+use crate::engine::layout::Layout;
 use crate::error::{Error, Result};
 use crate::fabric::{Fabric, ProcessTag};
-use crate::halves;
-use crate::layout::Layout;
 use crate::slot::SlotGeometry;
+use crate::store::halves;
 
 impl<F: Fabric> Store<F> {
     /// Creates the store collectively on every member of `comm`.

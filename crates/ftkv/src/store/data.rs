@@ -4,13 +4,13 @@
 use super::Store;
 use crate::config::{Detection, Recovery};
 use crate::detector::read_allowance;
+use crate::engine::layout::Copy;
 use crate::error::{Error, Result};
 use crate::fabric::{Fabric, FabricError, FabricWindow};
-use crate::fence::read_copy;
-use crate::halves;
 use crate::key::Key;
-use crate::layout::Copy;
 use crate::slot::{Committed, Header, State};
+use crate::store::fence::read_copy;
+use crate::store::halves;
 
 impl<F: Fabric> Store<F> {
     /// Writes `value` under this worker's own `key` and returns when every holder has it.

@@ -9,7 +9,7 @@
 //!
 //! - Every member marks the step it entered (the store-wide attempt number and the step,
 //!   [`mark`]) in a word at the start of its window of the windows the recovery replaces
-//!   ([`crate::layout::RECOVERY_MARK_AT`]), and the others read it one-sidedly by
+//!   ([`crate::engine::layout::RECOVERY_MARK_AT`]), and the others read it one-sidedly by
 //!   compare-and-swap: the processor's atomics within a host, the member's serving thread
 //!   across hosts. No collective (the collectives are what may be stuck), no message that must
 //!   be received, nothing that waits on the member's application thread; a dead member on

@@ -21,16 +21,16 @@ use std::time::Duration;
 use super::{RepairReport, Store, Windows, LOCALIZED_ATTEMPTS};
 use crate::config::Recovery;
 use crate::detector::{read_allowance, Health, Lane};
+use crate::engine::layout::{Copy, Layout};
+use crate::engine::plan;
+use crate::engine::repair::{self, Command as RepairCommand, Event, Interruptions, PAUSE_POLLS};
 use crate::error::{Error, Result};
 use crate::fabric::{Fabric, FabricError};
-use crate::fence::{newest_header_version, newest_unfenced_header, read_copy};
-use crate::halves;
 use crate::key::Key;
-use crate::layout::{Copy, Layout};
-use crate::recovery;
-use crate::repair_engine::{self, Command as RepairCommand, Event, Interruptions, PAUSE_POLLS};
 use crate::rt::{self, Thread};
 use crate::slot::{Committed, Header, HEADER_LEN};
+use crate::store::fence::{newest_header_version, newest_unfenced_header, read_copy};
+use crate::store::halves;
 
 /// The last acknowledged version of each own key (0: none yet), written by the owner's calls
 /// and read by the repairer: an own key with an acknowledged write and no surviving copy
@@ -172,13 +172,13 @@ impl<F: Fabric> Follower<F> {
         rt::wait_timeout("routes", &self.changed, &self.routes, routes, self.parts.poll_interval)
     }
 
-    /// The repairer thread's loop, the runtime of [`repair_engine::Repairer`]: looks at the
+    /// The repairer thread's loop, the runtime of [`repair::Repairer`]: looks at the
     /// store and does what the engine answers until `stop`. Every new failure generation is
     /// followed; an interrupted repair is tried again after [`PAUSE_POLLS`] polls (time for the
     /// detector to publish the failure behind the error, as the call path waits); the
     /// [`LOCALIZED_ATTEMPTS`]-th interrupted repair in a row sends the store to global recovery.
     fn run(&self, stop: &AtomicBool) {
-        let mut engine = repair_engine::Repairer::new(LOCALIZED_ATTEMPTS);
+        let mut engine = repair::Repairer::new(LOCALIZED_ATTEMPTS);
         let mut routes = self.lock();
         let mut last_error = None;
         while !stop.load(Ordering::Acquire) {
@@ -259,7 +259,7 @@ impl<F: Fabric> Follower<F> {
     /// route changes (see [`Follower::repair_orphans`]).
     fn relocated_layout(&self, current: &Layout, failed: &[i32]) -> Result<(Layout, Vec<Key>)> {
         let live: Vec<i32> = current.live.iter().copied().filter(|w| !failed.contains(w)).collect();
-        if !recovery::keeps_quorum(&current.live, &live, &self.parts.hosts) {
+        if !plan::keeps_quorum(&current.live, &live, &self.parts.hosts) {
             return Err(self.escalate(current, "the survivors hold no quorum across hosts"));
         }
         let Some(next) = current.relocate(failed) else {

@@ -1,5 +1,5 @@
 //! [`Store::recover`]: the driver of global recovery. It executes the commands of the
-//! recovery machine ([`crate::attempt`]) on the fabric, adopts the windows of the attempt that
+//! recovery machine ([`crate::engine::attempt`]) on the fabric, adopts the windows of the attempt that
 //! every survivor agreed on, and frees the ones it replaced.
 
 use std::collections::HashMap;
@@ -10,13 +10,13 @@ use crate::rt;
 
 use super::deadline::{Deadline, DeadlineParts};
 use super::deadline::{Step, StepMarker};
+use super::exchange;
 use super::{RecoveryReport, Store, Windows};
-use crate::attempt::{self, Command, Event, Fault};
 use crate::detector::read_allowance;
+use crate::engine::attempt::{self, Command, Event, Fault};
 use crate::error::{Error, Result};
 use crate::fabric::{Fabric, FabricWindow};
 use crate::key::Key;
-use crate::recovery;
 use crate::slot::Committed;
 
 /// What the global recoveries so far leave for the next.
@@ -208,7 +208,7 @@ impl<F: Fabric> Store<F> {
             }
             Command::Exchange { records } => {
                 step.set(Step::ExchangeRecords);
-                let all = recovery::exchange(&*self.comm, &records);
+                let all = exchange::exchange(&*self.comm, &records);
                 if all.is_ok() {
                     self.trace(run.epoch, "records exchanged");
                 }

@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use super::Store;
 use crate::config::{Recovery, TX_RECORD_KIND};
+use crate::engine::layout::Copy;
 use crate::error::{Error, Result};
 use crate::fabric::{Fabric, FabricWindow};
 use crate::key::Key;
-use crate::layout::Copy;
 use crate::slot::{Header, LOCK_AT};
 use crate::txn::{self, Backend, Decision, Outcome, Reads, TxError, TxId, TxRecord, Txn};
 

@@ -8,13 +8,13 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use crate::engine::layout::{Copy, Layout, MARKS_LEN, RECOVERY_MARK_AT};
 use crate::error::Result;
 use crate::fabric::{Fabric, FabricResult, FabricWindow};
-use crate::fence::{read_local_slot, Fencer};
-use crate::halves;
 use crate::key::Key;
-use crate::layout::{Copy, Layout, MARKS_LEN, RECOVERY_MARK_AT};
 use crate::slot::{Committed, Header, SlotGeometry, FENCE_LEN, HEADER_LEN};
+use crate::store::fence::{read_local_slot, Fencer};
+use crate::store::halves;
 
 /// This rank's part of a store's windows of one epoch: its window, with the layout of every
 /// rank's slots.

@@ -14,8 +14,8 @@
 
 use std::fmt::Debug;
 
-use crate::txn_engine::{Event, Op};
-use crate::txn_types::{Decision, RecordState, Resolution, TxId, TxRecord};
+use crate::engine::txn::coordinator::{Event, Op};
+use crate::engine::txn::types::{Decision, RecordState, Resolution, TxId, TxRecord};
 
 /// What the resolution asks its runtime for next.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -33,12 +33,12 @@
 //! recovery by the same rules ([`finish_own`]) and so learns the decision; the backups finish
 //! the failed coordinators' transactions then too ([`resolve_duties`]).
 
-use crate::key::Key;
-use crate::txn_engine::{Command, Coordinator, Event, Op, Refusal};
-use crate::txn_resolution::{self, Duty, FinishOwn, ResolveFailed, Resolver};
-pub use crate::txn_types::{
+use crate::engine::txn::coordinator::{Command, Coordinator, Event, Op, Refusal};
+use crate::engine::txn::resolution::{self, Duty, FinishOwn, ResolveFailed, Resolver};
+pub use crate::engine::txn::types::{
     Decision, Expect, Outcome, Reads, RecordState, Resolution, TxId, TxRecord, Txn, FREE,
 };
+use crate::key::Key;
 
 /// What a transaction failed with.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -96,7 +96,7 @@ pub trait Backend {
 pub const LOCK_ATTEMPTS: usize = 10_000;
 
 /// Runs `txn` as transaction `id` on `backend` (see the module's protocol): the runtime of the
-/// coordinator's engine ([`crate::txn_engine::Coordinator`]), which decides every step while
+/// coordinator's engine ([`crate::engine::txn::coordinator::Coordinator`]), which decides every step while
 /// this executes them. Once the locks are held and the conditions hold, `update` computes
 /// further writes from every locked key's value (read-modify-write); they must go to keys of
 /// `txn` (others are refused with [`TxError::UnlockedWrite`] before anything is written).
@@ -199,8 +199,8 @@ fn resolve_for<B: Backend, D: Duty>(backend: &mut B, duty: D) -> Result<D::Repor
     let mut event = Event::Start;
     loop {
         event = match resolver.next(event) {
-            txn_resolution::Command::Io { step, op } => execute(backend, step, op)?,
-            txn_resolution::Command::Finish(report) => return Ok(report),
+            resolution::Command::Io { step, op } => execute(backend, step, op)?,
+            resolution::Command::Finish(report) => return Ok(report),
         };
     }
 }

@@ -7,10 +7,10 @@
 //! and the release of the locks it took. A failing command (the runtime's error) ends the run
 //! where it is: the record decides, and the backups finish it.
 
+use crate::engine::txn::types::{Expect, Outcome, RecordState, TxId, TxRecord, Txn};
 use crate::key::Key;
-use crate::txn_types::{Expect, Outcome, RecordState, TxId, TxRecord, Txn};
 
-/// One I/O operation of a coordinator or of a resolution ([`crate::txn_resolution`]). Each
+/// One I/O operation of a coordinator or of a resolution ([`crate::engine::txn::resolution`]). Each
 /// names the transaction it acts for, so one executor runs both.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Op {

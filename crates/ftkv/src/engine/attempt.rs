@@ -3,7 +3,7 @@
 //! exchange, copy, agree, commit, dispose, fail). [`Store::recover`](crate::Store::recover) executes
 //! the commands on a real fabric; [`crate::sim`] executes them on a simulated one with seeded
 //! interleavings and kills. Every decision of a recovery is taken here: whether this side may
-//! go on (`recovery::keeps_quorum`), the new layout, which copies this rank sends, which keys
+//! go on (`plan::keeps_quorum`), the new layout, which copies this rank sends, which keys
 //! are lost, this rank's agreement flags, and what an agreement means (commit, free or abandon
 //! the attempt's window, retry, give up).
 //!
@@ -13,9 +13,9 @@
 //! every survivor succeeded. Only the agreement is uniform across survivors (ULFM reports
 //! other failures per process), so it alone decides.
 
+use crate::engine::layout::{Layout, Shape};
+use crate::engine::plan::{self, Record, OWNER_MARK};
 use crate::key::Key;
-use crate::layout::{Layout, Shape};
-use crate::recovery::{self, Record, OWNER_MARK};
 
 /// How many attempts a recovery makes before it gives up.
 pub const MAX_ATTEMPTS: usize = 16;
@@ -202,7 +202,7 @@ impl Machine {
             Err(Fault::Other(e)) => return self.fail(Failed::Error(e)),
         };
         let previous = &self.inputs.previous.live;
-        if !recovery::keeps_quorum(previous, &live, &self.inputs.hosts) {
+        if !plan::keeps_quorum(previous, &live, &self.inputs.hosts) {
             return self.fail(Failed::Partitioned { live, previous: previous.clone() });
         }
         let i = &self.inputs;
@@ -255,7 +255,7 @@ impl Machine {
             Err(fault) => return self.attempt_failed_here(fault),
         };
         let layout = self.layout.as_ref().expect("a layout after the shrink");
-        let plan = recovery::plan(&records, layout, self.rank());
+        let plan = plan::plan(&records, layout, self.rank());
         let lost = plan
             .lost_candidates
             .into_iter()

@@ -1,12 +1,10 @@
 //! Recovery planning: which surviving copy of each key is the newest, and who sends it where.
+//! Without I/O: the store gathers the records over its fabric and passes them in.
 
 use std::collections::HashMap;
 
-use crate::codec;
-use crate::error::Result;
-use crate::fabric::{Fabric, FabricError};
+use crate::engine::layout::Layout;
 use crate::key::Key;
-use crate::layout::Layout;
 
 /// A surviving copy: key, version, and the rank (in the shrunk communicator) that holds it; or,
 /// with `source` [`OWNER_MARK`], a live owner's statement that it wrote the key.
@@ -19,40 +17,6 @@ pub struct Record {
 
 /// `source` of a record that marks a key as written by its live owner (not a copy).
 pub const OWNER_MARK: i32 = -1;
-
-/// Every survivor's records, on every survivor: each rank's records through [`codec`], in
-/// frames of equal length ([`gather_frames`]).
-pub fn exchange<F: Fabric>(comm: &F, mine: &[Record]) -> Result<Vec<Record>> {
-    let frames = gather_frames(comm, &codec::encode(mine))?;
-    let mut records = Vec::new();
-    for frame in frames {
-        let theirs: Vec<Record> = codec::decode(&frame).ok_or_else(|| FabricError::Other {
-            op: "record exchange",
-            msg: "a survivor's records do not decode".into(),
-        })?;
-        records.extend(theirs);
-    }
-    Ok(records)
-}
-
-/// Every member's `mine`, in rank order, although their lengths differ: an allgather of the
-/// lengths (8 bytes each, little-endian), then one of the bytes padded to the longest.
-pub fn gather_frames<F: Fabric>(comm: &F, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
-    let lengths = comm.allgather(&(mine.len() as u64).to_le_bytes())?;
-    let lengths: Vec<usize> = lengths
-        .chunks(8)
-        .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")) as usize)
-        .collect();
-    let longest = lengths.iter().copied().max().unwrap_or(0);
-    let mut padded = mine.to_vec();
-    padded.resize(longest, 0);
-    let all = comm.allgather(&padded)?;
-    Ok(lengths
-        .iter()
-        .enumerate()
-        .map(|(rank, &len)| all[rank * longest..rank * longest + len].to_vec())
-        .collect())
-}
 
 /// What one rank does in a recovery.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -164,6 +128,6 @@ mod tests {
     #[test]
     fn records_round_trip() {
         let r = vec![Record { key: Key::new(7, 3), version: u64::MAX - 1, source: OWNER_MARK }];
-        assert_eq!(codec::decode::<Vec<Record>>(&codec::encode(&r)), Some(r));
+        assert_eq!(crate::codec::decode::<Vec<Record>>(&crate::codec::encode(&r)), Some(r));
     }
 }

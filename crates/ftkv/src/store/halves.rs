@@ -8,8 +8,8 @@
 //! same after the data. Either way a value in an extent is as safe from torn writes as one in
 //! the window.
 
+use crate::engine::layout::Copy;
 use crate::fabric::{FabricResult, FabricWindow, RmaOps};
-use crate::layout::Copy;
 use crate::slot::{Header, SlotGeometry, HEADER_LEN, INVALIDATED_HEADER};
 
 /// Writes `data`, `header`'s value, into the half's extent of every copy of `targets` when it

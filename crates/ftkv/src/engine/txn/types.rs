@@ -1,6 +1,6 @@
 //! The transaction protocol's data (see [`crate::txn`]): ids, transactions, records and what
-//! the coordinator and the backups decide. Its engines ([`crate::txn_engine`],
-//! [`crate::txn_resolution`]) and its runtime ([`crate::txn`]) use them.
+//! the coordinator and the backups decide. Its engines ([`crate::engine::txn::coordinator`],
+//! [`crate::engine::txn::resolution`]) and its runtime ([`crate::txn`]) use them.
 
 use serde::{Deserialize, Serialize};
 

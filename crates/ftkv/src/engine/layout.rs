@@ -1,8 +1,8 @@
 //! Where every copy of every key lives: holder ranks and window offsets, derived from
-//! [`placement::holders`](crate::placement::holders).
+//! [`placement::holders`](crate::engine::placement::holders).
 //!
 //! Each key has a *chain* of candidate holders: its `copies` holders from
-//! [`placement::holders`](crate::placement::holders) first, then up to `copies × spares` reserve
+//! [`placement::holders`](crate::engine::placement::holders) first, then up to `copies × spares` reserve
 //! holders (further ranks of the key's host-spread candidate order, never the owner). Every
 //! candidate reserves a slot for the key in its window, so copies can move without new windows:
 //! after failures, the key's copies live on the first `copies` live candidates of its chain.
@@ -16,8 +16,8 @@
 //! [`RECOVERY_MARK_AT`] is where the member marks the recovery step it entered, for the others
 //! to read one-sidedly (the store's recovery deadline).
 
+use crate::engine::placement::holders;
 use crate::key::Key;
-use crate::placement::holders;
 use crate::slot::SlotGeometry;
 
 /// The bytes at the start of every member's window before its first slot (a cache line, so

@@ -14,14 +14,14 @@
 
 use std::sync::Mutex;
 
+use crate::engine::layout::{Copy, Layout};
 use crate::fabric::{FabricError, FabricResult, FabricWindow, RmaOps};
-use crate::halves::{read_data, read_local_data};
 use crate::key::Key;
-use crate::layout::{Copy, Layout};
 use crate::slot::{
     newest_loaded, Committed, Fence, FenceRead, Header, SlotGeometry, FENCE_LEN, HEADER_LEN,
     MAX_FENCED,
 };
+use crate::store::halves::{read_data, read_local_data};
 
 /// Reads of a remote fence block caught while its holder rewrote it, before giving up.
 const TORN_FENCE_RETRIES: usize = 1000;

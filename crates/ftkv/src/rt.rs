@@ -1,31 +1,98 @@
 //! What the store asks of the operating system besides its fabric: threads, the clock, sleeps,
 //! locks and waits.
 //!
-//! In production these are `std`'s, one call each. On a simulated world ([`crate::world`], the
-//! `sim` feature) the same calls go to the world's scheduler when the calling thread is one of
-//! its tasks: a spawned thread becomes a task, the clock is virtual, a sleep lets other tasks
-//! run until the virtual time comes, and a wait for a lock, a message or another thread's end
-//! polls in virtual time instead of blocking the thread, so that only the task the seeded
-//! scheduler picked ever runs. The production code runs unchanged on both.
+//! In production these are `std`'s, one call each, after one relaxed atomic load that finds no
+//! simulated world. A simulated world (the `ftkv-sim` crate) installs itself at run time, as
+//! FoundationDB swaps its network: each of its task threads carries a [`WorldTask`]
+//! ([`enter_task`]), and the same calls then go to the world's scheduler. A spawned thread
+//! becomes a task, the clock is virtual, a sleep lets other tasks run until the virtual time
+//! comes, and a wait for a lock, a message or another thread's end polls in virtual time
+//! instead of blocking the thread, so that only the task the seeded scheduler picked ever
+//! runs. The production code runs unchanged on both.
 //!
 //! Waits may return early (as `Condvar`'s may): callers loop on their condition.
 
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+
+/// A task of a simulated world, as the store's calls see the world that runs the calling
+/// thread. Its methods are called only from that thread (or, for [`WorldTask::await_end`] and
+/// [`WorldTask::abandon`], from the task that spawned it).
+pub trait WorldTask: Send + Sync {
+    /// False once the world's run ended: its threads then finish as plain threads.
+    fn running(&self) -> bool;
+    /// The virtual time now.
+    fn now(&self) -> Instant;
+    /// The virtual time as ticks of the coarse clock (`coarsetime`).
+    fn coarse_ticks(&self) -> u64;
+    /// A step, where the scheduler may run another task and a planned fault may strike.
+    fn step(&self, what: &'static str);
+    /// Lets the other tasks run for `span` of virtual time, the step labelled `what`; `false`
+    /// (without waiting) when the run ended.
+    fn sleep(&self, what: &'static str, span: Duration) -> bool;
+    /// Lets the other tasks run for a short while: one round of a wait that polls.
+    fn wait_a_little(&self, what: &'static str);
+    /// A new task of this task's rank, named `name`, for a thread this task starts.
+    fn spawn_child(&self, name: &str) -> Arc<dyn WorldTask>;
+    /// Runs `body` as this task on the calling thread (a new one): waits for the scheduler's
+    /// turn first, hands it on at the end; `Err` with the payload when `body` panicked or the
+    /// task was killed before its turn.
+    fn run(&self, body: Box<dyn FnOnce() + Send + '_>) -> std::thread::Result<()>;
+    /// Waits, as the calling task, until this task's thread ended.
+    fn await_end(&self);
+    /// Marks this task ended before it ran (its thread could not be started).
+    fn abandon(&self);
+}
+
+/// How many threads carry a world's task: while none does, no call looks further.
+static TASKS: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    static CURRENT: RefCell<Option<Arc<dyn WorldTask>>> = const { RefCell::new(None) };
+}
+
+/// Makes the calling thread `task`'s until [`leave_task`]: its calls here go to the world.
+pub fn enter_task(task: Arc<dyn WorldTask>) {
+    let before = CURRENT.with(|c| c.borrow_mut().replace(task));
+    if before.is_none() {
+        TASKS.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Ends what [`enter_task`] began on the calling thread.
+pub fn leave_task() {
+    if CURRENT.with(|c| c.borrow_mut().take()).is_some() {
+        TASKS.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The calling thread's world task, if it is one.
+#[inline]
+pub fn current_task() -> Option<Arc<dyn WorldTask>> {
+    if TASKS.load(Ordering::Relaxed) == 0 {
+        return None;
+    }
+    CURRENT.with(|c| c.borrow().clone())
+}
+
+/// The calling thread's task while its world runs.
+fn running_task() -> Option<Arc<dyn WorldTask>> {
+    current_task().filter(|task| task.running())
+}
 
 /// A thread started by [`spawn`].
 pub struct Thread<T> {
     handle: std::thread::JoinHandle<T>,
-    #[cfg(feature = "sim")]
-    task: Option<crate::world::TaskRef>,
+    task: Option<Arc<dyn WorldTask>>,
 }
 
 impl<T> Thread<T> {
     /// Waits for the thread's end and returns its result (`Err` with the payload when it
     /// panicked).
     pub fn join(self) -> std::thread::Result<T> {
-        #[cfg(feature = "sim")]
         if let Some(task) = &self.task {
             task.await_end();
         }
@@ -44,31 +111,40 @@ pub fn spawn<T: Send + 'static>(
     name: &str,
     body: impl FnOnce() -> T + Send + 'static,
 ) -> std::io::Result<Thread<T>> {
-    #[cfg(feature = "sim")]
-    let body = match crate::world::spawn_task(name, body) {
-        Ok((task, run)) => {
-            let handle = std::thread::Builder::new().name(name.into()).spawn(run);
-            let handle = handle.inspect_err(|_| task.abandon())?;
-            step("spawn");
-            return Ok(Thread { handle, task: Some(task) });
-        }
-        Err(body) => body,
+    let Some(parent) = current_task() else {
+        let handle = std::thread::Builder::new().name(name.into()).spawn(body)?;
+        return Ok(Thread { handle, task: None });
     };
-    let handle = std::thread::Builder::new().name(name.into()).spawn(body)?;
-    Ok(Thread {
-        handle,
-        #[cfg(feature = "sim")]
-        task: None,
-    })
+    let task = parent.spawn_child(name);
+    let runner = task.clone();
+    let run = move || {
+        let mut value = None;
+        match runner.run(Box::new(|| value = Some(body()))) {
+            Ok(()) => value.expect("the task's body returned"),
+            Err(payload) => std::panic::resume_unwind(payload),
+        }
+    };
+    let handle = std::thread::Builder::new().name(name.into()).spawn(run);
+    let handle = handle.inspect_err(|_| task.abandon())?;
+    step("spawn");
+    Ok(Thread { handle, task: Some(task) })
 }
 
 /// The time now.
 pub fn now() -> Instant {
-    #[cfg(feature = "sim")]
-    if let Some(now) = crate::world::now() {
-        return now;
+    match current_task() {
+        Some(task) => task.now(),
+        None => Instant::now(),
     }
-    Instant::now()
+}
+
+/// The time on the coarse monotonic clock (`coarsetime`, without a cache update).
+#[inline]
+pub fn coarse_now() -> coarsetime::Instant {
+    match current_task() {
+        Some(task) => coarsetime::Instant::from_ticks(task.coarse_ticks()),
+        None => coarsetime::Instant::now_without_cache_update(),
+    }
 }
 
 /// The time elapsed since `earlier` (zero if it is later than now).
@@ -78,8 +154,7 @@ pub fn since(earlier: Instant) -> Duration {
 
 /// Sleeps for `span`.
 pub fn sleep(span: Duration) {
-    #[cfg(feature = "sim")]
-    if crate::world::sleep(span) {
+    if current_task().is_some_and(|task| task.sleep("sleep", span)) {
         return;
     }
     std::thread::sleep(span);
@@ -87,8 +162,7 @@ pub fn sleep(span: Duration) {
 
 /// Sleeps for at most `span`, or until [`Thread::unpark`].
 pub fn park_timeout(span: Duration) {
-    #[cfg(feature = "sim")]
-    if crate::world::sleep(span) {
+    if current_task().is_some_and(|task| task.sleep("sleep", span)) {
         return;
     }
     std::thread::park_timeout(span);
@@ -96,23 +170,22 @@ pub fn park_timeout(span: Duration) {
 
 /// A step of the calling task on a simulated world, where the scheduler may run another task
 /// (and where a planned fault may strike); nothing in production.
+#[inline]
 pub fn step(what: &'static str) {
-    #[cfg(feature = "sim")]
-    crate::world::step(what);
-    #[cfg(not(feature = "sim"))]
-    let _ = what;
+    if let Some(task) = current_task() {
+        task.step(what);
+    }
 }
 
 /// Locks `mutex`, also when a thread panicked while holding it (the data guarded here stays
 /// consistent at every point a panic can leave it).
 pub fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    #[cfg(feature = "sim")]
-    if crate::world::in_world() {
+    if let Some(task) = running_task() {
         loop {
             match mutex.try_lock() {
                 Ok(guard) => return guard,
                 Err(std::sync::TryLockError::Poisoned(p)) => return p.into_inner(),
-                Err(std::sync::TryLockError::WouldBlock) => crate::world::wait_a_little("lock"),
+                Err(std::sync::TryLockError::WouldBlock) => task.wait_a_little("lock"),
             }
         }
     }
@@ -128,13 +201,11 @@ pub fn wait_timeout<'a, T>(
     guard: MutexGuard<'a, T>,
     span: Duration,
 ) -> MutexGuard<'a, T> {
-    #[cfg(feature = "sim")]
-    if crate::world::in_world() {
+    if let Some(task) = running_task() {
         drop(guard);
-        crate::world::sleep_as(what, span);
+        task.sleep(what, span);
         return lock(mutex);
     }
-    let _ = (mutex, what);
     match changed.wait_timeout(guard, span) {
         Ok((guard, _)) => guard,
         Err(poisoned) => poisoned.into_inner().0,
@@ -143,13 +214,12 @@ pub fn wait_timeout<'a, T>(
 
 /// The next value from `queue`, `Err` once every sender is gone.
 pub fn recv<T>(queue: &mpsc::Receiver<T>) -> Result<T, mpsc::RecvError> {
-    #[cfg(feature = "sim")]
-    if crate::world::in_world() {
+    if let Some(task) = running_task() {
         loop {
             match queue.try_recv() {
                 Ok(value) => return Ok(value),
                 Err(mpsc::TryRecvError::Disconnected) => return Err(mpsc::RecvError),
-                Err(mpsc::TryRecvError::Empty) => crate::world::wait_a_little("recv"),
+                Err(mpsc::TryRecvError::Empty) => task.wait_a_little("recv"),
             }
         }
     }

@@ -24,6 +24,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use crate::fabric::killed::Killed;
+use crate::rt;
 use crate::sim::RunReport;
 
 /// Virtual time a step takes.
@@ -451,12 +452,14 @@ impl TaskRef {
     /// Runs `body` as this task: waits for the baton first, hands it on at the end.
     fn run_as_task<T>(&self, body: impl FnOnce() -> T) -> std::thread::Result<T> {
         CURRENT.with(|c| *c.borrow_mut() = Some(self.clone()));
+        rt::enter_task(Arc::new(self.clone()));
         self.register();
         let outcome = match self.wait_turn() {
             Ok(()) => panic::catch_unwind(AssertUnwindSafe(body)),
             Err(payload) => Err(payload),
         };
         self.finish();
+        rt::leave_task();
         CURRENT.with(|c| *c.borrow_mut() = None);
         outcome
     }
@@ -585,12 +588,12 @@ impl TaskRef {
     }
 
     /// Marks this task ended before it ran (its thread could not be started).
-    pub(crate) fn abandon(&self) {
+    fn abandon_task(&self) {
         self.shared.lock().tasks[self.id].wake = Wake::Done;
     }
 
     /// Waits until this task's thread ended (the calling task runs again once it did).
-    pub(crate) fn await_end(&self) {
+    fn await_task_end(&self) {
         let Some(me) = current() else { return };
         loop {
             let mut sched = self.shared.lock();
@@ -602,13 +605,6 @@ impl TaskRef {
             me.step("join", Wake::Never);
         }
     }
-}
-
-/// The virtual time now as ticks of the coarse clock, outside a world `None`.
-pub(crate) fn coarse_ticks() -> Option<u64> {
-    let task = current()?;
-    let clock = task.shared.lock().clock + Duration::from_secs(1);
-    Some(coarsetime::Duration::from(clock).as_ticks())
 }
 
 /// Plans the fault `at(step now)` returns, from inside a task (outside a world, nothing).
@@ -680,62 +676,56 @@ pub(crate) fn coin(p: f64) -> Option<bool> {
     Some(sched.rng.gen_bool(p))
 }
 
-/// Whether the calling thread is a task of a running world.
-pub(crate) fn in_world() -> bool {
-    current().is_some_and(|task| !task.shared.lock().ending)
-}
-
-/// A step of the calling task (see [`TaskRef::step`]); nothing outside a world.
-pub(crate) fn step(what: &'static str) {
-    if let Some(task) = current() {
-        task.step(what, Wake::Ready);
+/// The world's side of the seam in [`rt`]: the store's calls on a task's thread.
+impl rt::WorldTask for TaskRef {
+    fn running(&self) -> bool {
+        !self.shared.lock().ending
     }
-}
 
-/// The virtual time now, outside a world `None`.
-pub(crate) fn now() -> Option<Instant> {
-    let task = current()?;
-    let sched = task.shared.lock();
-    Some(sched.base + sched.clock)
-}
+    fn now(&self) -> Instant {
+        let sched = self.shared.lock();
+        sched.base + sched.clock
+    }
 
-/// Lets the other tasks run for `span` of virtual time; `false` outside a running world.
-pub(crate) fn sleep(span: Duration) -> bool {
-    sleep_as("sleep", span)
-}
+    fn coarse_ticks(&self) -> u64 {
+        let clock = self.shared.lock().clock + Duration::from_secs(1);
+        coarsetime::Duration::from(clock).as_ticks()
+    }
 
-/// [`sleep`], the step labelled `what`.
-pub(crate) fn sleep_as(what: &'static str, span: Duration) -> bool {
-    let Some(task) = current() else { return false };
-    let wake_at = {
-        let sched = task.shared.lock();
-        if sched.ending {
-            return false;
-        }
-        sched.clock + span
-    };
-    task.step(what, Wake::At(wake_at));
-    true
-}
+    fn step(&self, what: &'static str) {
+        TaskRef::step(self, what, Wake::Ready);
+    }
 
-/// Lets the other tasks run for a short while (a wait that polls).
-pub(crate) fn wait_a_little(what: &'static str) {
-    sleep_as(what, POLL);
-}
+    fn sleep(&self, what: &'static str, span: Duration) -> bool {
+        let wake_at = {
+            let sched = self.shared.lock();
+            if sched.ending {
+                return false;
+            }
+            sched.clock + span
+        };
+        TaskRef::step(self, what, Wake::At(wake_at));
+        true
+    }
 
-/// A task for a thread that the calling task spawns, and the body to run on it; `body` back
-/// outside a world.
-pub(crate) fn spawn_task<T: Send + 'static, B: FnOnce() -> T + Send + 'static>(
-    name: &str,
-    body: B,
-) -> Result<(TaskRef, impl FnOnce() -> T + Send + 'static), B> {
-    let Some(parent) = current() else { return Err(body) };
-    let rank = parent.rank();
-    let task = parent.shared.add_task(format!("rank {rank} {name}"), rank);
-    let runner = task.clone();
-    let run = move || match runner.run_as_task(body) {
-        Ok(value) => value,
-        Err(payload) => panic::resume_unwind(payload),
-    };
-    Ok((task, run))
+    fn wait_a_little(&self, what: &'static str) {
+        rt::WorldTask::sleep(self, what, POLL);
+    }
+
+    fn spawn_child(&self, name: &str) -> Arc<dyn rt::WorldTask> {
+        let rank = self.rank();
+        Arc::new(self.shared.add_task(format!("rank {rank} {name}"), rank))
+    }
+
+    fn run(&self, body: Box<dyn FnOnce() + Send + '_>) -> std::thread::Result<()> {
+        self.run_as_task(body)
+    }
+
+    fn await_end(&self) {
+        self.await_task_end();
+    }
+
+    fn abandon(&self) {
+        self.abandon_task();
+    }
 }

@@ -199,11 +199,7 @@ impl Health {
 /// tick, at most [`COARSE_RESOLUTION`]): for the clock thread's gaps.
 #[inline]
 pub(super) fn coarse_now() -> coarsetime::Instant {
-    #[cfg(feature = "sim")]
-    if let Some(ticks) = crate::world::coarse_ticks() {
-        return coarsetime::Instant::from_ticks(ticks);
-    }
-    coarsetime::Instant::now_without_cache_update()
+    crate::rt::coarse_now()
 }
 
 /// The coarsest the coarse clock ticks: once per kernel tick, 10 ms at the lowest tick rate

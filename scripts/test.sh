@@ -33,7 +33,7 @@ scripts/setup.sh
 step "fmt"
 cargo fmt --all -- --check
 step "the store and the pool build without MPI (no ftkv-mpi in the build)"
-cargo build --release -p ftkv -p ftkv-tasks --no-default-features --features ftkv/sim,ftkv-tasks/sim --quiet
+cargo build --release -p ftkv -p ftkv-sim -p ftkv-tasks --no-default-features --features ftkv/local,ftkv-tasks/sim --quiet
 step "unit, scenario and real-MPI tests"
 cargo test --workspace --release
 step "simulated store recoveries, and the production store, its transactions and the pool driver (global and localized; independent tasks, fork-join and futures) on a deterministic world: 10000 seeded scenarios each, kills and stops at any step (no MPI)"

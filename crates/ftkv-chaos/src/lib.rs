@@ -26,11 +26,11 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
-pub use ftkv::history::{allowed, Observed, Op};
 use ftkv_launch::args::{self, Opt};
 use ftkv_launch::cluster::Hosts;
 use ftkv_launch::launch::{kill_random_rank, union_of_failed, JobOutput, Launch, RunningJob};
 use ftkv_launch::rank_errors::find_rank_error;
+pub use ftkv_sim::history::{allowed, Observed, Op};
 
 pub mod faults;
 pub mod oracle;

@@ -8,7 +8,7 @@
 //! reported it lost; whether the failures of the run allowed that loss at all is judged per run
 //! ([`may_lose_keys`]).
 
-use ftkv::history::{allowed, Observed, Op};
+use ftkv_sim::history::{allowed, Observed, Op};
 
 /// Whether a key's owner finished the run among the survivors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -4,10 +4,10 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Result};
-use ftkv::history::{observe, planned_write, value, Observed};
 use ftkv::{Config, Key, Recovery, Store};
 use ftkv_launch::launch::report_line;
 use ftkv_mpi::{Comm, Mpi};
+use ftkv_sim::history::{observe, planned_write, value, Observed};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 

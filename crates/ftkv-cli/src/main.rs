@@ -772,11 +772,11 @@ fn run_chaos(campaign: &chaos::Campaign, json: Option<PathBuf>) -> Result<()> {
 /// The protocols `ftkv sim` runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum SimModel {
-    /// The store's global recovery (`ftkv::sim`).
+    /// The store's global recovery (`ftkv_sim::recovery`).
     Store,
     /// The production store (data path, detector, global recovery, localized repairer,
     /// fencing, growth) on a deterministic world: every thread a task of one seeded scheduler,
-    /// virtual time, kills at any step (`ftkv::sim_store`).
+    /// virtual time, kills at any step (`ftkv_sim::store`).
     World,
     /// The production pool driver over the production store on a deterministic world (global
     /// and localized recovery, kills at named protocol points and at any step;
@@ -791,7 +791,7 @@ enum SimModel {
     FbcWorld,
     /// The production store's transactions on a deterministic world: coordinators, the
     /// backups' resolution and the in-doubt finish, kills at any step and at every named step
-    /// of the protocol (`ftkv::sim_transactions`).
+    /// of the protocol (`ftkv_sim::transactions`).
     TxnWorld,
     /// The store's recovery, and the store, its transactions and the pool driver on the
     /// world, `--runs` scenarios each.
@@ -841,9 +841,9 @@ fn run_sim_scale(sizes: &[String], seed: u64) -> Result<()> {
 }
 
 /// One run of a world model: its report and, when traced, its steps.
-type WorldRun = fn(u64, bool) -> (ftkv::sim::RunReport, Vec<String>);
+type WorldRun = fn(u64, bool) -> (ftkv_sim::recovery::RunReport, Vec<String>);
 /// A world model's campaign: the failing runs and the digest.
-type WorldCampaign = fn(u64, u64) -> (Vec<ftkv::sim::RunReport>, u64);
+type WorldCampaign = fn(u64, u64) -> (Vec<ftkv_sim::recovery::RunReport>, u64);
 
 fn run_sim(model: SimModel, seed: u64, runs: u64, trace: bool) -> Result<()> {
     let started = std::time::Instant::now();
@@ -854,12 +854,12 @@ fn run_sim(model: SimModel, seed: u64, runs: u64, trace: bool) -> Result<()> {
     let mut failing = Vec::new();
     let mut digests = Vec::new();
     let worlds: [(SimModel, &'static str, WorldRun, WorldCampaign); 5] = [
-        (SimModel::World, "world", ftkv::sim_store::run, ftkv::sim_store::campaign),
+        (SimModel::World, "world", ftkv_sim::store::run, ftkv_sim::store::campaign),
         (
             SimModel::TxnWorld,
             "txn-world",
-            ftkv::sim_transactions::run,
-            ftkv::sim_transactions::campaign,
+            ftkv_sim::transactions::run,
+            ftkv_sim::transactions::campaign,
         ),
         (
             SimModel::PoolWorld,
@@ -899,12 +899,12 @@ fn run_sim(model: SimModel, seed: u64, runs: u64, trace: bool) -> Result<()> {
     if matches!(model, SimModel::Store | SimModel::All) {
         if trace {
             for seed in seed..end {
-                let (report, steps) = ftkv::sim::run_traced(seed);
+                let (report, steps) = ftkv_sim::recovery::run_traced(seed);
                 println!("store seed={seed} {}", report.scenario);
                 steps.iter().for_each(|step| println!("  {step}"));
             }
         }
-        let (store_failing, digest) = ftkv::sim::campaign(seed, runs);
+        let (store_failing, digest) = ftkv_sim::recovery::campaign(seed, runs);
         println!("store runs={runs} violations={} digest={digest:016x}", store_failing.len());
         failing.extend(store_failing.into_iter().map(|r| ("store", r)));
         digests.push(digest);
@@ -912,7 +912,7 @@ fn run_sim(model: SimModel, seed: u64, runs: u64, trace: bool) -> Result<()> {
     for (model, report) in &failing {
         println!("{model} {report}");
     }
-    let digest = digests.iter().fold(0, |h, d| ftkv::sim::mix(h, *d));
+    let digest = digests.iter().fold(0, |h, d| ftkv_sim::recovery::mix(h, *d));
     let total = runs * digests.len() as u64;
     println!(
         "runs={total} violations={} digest={digest:016x} seconds={:.2}",

@@ -248,7 +248,7 @@ struct Driver<'p, P: Problem, F: Fabric> {
 /// survivor. Workers may be killed at any moment; the survivors finish with the exact result
 /// as long as no more than `copies − 1` workers fail between two recoveries.
 ///
-/// The fabric `F` is MPI in production; on `ftkv::fabric::local` (ftkv's `sim` feature) the
+/// The fabric `F` is MPI in production; on `ftkv::fabric::local` (ftkv's `local` feature) the
 /// same protocol runs on threads, without MPI.
 pub fn run<P: Problem, F: Fabric>(world: &F, problem: &P, config: &PoolConfig) -> Result<Outcome> {
     let started = rt::now();

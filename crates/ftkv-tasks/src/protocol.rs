@@ -3,7 +3,7 @@
 //! events (a tick at a time, a message, a recovery's new live set, what the store holds) and
 //! returns [`Command`]s for its driver to execute in order. [`crate::pool`] executes them on a
 //! [`ftkv::fabric::Fabric`] and a [`ftkv::Store`], the in-process fabric or MPI, on threads or
-//! on the deterministic world of `ftkv::world` (`crate::sim_world`).
+//! on the deterministic world of `ftkv_sim::world` (`crate::sim_world`).
 //!
 //! **Execution contract.** A driver executes a command list front to back and stops at the
 //! first command that fails because a process failed; it then recovers (every survivor

@@ -1,5 +1,5 @@
 //! The production pool driver ([`crate::pool::run`]) over the production store on the
-//! deterministic world of [`ftkv::world`]: every worker's driver, its store's detector,
+//! deterministic world of [`ftkv_sim::world`]: every worker's driver, its store's detector,
 //! repairer and recovery, and (with localized recovery) the settles' transactions run
 //! unchanged as tasks of one seeded scheduler with a virtual clock. One seed fixes the problem
 //! (UTS, N-Queens, Fibonacci or the wavefront), the workers, copies, recovery mode, checkpoint interval and batch, the
@@ -15,9 +15,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ftkv::fabric::local::{LocalCluster, LocalFabric};
-use ftkv::sim::RunReport;
-use ftkv::world::{Fault, World, WorldConfig};
 use ftkv::Recovery;
+use ftkv_sim::recovery::RunReport;
+use ftkv_sim::world::{Fault, World, WorldConfig};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -90,22 +90,16 @@ impl Scenario {
         // Up to `copies − 1` victims; with one copy, one victim (whose death loses every copy
         // of the keys it held while their owner lives: the owner writes them again).
         let count = if rng.gen_bool(0.8) { rng.gen_range(1..copies.max(2)) } else { 0 };
-        let mut kills: Vec<(i32, Kill)> = Vec::new();
-        while kills.len() < count {
-            let victim = rng.gen_range(0..ranks as i32);
-            if kills.iter().any(|&(v, _)| v == victim) {
-                continue;
-            }
-            let how = if rng.gen_bool(0.5) {
+        let kills = ftkv_sim::scenario::victims(rng, count, ranks, |rng, _| {
+            if rng.gen_bool(0.5) {
                 Kill::Point(points[rng.gen_range(0..points.len())], rng.gen_range(1..=3))
             } else if rng.gen_bool(0.7) {
                 Kill::Step(rng.gen_range(CREATED_BY..4_000))
             } else {
                 let declared = Duration::from_micros(rng.gen_range(500..20_000));
                 Kill::Stop(rng.gen_range(CREATED_BY..4_000), declared)
-            };
-            kills.push((victim, how));
-        }
+            }
+        });
         let slow = if rng.gen_bool(0.2) { vec![rng.gen_range(0..ranks as i32)] } else { vec![] };
         Scenario {
             seed,
@@ -142,9 +136,9 @@ impl Scenario {
 }
 
 /// The runs of a campaign from `first_seed`: reports of the failing ones and a digest of all
-/// ([`ftkv::world::campaign`]).
+/// ([`ftkv_sim::world::campaign`]).
 pub fn campaign(first_seed: u64, runs: u64) -> (Vec<RunReport>, u64) {
-    ftkv::world::campaign(first_seed, runs, |seed| run(seed, false).0)
+    ftkv_sim::world::campaign(first_seed, runs, |seed| run(seed, false).0)
 }
 
 /// Runs the scenario of `seed`; with `trace`, also returns one line per step and per fault.
@@ -156,7 +150,7 @@ pub fn run(seed: u64, trace: bool) -> (RunReport, Vec<String>) {
 
 /// [`campaign`] of the fork-join programs ([`run_nfj`]).
 pub fn campaign_nfj(first_seed: u64, runs: u64) -> (Vec<RunReport>, u64) {
-    ftkv::world::campaign(first_seed, runs, |seed| run_nfj(seed, false).0)
+    ftkv_sim::world::campaign(first_seed, runs, |seed| run_nfj(seed, false).0)
 }
 
 /// [`run`] with the problem as a nested fork-join program ([`Model::Nfj`]): UTS, N-Queens or
@@ -168,7 +162,7 @@ pub fn run_nfj(seed: u64, trace: bool) -> (RunReport, Vec<String>) {
 
 /// [`campaign`] of the programs with futures ([`run_fbc`]).
 pub fn campaign_fbc(first_seed: u64, runs: u64) -> (Vec<RunReport>, u64) {
-    ftkv::world::campaign(first_seed, runs, |seed| run_fbc(seed, false).0)
+    ftkv_sim::world::campaign(first_seed, runs, |seed| run_fbc(seed, false).0)
 }
 
 /// [`run`] with the problem written with futures ([`Model::Fbc`]): UTS, N-Queens or
@@ -292,7 +286,7 @@ fn simulate<P: Problem + Send + 'static>(
     let body = move |fabric: LocalFabric| {
         let me = fabric_rank(&fabric);
         if let Some(&(rank, after, declared)) = step_faults.iter().find(|f| f.0 == me) {
-            ftkv::world::plan_here(|now| match declared {
+            ftkv_sim::world::plan_here(|now| match declared {
                 Some(declared) => {
                     Fault::Stall { rank, at: now + after, declared_after: Some(declared) }
                 }
@@ -301,7 +295,7 @@ fn simulate<P: Problem + Send + 'static>(
         }
         pool::run(&fabric, &*problem, &config).map_err(|e| e.to_string())
     };
-    let (results, outcome) = cluster.run_in(&world, body);
+    let (results, outcome) = ftkv_sim::world::run_cluster(&cluster, &world, body);
     let mut violations: Vec<String> = outcome.aborted.iter().cloned().collect();
     let dead: Vec<i32> = (0..scenario.ranks as i32).filter(|&r| cluster.is_dead(r)).collect();
     let mut survivors = 0;

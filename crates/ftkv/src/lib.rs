@@ -47,8 +47,10 @@
 
 #![forbid(unsafe_code)]
 
-#[cfg(not(any(feature = "mpi", feature = "sim", test)))]
-compile_error!("ftkv needs a fabric: the `mpi` feature (production) or `sim` (the in-process one)");
+#[cfg(not(any(feature = "mpi", feature = "local", test)))]
+compile_error!(
+    "ftkv needs a fabric: the `mpi` feature (production) or `local` (the in-process one)"
+);
 
 pub mod codec;
 mod config;
@@ -57,20 +59,10 @@ pub mod engine;
 mod error;
 pub mod events;
 pub mod fabric;
-pub mod history;
 mod key;
 pub mod rt;
-#[cfg(any(test, feature = "sim"))]
-pub mod sim;
-#[cfg(feature = "sim")]
-pub mod sim_store;
-#[cfg(feature = "sim")]
-pub mod sim_transactions;
 pub mod slot;
 mod store;
-pub mod txn_log;
-#[cfg(feature = "sim")]
-pub mod world;
 
 pub use config::{
     end_declared_from_environment, end_through_runtime_from_environment,

@@ -45,6 +45,10 @@ pub trait WorldTask: Send + Sync {
     fn await_end(&self);
     /// Marks this task ended before it ran (its thread could not be started).
     fn abandon(&self);
+    /// A seeded span of up to `longest` (whole microseconds): a delay the world chooses.
+    fn seeded_delay(&self, longest: Duration) -> Duration;
+    /// A seeded coin that comes up `true` with probability `p`.
+    fn coin(&self, p: f64) -> bool;
 }
 
 /// How many threads carry a world's task: while none does, no call looks further.

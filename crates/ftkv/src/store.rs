@@ -19,7 +19,7 @@ use crate::key::Key;
 #[cfg(feature = "mpi")]
 pub type DefaultFabric = ftkv_mpi::Comm;
 /// The fabric a plain `Store` runs on: the in-process one when built without MPI.
-#[cfg(all(not(feature = "mpi"), any(test, feature = "sim")))]
+#[cfg(all(not(feature = "mpi"), any(test, feature = "local")))]
 pub type DefaultFabric = crate::fabric::local::LocalFabric;
 
 /// What [`Store::recover`] did.

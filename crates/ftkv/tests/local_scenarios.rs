@@ -9,8 +9,8 @@ use std::sync::Mutex;
 
 use common::{acknowledge, within};
 use ftkv::fabric::local::{LocalCluster, LocalFabric};
-use ftkv::history::{allowed, observe, planned_write, value, Observed, Op};
 use ftkv::{Config, Error, Key, Store};
+use ftkv_sim::history::{allowed, observe, planned_write, value, Observed, Op};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -256,23 +256,17 @@ fn random_scenario(seed: u64) {
     let copies = rng.gen_range(1..=3usize.min(ranks - 1));
     let kills = (copies - 1).min(ranks - 2);
     let cluster = LocalCluster::new(ranks);
-    let mut victims = Vec::new();
-    for k in 0..kills {
-        let victim = loop {
-            let v = rng.gen_range(0..ranks as i32);
-            if !victims.contains(&v) {
-                break v;
-            }
-        };
-        let point = if k == 1 {
-            ["recovery_after_shrink", "recovery_mid_copy"][rng.gen_range(0..2)]
+    let drawn = ftkv_sim::scenario::victims(&mut rng, kills, ranks, |rng, before| {
+        if before.len() == 1 {
+            (["recovery_after_shrink", "recovery_mid_copy"][rng.gen_range(0..2)], 1)
         } else {
-            ["put_before_header", "put_between_copies"][rng.gen_range(0..2)]
-        };
-        let nth = if k == 1 { 1 } else { rng.gen_range(1..60) };
+            (["put_before_header", "put_between_copies"][rng.gen_range(0..2)], rng.gen_range(1..60))
+        }
+    });
+    for &(victim, (point, nth)) in &drawn {
         cluster.arm(victim, point, nth);
-        victims.push(victim);
     }
+    let victims: Vec<i32> = drawn.iter().map(|&(victim, _)| victim).collect();
     let ops_per_rank = 80u32;
     let history: Mutex<HashMap<(i32, u16), Vec<Op>>> = Mutex::new(HashMap::new());
     let what = format!("seed {seed}: {ranks} ranks, {copies} copies, kills {victims:?}");

@@ -14,9 +14,9 @@ use common::{acknowledge, within, History};
 use ftkv::engine::layout::{Layout, Shape};
 use ftkv::fabric::local::{LocalCluster, LocalFabric};
 use ftkv::fabric::Fabric;
-use ftkv::history::{allowed, observe, planned_write, value, Observed, Op};
 use ftkv::slot::SlotGeometry;
 use ftkv::{Config, Key, RepairReport, Store};
+use ftkv_sim::history::{allowed, observe, planned_write, value, Observed, Op};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -207,14 +207,12 @@ impl Scenario {
         let ranks = rng.gen_range(4..=8usize);
         let copies = rng.gen_range(2..=3usize);
         let kills = rng.gen_range(1..copies);
-        let mut victims: Vec<(i32, &'static str, usize)> = Vec::new();
-        while victims.len() < kills {
-            let v = rng.gen_range(0..ranks as i32);
-            if victims.iter().all(|&(w, _, _)| w != v) {
-                let point = ["put_before_header", "put_between_copies"][rng.gen_range(0..2)];
-                victims.push((v, point, rng.gen_range(copies + 1..60)));
-            }
-        }
+        let drawn = ftkv_sim::scenario::victims(&mut rng, kills, ranks, |rng, _| {
+            let point = ["put_before_header", "put_between_copies"][rng.gen_range(0..2)];
+            (point, rng.gen_range(copies + 1..60))
+        });
+        let victims: Vec<(i32, &'static str, usize)> =
+            drawn.into_iter().map(|(v, (point, nth))| (v, point, nth)).collect();
         let what = format!("seed {seed}: {ranks} ranks, {copies} copies, kills {victims:?}");
         Scenario { what, ranks, copies, victims }
     }

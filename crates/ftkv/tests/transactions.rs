@@ -14,8 +14,8 @@ use common::{wait_until, within};
 use ftkv::fabric::local::{LocalCluster, LocalFabric};
 use ftkv::fabric::Fabric;
 use ftkv::txn::{Decision, Expect, Outcome, TxId, Txn};
-use ftkv::txn_log::{append, judge as judge_logs, log_of};
 use ftkv::{Config, Key, Store};
+use ftkv_sim::txn_log::{append, judge as judge_logs, log_of};
 
 const RANKS: usize = 5;
 const TRANSACTIONS: u32 = 12;

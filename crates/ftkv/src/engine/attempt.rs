@@ -1,7 +1,7 @@
 //! The store's global recovery as a state machine without I/O: events in (a shrink's live set,
 //! the exchanged records, an agreement's value), commands out (revoke, shrink, open a window,
 //! exchange, copy, agree, commit, dispose, fail). [`Store::recover`](crate::Store::recover) executes
-//! the commands on a real fabric; [`crate::sim`] executes them on a simulated one with seeded
+//! the commands on a real fabric; `ftkv_sim::recovery` executes them on a simulated one with seeded
 //! interleavings and kills. Every decision of a recovery is taken here: whether this side may
 //! go on (`plan::keeps_quorum`), the new layout, which copies this rank sends, which keys
 //! are lost, this rank's agreement flags, and what an agreement means (commit, free or abandon

@@ -16,6 +16,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
+use crate::rt;
+
 use super::{Agreed, Fabric, FabricError, FabricResult, FabricWindow, Message, RmaOps};
 
 pub use super::killed::Killed;
@@ -229,34 +231,10 @@ impl LocalCluster {
             .collect()
     }
 
-    /// Runs `body` on every rank as tasks of the deterministic `world` (see [`crate::world`]),
-    /// which carries out its planned faults on this cluster. Returns each rank's result as
-    /// [`LocalCluster::run`] does (`None` for a killed or stopped rank), a panic's message as
-    /// `Err`, and how the run went.
-    pub fn run_in<T: Send + 'static>(
-        &self,
-        world: &crate::world::World,
-        body: impl Fn(LocalFabric) -> T + Send + Sync + 'static,
-    ) -> (Vec<Result<Option<T>, String>>, crate::world::Outcome) {
-        world.set_faults(Arc::new(self.clone()));
-        let cluster = self.clone();
-        let run = move |rank: i32| {
-            let fabric = cluster.world_member(rank);
-            cluster.run_rank(rank, || body(fabric))
-        };
-        let (results, outcome) = world.run(self.ranks(), Arc::new(run));
-        let results = results
-            .into_iter()
-            .map(|result| match result.and_then(|inner| inner) {
-                Ok(value) => Ok(Some(value)),
-                Err(payload) if payload.is::<Killed>() => Ok(None),
-                Err(payload) => Err(panic_message(payload.as_ref())),
-            })
-            .collect();
-        (results, outcome)
-    }
-
-    fn run_rank<T>(&self, rank: i32, body: impl FnOnce() -> T) -> std::thread::Result<T> {
+    /// Runs `body` as rank `rank` on the calling thread: a panic (a kill's [`Killed`] among
+    /// them) marks the rank dead, so that the others do not wait for it, and comes back as
+    /// `Err` with its payload.
+    pub fn run_rank<T>(&self, rank: i32, body: impl FnOnce() -> T) -> std::thread::Result<T> {
         let outcome = panic::catch_unwind(AssertUnwindSafe(body));
         if outcome.is_err() {
             self.world.mark_dead(&[rank]);
@@ -264,19 +242,9 @@ impl LocalCluster {
         outcome
     }
 
-    fn world_member(&self, rank: i32) -> LocalFabric {
+    /// Rank `rank`'s member of the cluster's world communicator.
+    pub fn world_member(&self, rank: i32) -> LocalFabric {
         LocalFabric::new(self.world.clone(), 0, rank, rank)
-    }
-}
-
-#[cfg(feature = "sim")]
-impl crate::world::Faults for LocalCluster {
-    fn kill(&self, rank: i32) {
-        LocalCluster::kill(self, rank);
-    }
-
-    fn declare(&self, rank: i32) {
-        LocalCluster::declare(self, rank);
     }
 }
 
@@ -294,31 +262,19 @@ pub fn panic_message(payload: &(dyn Any + Send)) -> String {
 /// How long after a death a rank learns of it: a seeded 0–2 ms on a simulated world, at once
 /// otherwise.
 fn notice_delay() -> Duration {
-    #[cfg(feature = "sim")]
-    if let Some(delay) = crate::world::seeded_delay(Duration::from_millis(2)) {
-        return delay;
-    }
-    Duration::ZERO
+    rt::current_task().map_or(Duration::ZERO, |task| task.seeded_delay(Duration::from_millis(2)))
 }
 
 /// How long a message travels: a seeded 0–300 µs on a simulated world, none otherwise.
 fn delay() -> Duration {
-    #[cfg(feature = "sim")]
-    if let Some(delay) = crate::world::seeded_delay(Duration::from_micros(300)) {
-        return delay;
-    }
-    Duration::ZERO
+    rt::current_task().map_or(Duration::ZERO, |task| task.seeded_delay(Duration::from_micros(300)))
 }
 
 /// Whether a collective that a member joined before it died fails for this caller: ULFM lets
 /// it succeed on some callers and fail on others. Decided by the seed on a simulated world;
 /// it succeeds everywhere otherwise.
 fn fails_after_a_death() -> bool {
-    #[cfg(feature = "sim")]
-    if let Some(fails) = crate::world::coin(0.5) {
-        return fails;
-    }
-    false
+    rt::current_task().is_some_and(|task| task.coin(0.5))
 }
 
 impl World {

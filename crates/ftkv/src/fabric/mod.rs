@@ -2,16 +2,16 @@
 //! communicator with ULFM's recovery calls, point-to-point messages and passive-target windows.
 //!
 //! `ftkv_mpi::Comm` is the production fabric (MPI with ULFM, the default `mpi` feature);
-//! `local::LocalCluster` (the `sim` feature, for tests) runs ranks as threads of one process
+//! `local::LocalCluster` (the `local` feature, for tests and the simulator) runs ranks as threads of one process
 //! with killable ranks, for fast protocol tests that need no MPI at all. Errors are [`FabricError`]s in both, with the same
 //! meaning: `ProcFailed` and `Revoked` are peer failures, never panics.
 
 use std::any::Any;
 use std::time::Duration;
 
-#[cfg(any(test, feature = "sim"))]
+#[cfg(any(test, feature = "local"))]
 pub mod killed;
-#[cfg(any(test, feature = "sim"))]
+#[cfg(any(test, feature = "local"))]
 pub mod local;
 #[cfg(feature = "mpi")]
 mod mpi;

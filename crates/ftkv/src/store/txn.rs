@@ -1,7 +1,7 @@
 //! The transaction protocol core: multi-key transactions (reads, writes, deletes and
 //! conditionals on version or value) with a coordinator whose decision is replicated, written
 //! against an abstract [`Backend`]; [`crate::Store::transaction`] runs it on the store (and
-//! `ftkv::sim_transactions` runs that on a deterministic world with kills at every step).
+//! `ftkv_sim::transactions` runs that on a deterministic world with kills at every step).
 //!
 //! Protocol of a coordinator `c` running transaction `t` (its id names `c`):
 //!

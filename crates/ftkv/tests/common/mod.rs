@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::{mpsc, Mutex};
 use std::time::Duration;
 
-use ftkv::history::Op;
+use ftkv_sim::history::Op;
 
 /// Every key's writes, as its owner tried them.
 pub type History = Mutex<HashMap<(i32, u16), Vec<Op>>>;

@@ -6,9 +6,7 @@
 //! reads every worker's checkpoint and reports each as a `read` ([`CheckpointRead`]).
 
 use anyhow::{bail, ensure, Result};
-use ftkv::history::{check_value, value};
 use ftkv::txn::{Expect, Outcome, TxId, Txn};
-use ftkv::txn_log;
 use ftkv::{Config, Error, Key, Store};
 use ftkv_cli::chaos;
 use ftkv_cli::launch::report_line;
@@ -18,6 +16,8 @@ use ftkv_cli::reports::{
     LocalizedReport, RejectedReport, RoundRead, TxnReport,
 };
 use ftkv_mpi::{failpoint, Comm};
+use ftkv_sim::history::{check_value, value};
+use ftkv_sim::txn_log;
 
 use super::report_passed;
 
@@ -429,7 +429,7 @@ fn transactions(world: &Comm) -> Result<()> {
         .collect::<Result<_>>()?;
     judge_logs(&store, &logs, &ended, count)?;
     let committed = ended.iter().filter(|(_, c)| *c).count();
-    let digest = logs.iter().flatten().fold(0u64, |h, id| ftkv::sim::mix(h, *id));
+    let digest = logs.iter().flatten().fold(0u64, |h, id| ftkv_sim::recovery::mix(h, *id));
     let report = TxnReport {
         committed,
         aborted: ended.len() - committed,

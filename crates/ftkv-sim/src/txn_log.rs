@@ -1,13 +1,13 @@
 //! Logs of transaction ids, and their judge: the workload of the transaction simulator and
-//! tests (`ftkv::sim_transactions`, `tests/transactions.rs`, `ftkv-mpitest store-txn`). Each
+//! tests (`ftkv_sim::transactions`, `tests/transactions.rs`, `ftkv-mpitest store-txn`). Each
 //! transaction appends its id to the log (the value) of every key it locks; what the logs hold
 //! afterwards shows whether transactions were atomic and serializable.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::codec;
-use crate::key::Key;
-use crate::txn::Reads;
+use ftkv::codec;
+use ftkv::txn::Reads;
+use ftkv::Key;
 
 /// The log a value holds (empty for none).
 pub fn log_of(value: &Option<Vec<u8>>) -> Vec<u64> {

@@ -20,11 +20,12 @@ use std::time::Duration;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use crate::fabric::local::{LocalCluster, LocalFabric};
 use crate::history::{allowed, observe, planned_write, value, Observed, Op};
-use crate::sim::RunReport;
+use crate::recovery::RunReport;
+use crate::scenario::{kill_count, ranks_on_hosts, victims};
 use crate::world::{Fault, World, WorldConfig};
-use crate::{rt, Config, Key, Store};
+use ftkv::fabric::local::{LocalCluster, LocalFabric};
+use ftkv::{rt, Config, Key, Store};
 
 /// Virtual time a run may take before it counts as a hang.
 const LIMIT: Duration = Duration::from_secs(60);
@@ -79,20 +80,15 @@ impl Scenario {
         let mut rng = SmallRng::seed_from_u64(seed);
         let (ranks, hosts) = ranks_on_hosts(&mut rng);
         let copies = rng.gen_range(1..=3usize.min(ranks - 1));
-        let kill_count = kill_count(&mut rng, copies, ranks);
-        let mut kills: Vec<(i32, u64)> = Vec::new();
-        while kills.len() < kill_count {
-            let victim = rng.gen_range(0..ranks as i32);
-            if kills.iter().all(|&(v, _)| v != victim) {
-                // Half of the later victims die soon after the first: inside the recovery
-                // or the repair it started.
-                let after = match kills.first() {
-                    Some(&(_, first)) if rng.gen_bool(0.5) => first + rng.gen_range(1..600),
-                    _ => rng.gen_range(1..6_000),
-                };
-                kills.push((victim, after));
+        let count = kill_count(&mut rng, copies, ranks);
+        let kills = victims(&mut rng, count, ranks, |rng, before: &[(i32, u64)]| {
+            // Half of the later victims die soon after the first: inside the recovery or the
+            // repair it started.
+            match before.first() {
+                Some(&(_, first)) if rng.gen_bool(0.5) => first + rng.gen_range(1..600),
+                _ => rng.gen_range(1..6_000),
             }
-        }
+        });
         let points = ["recovery_after_shrink", "recovery_mid_copy"];
         let in_recovery = (kills.len() == 2 && rng.gen_bool(0.5))
             .then(|| (kills[1].0, points[rng.gen_range(0..points.len())]));
@@ -207,7 +203,7 @@ impl Scenario {
 }
 
 /// The scenarios' suspicion bound: across hosts the watchdog is then the store's floor there
-/// ([`crate::config::CROSS_HOST_WATCHDOG`]).
+/// ([`ftkv::CROSS_HOST_WATCHDOG`]).
 const SUSPICION: Duration = Duration::from_secs(2);
 /// The scenarios' watchdog on one host: far above a put's virtual time, also to a stopped
 /// holder until it is declared (at most 20 ms).
@@ -239,23 +235,6 @@ fn stuck_shrink(
     } else {
         rng.gen_bool(0.05).then_some(StuckShrink::Everywhere)
     }
-}
-
-/// 3–6 ranks on 1–3 hosts, mapped by slot or by node: the rank count and each rank's host.
-pub(crate) fn ranks_on_hosts(rng: &mut SmallRng) -> (usize, Vec<u32>) {
-    let ranks = rng.gen_range(3..=6usize);
-    let host_count = rng.gen_range(1..=3usize.min(ranks - 1));
-    let by_node = rng.gen_bool(0.5);
-    let per_host = ranks.div_ceil(host_count);
-    let hosts =
-        (0..ranks).map(|r| if by_node { r % host_count } else { r / per_host } as u32).collect();
-    (ranks, hosts)
-}
-
-/// How many of `ranks` to kill: up to `copies − 1`, leaving a majority alive (a recovery that
-/// finds a minority alive refuses to go on: `Error::Partitioned`).
-pub(crate) fn kill_count(rng: &mut SmallRng, copies: usize, ranks: usize) -> usize {
-    rng.gen_range(0..=(copies - 1).min((ranks - 1) / 2))
 }
 
 /// Every key's writes, as its owner tried them.
@@ -368,7 +347,7 @@ pub fn run(seed: u64, trace: bool) -> (RunReport, Vec<String>) {
         let (scenario, history, meeting) = (scenario.clone(), history.clone(), meeting.clone());
         move |fabric: LocalFabric| worker(fabric, &scenario, &history, &meeting)
     };
-    let (results, outcome) = cluster.run_in(&world, body);
+    let (results, outcome) = crate::world::run_cluster(&cluster, &world, body);
     let mut violations = Vec::new();
     if let Some(why) = &outcome.aborted {
         violations.push(why.clone());
@@ -553,7 +532,7 @@ fn acknowledge(history: &History, key: (i32, u16), seq: u32) {
 
 /// Every key as this rank reads it, and the copies of its own keys (after the repairs of every
 /// failure known here, with localized recovery).
-fn read_all(store: &mut Store<LocalFabric>, localized: bool) -> crate::Result<Finals> {
+fn read_all(store: &mut Store<LocalFabric>, localized: bool) -> ftkv::Result<Finals> {
     if localized {
         store.follow()?;
     }

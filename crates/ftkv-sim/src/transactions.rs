@@ -30,13 +30,14 @@ use std::time::Duration;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use crate::fabric::local::{LocalCluster, LocalFabric};
-use crate::sim::RunReport;
-use crate::sim_store::{kill_count, ranks_on_hosts, Meeting};
-use crate::txn::{Decision, Expect, Outcome, TxId, Txn};
+use crate::recovery::RunReport;
+use crate::scenario::{kill_count, ranks_on_hosts, victims};
+use crate::store::Meeting;
 use crate::txn_log::{self, log_of};
 use crate::world::{Fault, World, WorldConfig};
-use crate::{Config, Error, Key, Store};
+use ftkv::fabric::local::{LocalCluster, LocalFabric};
+use ftkv::txn::{Decision, Expect, Outcome, TxId, Txn};
+use ftkv::{Config, Error, Key, Store};
 
 /// Virtual time a run may take before it counts as a hang.
 const LIMIT: Duration = Duration::from_secs(60);
@@ -88,20 +89,14 @@ impl Scenario {
         let mut rng = SmallRng::seed_from_u64(seed);
         let (ranks, hosts) = ranks_on_hosts(&mut rng);
         let copies = rng.gen_range(2..=3usize.min(ranks - 1));
-        let kill_count = kill_count(&mut rng, copies, ranks);
-        let mut kills: Vec<(i32, Death)> = Vec::new();
-        while kills.len() < kill_count {
-            let victim = rng.gen_range(0..ranks as i32);
-            if kills.iter().any(|&(v, _)| v == victim) {
-                continue;
-            }
-            let death = if rng.gen_bool(0.5) {
+        let count = kill_count(&mut rng, copies, ranks);
+        let kills = victims(&mut rng, count, ranks, |rng, _| {
+            if rng.gen_bool(0.5) {
                 Death::AfterSteps(rng.gen_range(1..4_000))
             } else {
                 Death::AtPoint(TX_POINTS[rng.gen_range(0..TX_POINTS.len())], rng.gen_range(1..=3))
-            };
-            kills.push((victim, death));
-        }
+            }
+        });
         let slow = if rng.gen_bool(0.25) { vec![rng.gen_range(0..ranks as i32)] } else { vec![] };
         let transactions = rng.gen_range(1..=4usize);
         let plans = (0..ranks)
@@ -198,7 +193,7 @@ pub fn run(seed: u64, trace: bool) -> (RunReport, Vec<String>) {
         let (scenario, ledger, meeting) = (scenario.clone(), ledger.clone(), meeting.clone());
         move |fabric: LocalFabric| worker(fabric, &scenario, &ledger, &meeting)
     };
-    let (results, outcome) = cluster.run_in(&world, body);
+    let (results, outcome) = crate::world::run_cluster(&cluster, &world, body);
     let mut violations = Vec::new();
     if let Some(why) = &outcome.aborted {
         violations.push(why.clone());
@@ -298,7 +293,7 @@ fn worker(fabric: LocalFabric, scenario: &Scenario, ledger: &Ledger, meeting: &M
     if death.is_some() {
         // A victim dies within its transactions: one that got here first dies now.
         crate::world::plan_here(|now| Fault::Kill { rank: me, at: now });
-        crate::rt::step("victim's end");
+        ftkv::rt::step("victim's end");
     }
     meeting.wait_tending(DONE, &mut store, tend);
     tend(&mut store);
@@ -404,7 +399,7 @@ fn recover(store: &mut Store<LocalFabric>) -> Option<Decision> {
 }
 
 /// Every worker's log as this rank reads it.
-fn read_logs(store: &mut Store<LocalFabric>) -> crate::Result<BTreeMap<Key, Vec<u64>>> {
+fn read_logs(store: &mut Store<LocalFabric>) -> ftkv::Result<BTreeMap<Key, Vec<u64>>> {
     let mut logs = BTreeMap::new();
     for owner in 0..store.workers() as i32 {
         let key = Key::new(owner, DATA);

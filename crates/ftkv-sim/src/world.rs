@@ -3,8 +3,8 @@
 //! clock is virtual. One seed fixes the interleaving, the clock and the faults, so a failing
 //! seed replays exactly (FoundationDB's discipline, on real threads passing a baton).
 //!
-//! A task takes a *step* at every call of the in-process fabric ([`crate::fabric::local`]) and
-//! at every wait of [`crate::rt`]; there the scheduler may hand the baton to another task, and
+//! A task takes a *step* at every call of the in-process fabric ([`ftkv::fabric::local`]) and
+//! at every wait of [`ftkv::rt`]; there the scheduler may hand the baton to another task, and
 //! a planned fault may strike: a kill (the rank's tasks unwind at their next step, as the
 //! fabric's kills do) or a stall (the rank's tasks never run again, a stopped process). Each
 //! step advances the virtual clock by [`TICK`]; when every task sleeps, the clock jumps to the
@@ -13,7 +13,7 @@
 //!
 //! Everything a task does between two steps must not block on another task (std's blocking
 //! calls would hold the baton forever): the store's threads, sleeps, locks, condition waits and
-//! channels go through [`crate::rt`], which polls in virtual time here.
+//! channels go through [`ftkv::rt`], which polls in virtual time here.
 
 use std::cell::RefCell;
 use std::panic::{self, AssertUnwindSafe};
@@ -23,9 +23,10 @@ use std::time::{Duration, Instant};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use crate::fabric::killed::Killed;
-use crate::rt;
-use crate::sim::RunReport;
+use crate::recovery::RunReport;
+use ftkv::fabric::killed::Killed;
+use ftkv::fabric::local::{panic_message, LocalCluster, LocalFabric};
+use ftkv::rt;
 
 /// Virtual time a step takes.
 pub const TICK: Duration = Duration::from_micros(1);
@@ -198,7 +199,7 @@ impl World {
     }
 
     /// Runs `body(rank)` for every rank in `0..ranks` as root tasks and everything they spawn
-    /// through [`crate::rt::spawn`], until every task ended or the virtual time limit passed.
+    /// through [`ftkv::rt::spawn`], until every task ended or the virtual time limit passed.
     /// Returns each rank's result (`Err` with the panic payload of a rank that unwound) and
     /// how the run went. A rank still running when the run was cut short is an `Err` too.
     pub fn run<T: Send + 'static>(
@@ -441,7 +442,7 @@ impl Sched {
 
 /// Mixes `v` into the digest `h`.
 fn mix(h: u64, v: u64) -> u64 {
-    crate::sim::mix(h, v)
+    crate::recovery::mix(h, v)
 }
 
 fn label_code(what: &str) -> u64 {
@@ -615,14 +616,6 @@ pub fn plan_here(at: impl FnOnce(u64) -> Fault) {
     sched.plan(fault);
 }
 
-/// A seeded span of up to `longest` (whole microseconds); outside a world `None`.
-pub(crate) fn seeded_delay(longest: Duration) -> Option<Duration> {
-    let task = current()?;
-    let mut sched = task.shared.lock();
-    let micros = sched.rng.gen_range(0..=longest.as_micros() as u64);
-    Some(Duration::from_micros(micros))
-}
-
 /// Runs `run(seed)` for `runs` seeds from `first_seed` on as many threads as the machine has
 /// cores (each run's world is its own) and returns the failing runs' reports and a digest of
 /// all, folded in seed order, so that it does not depend on the threads.
@@ -667,13 +660,6 @@ pub fn campaign(
     let digest = reports.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, r| mix(h, r.digest));
     reports.retain(|r| !r.violations.is_empty());
     (reports, digest)
-}
-
-/// A seeded coin that comes up `true` with probability `p`; outside a world `None`.
-pub(crate) fn coin(p: f64) -> Option<bool> {
-    let task = current()?;
-    let mut sched = task.shared.lock();
-    Some(sched.rng.gen_bool(p))
 }
 
 /// The world's side of the seam in [`rt`]: the store's calls on a task's thread.
@@ -727,5 +713,54 @@ impl rt::WorldTask for TaskRef {
 
     fn abandon(&self) {
         self.abandon_task();
+    }
+
+    fn seeded_delay(&self, longest: Duration) -> Duration {
+        let micros = self.shared.lock().rng.gen_range(0..=longest.as_micros() as u64);
+        Duration::from_micros(micros)
+    }
+
+    fn coin(&self, p: f64) -> bool {
+        self.shared.lock().rng.gen_bool(p)
+    }
+}
+
+/// Runs `body` on every rank of `cluster` as tasks of the deterministic `world`, which carries
+/// out its planned faults on the cluster. Returns each rank's result as
+/// [`LocalCluster::run`] does (`None` for a killed or stopped rank), a panic's message as
+/// `Err`, and how the run went.
+pub fn run_cluster<T: Send + 'static>(
+    cluster: &LocalCluster,
+    world: &World,
+    body: impl Fn(LocalFabric) -> T + Send + Sync + 'static,
+) -> (Vec<Result<Option<T>, String>>, Outcome) {
+    world.set_faults(Arc::new(ClusterFaults(cluster.clone())));
+    let members = cluster.clone();
+    let run = move |rank: i32| {
+        let fabric = members.world_member(rank);
+        members.run_rank(rank, || body(fabric))
+    };
+    let (results, outcome) = world.run(cluster.ranks(), Arc::new(run));
+    let results = results
+        .into_iter()
+        .map(|result| match result.and_then(|inner| inner) {
+            Ok(value) => Ok(Some(value)),
+            Err(payload) if payload.is::<Killed>() => Ok(None),
+            Err(payload) => Err(panic_message(payload.as_ref())),
+        })
+        .collect();
+    (results, outcome)
+}
+
+/// A world's faults carried out on an in-process cluster.
+struct ClusterFaults(LocalCluster);
+
+impl Faults for ClusterFaults {
+    fn kill(&self, rank: i32) {
+        self.0.kill(rank);
+    }
+
+    fn declare(&self, rank: i32) {
+        self.0.declare(rank);
     }
 }

@@ -22,13 +22,13 @@ use std::collections::BTreeMap;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use crate::codec;
-use crate::engine::attempt::{self, Command, Event, Fault, Machine};
-use crate::engine::layout::Layout;
-use crate::engine::plan::Record;
 use crate::history::{allowed, Observed, Op};
-use crate::key::Key;
-use crate::slot::SlotGeometry;
+use ftkv::codec;
+use ftkv::engine::attempt::{self, Command, Event, Fault, Machine};
+use ftkv::engine::layout::Layout;
+use ftkv::engine::plan::Record;
+use ftkv::slot::SlotGeometry;
+use ftkv::Key;
 
 /// One simulated recovery: what went wrong (empty when nothing) and a hash of its trace.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,5 +1,5 @@
 //! The history oracle every failure test of the store judges by: the in-process scenarios, the
-//! recovery simulator ([`crate::sim`]) and the real-MPI chaos campaign (`ftkv chaos`).
+//! recovery simulator ([`crate::recovery`]) and the real-MPI chaos campaign (`ftkv chaos`).
 //!
 //! A key's history is the writes its owner tried, in order, each marked acknowledged or not.
 //! After failures a read of the key may return the last acknowledged write or any write tried

@@ -174,7 +174,9 @@ impl Stall {
                 self.resumed = true;
                 eprintln!("[chaos] {:.1} s: SIGCONT rank {rank}", now.as_secs_f64());
             }
-            (Some((rank, at)), false) if self.ended_after.is_none() && is_gone(pids[&rank]) => {
+            (Some((rank, at)), false)
+                if self.ended_after.is_none() && ftkv_mpi::process::is_gone(pids[&rank]) =>
+            {
                 self.ended_after = Some(now - at);
                 let after = (now - at).as_secs_f64();
                 eprintln!(
@@ -215,24 +217,14 @@ impl Stall {
             declared: agreed_failed.contains(&rank),
             rejoined: crate::done_report(out, rank).is_some(),
             ended_itself: ended_after_stall(out, rank),
-            // A job that ended before the stall's end had its stopped process ended meanwhile.
-            ended_by_survivors: self.ended_after.is_some() || !self.resumed,
+            // Seen gone while stopped, or the job ended before the stall's end (then the
+            // process was seen gone too: the job ends only once every process did).
+            ended_by_survivors: self.ended_after.is_some(),
             ended_after_ms: self.ended_after.map(|d| d.as_millis() as u64),
             healthy_declared: agreed_failed.iter().any(|r| healthy(&r)),
             ending_expected: ftkv::end_declared_from_environment()
                 && ftkv::end_through_runtime_from_environment(),
         })
-    }
-}
-
-/// Whether the process `pid` is gone: no longer in `/proc`, or a zombie its parent has not
-/// reaped yet.
-fn is_gone(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => true,
-        Ok(stat) => {
-            stat.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X']))
-        }
     }
 }
 

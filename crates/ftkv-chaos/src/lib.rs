@@ -210,7 +210,7 @@ pub fn run(exe: &std::path::Path, campaign: &Campaign) -> Result<Summary> {
         summary.keys_lost_in_recovery += result.lost_in_recovery;
         summary.host_kills += usize::from(result.host_killed);
         summary.stalls += usize::from(result.stall.is_some());
-        summary.stall_failures += usize::from(result.stall.is_some_and(|s| !s.ok(STOP_SUSPICION)));
+        summary.stall_failures += usize::from(result.stall_failed());
         summary.stall_ended_after_ms.extend(result.stall.and_then(|s| s.ended_after_ms));
         summary.healthy_declared += usize::from(result.stall.is_some_and(|s| s.healthy_declared));
         summary.unaccounted_losses += result.verdict.unaccounted;
@@ -263,6 +263,11 @@ struct RunResult {
 }
 
 impl RunResult {
+    /// Whether the run's stall (if any) was not handled as it must be ([`StallOutcome::ok`]).
+    fn stall_failed(&self) -> bool {
+        self.stall.is_some_and(|s| !s.ok(STOP_SUSPICION))
+    }
+
     /// Whether the run shows a defect: a hang, silently lost or torn data, a key reported lost
     /// although no recovery saw `copies` failures, or a survivor missing without evidence. A
     /// run whose survivors all ended stuck inside Open MPI's recovery counts apart.
@@ -273,7 +278,7 @@ impl RunResult {
         self.hung
             || self.split_brain > 0
             || v.lost + v.torn + v.unaccounted > 0
-            || self.stall.is_some_and(|s| !s.ok(STOP_SUSPICION))
+            || self.stall_failed()
             || unexplained_loss
             || self.unexplained
             || (self.none_finished && !self.stuck)

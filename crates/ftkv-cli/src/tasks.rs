@@ -696,7 +696,7 @@ impl Watch {
             }
             (Some(_), None)
                 if stop.ended.is_none()
-                    && !stop.ranks.iter().any(|r| process_exists(self.pids[r])) =>
+                    && stop.ranks.iter().all(|r| ftkv_mpi::process::is_gone(self.pids[r])) =>
             {
                 stop.ended = Some(job.elapsed());
                 let at = job.elapsed().as_secs_f64();
@@ -1122,13 +1122,6 @@ fn host_mates(
     let host = cluster.host_of(pids[&rank]);
     ensure!(host.is_some(), "the host of rank {rank} is not known");
     Ok(candidates.iter().copied().filter(|r| cluster.host_of(pids[r]) == host).collect())
-}
-
-/// Whether process `pid` still exists (a stopped one does; a zombie counts as ended).
-fn process_exists(pid: u32) -> bool {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next());
-    !matches!(state, None | Some("Z") | Some("X"))
 }
 
 fn signal(pid: u32, signal: &str) -> Result<()> {

@@ -104,9 +104,12 @@ impl Comm {
     /// 5.0.11 crashes a process that learns of a failure while still inside the call.)
     pub fn dup(&self) -> Result<Comm> {
         let mut raw = null_comm();
-        // SAFETY: `self.raw` is a valid communicator; `raw` is a valid out-pointer.
-        let rc = unsafe { ffi::MPI_Comm_dup(self.raw, &mut raw) };
-        self.creation_agreed(rc, raw, "MPI_Comm_dup")
+        let dup = || {
+            // SAFETY: `self.raw` is a valid communicator; `raw` is a valid out-pointer.
+            unsafe { ffi::MPI_Comm_dup(self.raw, &mut raw) }
+        };
+        let created = self.collective("MPI_Comm_dup", dup);
+        self.creation_agreed(created, raw, "MPI_Comm_dup")
     }
 
     /// `MPI_Comm_split`: the members that pass the same `color`, ordered by `key` (ties by rank).
@@ -116,13 +119,16 @@ impl Comm {
     /// 5.0.11 crashes a process that learns of a failure while still inside the call.)
     pub fn split(&self, color: i32, key: i32) -> Result<Comm> {
         let mut raw = null_comm();
-        // SAFETY: `self.raw` is a valid communicator; `raw` is a valid out-pointer.
-        let rc = unsafe { ffi::MPI_Comm_split(self.raw, color, key, &mut raw) };
-        self.creation_agreed(rc, raw, "MPI_Comm_split")
+        let split = || {
+            // SAFETY: `self.raw` is a valid communicator; `raw` is a valid out-pointer.
+            unsafe { ffi::MPI_Comm_split(self.raw, color, key, &mut raw) }
+        };
+        let created = self.collective("MPI_Comm_split", split);
+        self.creation_agreed(created, raw, "MPI_Comm_split")
     }
 
-    /// Ends a communicator creation on this communicator (`rc` and `raw` from the creating
-    /// call `op`): every member agrees on whether all of them got the new communicator, and
+    /// Ends a communicator creation on this communicator (`created` and `raw` from the
+    /// creating call `op`): every member agrees on whether all of them got the new communicator, and
     /// keeps it only then; otherwise each frees its own and fails with `ProcFailed`.
     ///
     /// Open MPI 5.0.11 crashes a process that learns of a failure while it is still inside a
@@ -135,9 +141,13 @@ impl Comm {
     /// some members and succeed on others, and the new communicator's members would wait for
     /// those that never got it. A failure the agreement meets once all got the new
     /// communicator is left to the next call on it.
-    fn creation_agreed(&self, rc: c_int, raw: ffi::MPI_Comm, op: &'static str) -> Result<Comm> {
-        let created =
-            self.check_collective(rc, op).and_then(|()| Comm::owned(raw, self.runtime.clone()));
+    fn creation_agreed(
+        &self,
+        created: Result<()>,
+        raw: ffi::MPI_Comm,
+        op: &'static str,
+    ) -> Result<Comm> {
+        let created = created.and_then(|()| Comm::owned(raw, self.runtime.clone()));
         let agreed = self.agree(u32::from(created.is_ok()))?;
         match created {
             Ok(comm) if agreed.value == 1 => Ok(comm),
@@ -171,34 +181,34 @@ impl Comm {
     /// `MPI_Barrier`. Returns `ProcFailed` (or `Revoked`) instead of hanging when a member died.
     pub fn barrier(&self) -> Result<()> {
         // SAFETY: `self.raw` is a valid communicator.
-        let rc = unsafe { ffi::MPI_Barrier(self.raw) };
-        self.check_collective(rc, "MPI_Barrier")
+        let barrier = || unsafe { ffi::MPI_Barrier(self.raw) };
+        self.collective("MPI_Barrier", barrier)
     }
 
-    /// [`check`] for the return code of a collective on this communicator: an error of no
-    /// failure class while ULFM knows a failed member (or the communicator is revoked) is the
-    /// failure it is, `ProcFailed`.
+    /// Runs `call`, a blocking collective `op` on this communicator, and checks its return
+    /// code: an error of no failure class while ULFM learned of a failed member during the
+    /// call (or the communicator was revoked) is the failure it is, `ProcFailed`; any other
+    /// error is returned as MPI gave it.
     ///
-    /// Open MPI 5.0 (up to its main branch of December 2026) returns `MPI_ERR_OTHER` from a
-    /// blocking collective that a member's death interrupts when its internal
-    /// `ompi_request_default_wait_all` is woken by the failure under `MPI_THREAD_MULTIPLE`:
-    /// the wait keeps the wake-up's `OPAL_ERROR` across its re-check, and an any-source
-    /// receive that ends with `MPI_ERR_PROC_FAILED_PENDING` does not replace it. The root of
-    /// the linear barrier (Open MPI's choice for small communicators) gets it
-    /// (`docs/limits.md`).
-    fn check_collective(&self, rc: c_int, op: &'static str) -> Result<()> {
+    /// Open MPI 5.0 returns `MPI_ERR_OTHER` from a blocking collective that a member's death
+    /// interrupts, under `MPI_THREAD_MULTIPLE`, to the process whose internal wait the failure
+    /// woke: the root of the linear barrier it picks for small communicators
+    /// (`docs/limits.md`, `tests/c/barrier_after_failure.c` in `ftkv-capi`).
+    pub(crate) fn collective(&self, op: &'static str, call: impl FnOnce() -> c_int) -> Result<()> {
+        let known_before = self.failed_count().unwrap_or(0);
+        let rc = call();
         match check(rc, op) {
-            Err(MpiError::Other { .. }) if self.knows_a_failure() => {
+            Err(MpiError::Other { .. }) if self.failure_since(known_before) => {
                 Err(MpiError::ProcFailed { op, peer: None })
             }
             outcome => outcome,
         }
     }
 
-    /// True when ULFM knows a failed member of this communicator or it is revoked (and when
-    /// asking fails: the communicator is then unusable the way a failed one is).
-    fn knows_a_failure(&self) -> bool {
-        self.is_revoked().unwrap_or(true) || self.failed_count().map_or(true, |n| n > 0)
+    /// True when the communicator is revoked or ULFM knows more than `known_before` failed
+    /// members (and when asking fails: the communicator is then unusable as a failed one is).
+    fn failure_since(&self, known_before: i32) -> bool {
+        self.is_revoked().unwrap_or(true) || self.failed_count().map_or(true, |n| n > known_before)
     }
 
     /// The number of members ULFM knows failed (`MPIX_Comm_get_failed`), acknowledging none.
@@ -220,20 +230,22 @@ impl Comm {
     pub fn allgather(&self, send: &[u8]) -> Result<Vec<u8>> {
         let count = byte_count(send.len(), "MPI_Allgather")?;
         let mut out = vec![0u8; send.len() * self.size as usize];
-        // SAFETY: `send` holds `count` bytes, `out` holds `count * size` bytes; both outlive the
-        // blocking call.
-        let rc = unsafe {
-            ffi::MPI_Allgather(
-                send.as_ptr().cast(),
-                count,
-                ffi::ftkv_type_byte,
-                out.as_mut_ptr().cast(),
-                count,
-                ffi::ftkv_type_byte,
-                self.raw,
-            )
+        let gather = || {
+            // SAFETY: `send` holds `count` bytes, `out` holds `count * size` bytes; both
+            // outlive the blocking call.
+            unsafe {
+                ffi::MPI_Allgather(
+                    send.as_ptr().cast(),
+                    count,
+                    ffi::ftkv_type_byte,
+                    out.as_mut_ptr().cast(),
+                    count,
+                    ffi::ftkv_type_byte,
+                    self.raw,
+                )
+            }
         };
-        self.check_collective(rc, "MPI_Allgather")?;
+        self.collective("MPI_Allgather", gather)?;
         Ok(out)
     }
 

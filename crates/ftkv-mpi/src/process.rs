@@ -52,6 +52,12 @@ fn start_time(pid: u32) -> Option<u64> {
     stat_field(pid, 22)?.parse().ok()
 }
 
+/// Whether the process `pid` is gone: no longer in `/proc`, or a zombie its parent has not
+/// reaped yet (a stopped process is not gone).
+pub fn is_gone(pid: u32) -> bool {
+    matches!(stat_field(pid, 3).as_deref(), None | Some("Z") | Some("X"))
+}
+
 /// Field `number` (counted from 1, as proc(5) does; 3 or more) of `/proc/<pid>/stat`, `None`
 /// when the process is gone.
 pub(crate) fn stat_field(pid: u32, number: usize) -> Option<String> {

@@ -256,28 +256,33 @@ impl Window {
             }
         };
         let size = aint(len, name)?;
-        // SAFETY: `base` receives the address of `len` bytes owned by the window; `raw` is a
-        // valid out-pointer; `comm` is a valid communicator. Both calls take these arguments.
-        let rc = unsafe {
-            call(
-                size,
-                1,
-                ffi::ftkv_info_null,
-                comm.raw(),
-                (&mut base as *mut *mut u8).cast::<c_void>(),
-                &mut raw,
-            )
+        let allocate = || {
+            // SAFETY: `base` receives the address of `len` bytes owned by the window; `raw` is
+            // a valid out-pointer; `comm` is a valid communicator. Both calls take these
+            // arguments.
+            unsafe {
+                call(
+                    size,
+                    1,
+                    ffi::ftkv_info_null,
+                    comm.raw(),
+                    (&mut base as *mut *mut u8).cast::<c_void>(),
+                    &mut raw,
+                )
+            }
         };
-        check(rc, name)?;
+        comm.collective(name, allocate)?;
         Window::wrap(raw, WindowKind::Allocate, base, len, comm)
     }
 
     /// `MPI_Win_create_dynamic`: a window without memory; add regions with [`Window::attach`].
     pub fn create_dynamic(comm: &Comm) -> Result<Window> {
         let mut raw = null_win();
-        // SAFETY: `comm` is valid; `raw` is a valid out-pointer.
-        let rc = unsafe { ffi::MPI_Win_create_dynamic(ffi::ftkv_info_null, comm.raw(), &mut raw) };
-        check(rc, "MPI_Win_create_dynamic")?;
+        let create = || {
+            // SAFETY: `comm` is valid; `raw` is a valid out-pointer.
+            unsafe { ffi::MPI_Win_create_dynamic(ffi::ftkv_info_null, comm.raw(), &mut raw) }
+        };
+        comm.collective("MPI_Win_create_dynamic", create)?;
         Window::wrap(raw, WindowKind::Dynamic, ptr::null_mut(), 0, comm)
     }
 

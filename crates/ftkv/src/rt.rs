@@ -230,12 +230,12 @@ pub fn recv<T>(queue: &mpsc::Receiver<T>) -> Result<T, mpsc::RecvError> {
     queue.recv()
 }
 
-/// Tells on a thread of its own, within `timeout` and half a second more, whether the process listening
-/// at `address` is frozen: its host's kernel completes a TCP connection (it does so for a
-/// stopped process), and the listener's owner then neither reads nor closes it. The probe
-/// sends 4 KiB of zeros, which a running owner rejects as a wrong introduction by closing the
-/// connection within [`FROZEN_AFTER`] (so a member that runs, in a recovery for one, is not
-/// taken for frozen); a
+/// Tells on a thread of its own whether the process listening at `address` is frozen, within
+/// twice `timeout` and half a second more (the connection, the write, then [`FROZEN_AFTER`]):
+/// its host's kernel completes a TCP connection (it does so for a stopped process), and the
+/// listener's owner then neither reads nor closes it. The probe sends 4 KiB of zeros, which a
+/// running owner rejects as a wrong introduction by closing the connection within
+/// [`FROZEN_AFTER`] (so a member that runs, in a recovery for one, is not taken for frozen). A
 /// refused connection (the process is dead) or none within `timeout` (the host is cut off or
 /// down) answers no as well. The channel ends without a word when the thread could not start.
 /// Never used on a simulated world (its fabric has no listeners).
@@ -266,8 +266,8 @@ fn is_frozen(address: std::net::SocketAddr, timeout: Duration) -> bool {
     let mut byte = [0u8; 1];
     match stream.read(&mut byte) {
         Err(e) => matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut),
-        // Closed (0 bytes) or answered: the owner runs.
+        // Closed (no byte) or answered (a byte): the owner runs.
         Ok(0) => false,
-        Ok(_) => false,
+        Ok(_answered) => false,
     }
 }

@@ -40,19 +40,41 @@ use crate::rt;
 /// the same record.
 pub(crate) type SharedEnding = Arc<Mutex<Ending>>;
 
-/// Who ends processes and how: this member, every worker's host and process, whether the
-/// runtime may be asked ([`crate::Config::end_through_runtime`], while this member's side
-/// keeps the quorum) and how long a probe of a host may take ([`probe_timeout`]).
+/// Who ends processes and how: this member, every worker's host and process, whether this
+/// member's side keeps the quorum (a member that finds most of the job failed is more likely
+/// the one cut off or starved, and ends nothing), whether the runtime may be asked
+/// ([`crate::Config::end_through_runtime`]) and how long a probe of a host may take
+/// ([`probe_timeout`]).
 pub(crate) struct Reacher<'a, F> {
     pub comm: &'a F,
     pub me: i32,
     pub hosts: &'a [u32],
     pub processes: &'a [ProcessTag],
+    pub keeps_quorum: bool,
     pub through_runtime: bool,
     pub probe_timeout: Duration,
 }
 
-/// The failed workers this member ended or left alone (each is judged once), the last
+impl<'a, F> Reacher<'a, F> {
+    /// Member `me`'s reacher over `comm`, with the workers' `hosts` and `processes`: it ends
+    /// processes only while its side `keeps_quorum`, asks the runtime only with
+    /// `through_runtime`, and a host's probe takes at most [`probe_timeout`] of `suspicion`.
+    pub fn new(
+        comm: &'a F,
+        me: i32,
+        hosts: &'a [u32],
+        processes: &'a [ProcessTag],
+        (keeps_quorum, through_runtime): (bool, bool),
+        suspicion: Duration,
+    ) -> Reacher<'a, F> {
+        let probe_timeout = probe_timeout(suspicion);
+        Reacher { comm, me, hosts, processes, keeps_quorum, through_runtime, probe_timeout }
+    }
+}
+
+/// The failed workers this member ended or is probing (each once; one left alone is judged
+/// again when the failed set next grows, since what kept it from being ended may have
+/// passed: the quorum, an unknown listener), the last
 /// listener address each worker on another host had, and the failed workers whose hosts are
 /// being probed.
 #[derive(Default)]
@@ -96,7 +118,8 @@ impl Ending {
         self.listeners.extend(listeners);
     }
 
-    /// Ends the `failed` workers' processes this member is to end ([`decide`]), each once:
+    /// Ends the `failed` workers' processes this member is to end ([`decide`]), each once
+    /// (one it leaves alone is judged again at the next call):
     /// those on its host by pid at once; for those on another host it starts a probe of the
     /// host, and [`Ending::end_probed`] asks the runtime once the host completed the
     /// connection. An error is reported, not retried.
@@ -105,10 +128,13 @@ impl Ending {
             if worker == reacher.me || self.done.contains(&worker) {
                 continue;
             }
-            self.done.push(worker);
             match decide(reacher, worker, self.listeners.get(&worker).copied()) {
-                Decision::EndHere => end(reacher, worker, Reach::ThisHost),
+                Decision::EndHere => {
+                    self.done.push(worker);
+                    end(reacher, worker, Reach::ThisHost);
+                }
                 Decision::Probe(address) => {
+                    self.done.push(worker);
                     let told = rt::probe_tcp(address, reacher.probe_timeout);
                     self.probing.push((worker, told));
                 }
@@ -122,9 +148,11 @@ impl Ending {
         !self.probing.is_empty()
     }
 
-    /// Asks the runtime to end each probed worker whose host completed the connection; a
-    /// probe that failed (refused: the process is dead; no answer: the host is cut off or
-    /// down) leaves its worker alone. Probes still running are looked at next time.
+    /// Asks the runtime to end each probed worker found frozen; a probe that answered no
+    /// (refused: the process is dead; no answer: the host is cut off or down; the owner ran)
+    /// leaves its worker alone for good. A frozen worker that the runtime may not be asked
+    /// about now (this side lost the quorum meanwhile) is judged again at the next
+    /// [`Ending::end_failed`]. Probes still running are looked at next time.
     pub fn end_probed<F: Fabric>(&mut self, reacher: &Reacher<'_, F>) {
         let mut answered = Vec::new();
         self.probing.retain(|(worker, told)| match told.try_recv() {
@@ -135,19 +163,24 @@ impl Ending {
             Err(TryRecvError::Disconnected) => false,
             Err(TryRecvError::Empty) => true,
         });
-        for (worker, _) in answered.into_iter().filter(|&(_, made)| made) {
-            if reacher.through_runtime {
+        for (worker, _) in answered.into_iter().filter(|&(_, frozen)| frozen) {
+            if reacher.keeps_quorum && reacher.through_runtime {
                 end(reacher, worker, Reach::Runtime);
+            } else {
+                self.done.retain(|&w| w != worker);
             }
         }
     }
 }
 
 /// What member `reacher.me` does with failed `worker`'s process, given the worker's last
-/// known `listener`: ends it by pid when it shares the host (a dead one is told apart by its
-/// pid's start time); probes its host, when the runtime may be asked and a listener is known,
-/// when it is on another host.
+/// known `listener`: nothing while its side does not keep the quorum; ends it by pid when it
+/// shares the host (a dead one is told apart by its pid's start time); probes its host, when
+/// the runtime may be asked and a listener is known, when it is on another host.
 fn decide<F>(reacher: &Reacher<'_, F>, worker: i32, listener: Option<SocketAddr>) -> Decision {
+    if !reacher.keeps_quorum {
+        return Decision::Leave;
+    }
     let host = |w: i32| reacher.hosts.get(w as usize).copied();
     if host(worker) == host(reacher.me) {
         return Decision::EndHere;
@@ -174,27 +207,31 @@ mod tests {
     use super::*;
 
     #[test]
-    fn same_host_by_pid_and_another_hosts_worker_probed_when_the_runtime_may_be_asked() {
+    fn same_host_by_pid_and_another_hosts_worker_probed_when_the_runtime_may_be_asked_and_nothing_without_quorum(
+    ) {
         // Workers 0..6 on hosts 0, 0, 1, 1, 2, 2.
         let hosts = [0, 0, 1, 1, 2, 2];
         let address: SocketAddr = "10.0.0.2:4000".parse().expect("an address");
-        let reacher = |through_runtime| Reacher {
+        let reacher = |keeps_quorum, through_runtime| Reacher {
             comm: &(),
             me: 0,
             hosts: &hosts,
             processes: &[],
+            keeps_quorum,
             through_runtime,
             probe_timeout: Duration::from_secs(1),
         };
         let table = [
-            (1, None, true, Decision::EndHere),
-            (1, Some(address), true, Decision::EndHere),
-            (3, None, true, Decision::Leave),
-            (3, Some(address), true, Decision::Probe(address)),
-            (3, Some(address), false, Decision::Leave),
+            (1, None, (true, true), Decision::EndHere),
+            (1, Some(address), (true, true), Decision::EndHere),
+            (1, None, (false, true), Decision::Leave),
+            (3, None, (true, true), Decision::Leave),
+            (3, Some(address), (true, true), Decision::Probe(address)),
+            (3, Some(address), (true, false), Decision::Leave),
+            (3, Some(address), (false, true), Decision::Leave),
         ];
-        for (worker, listener, runtime, expected) in table {
-            let decided = decide(&reacher(runtime), worker, listener);
+        for (worker, listener, (quorum, runtime), expected) in table {
+            let decided = decide(&reacher(quorum, runtime), worker, listener);
             assert_eq!(decided, expected, "worker {worker}, listener {listener:?}");
         }
     }

@@ -320,19 +320,21 @@ impl<F: Fabric> Store<F> {
     /// Ends the processes of the workers this recovery found failed, as the detector does when
     /// it sees a failure first ([`crate::detector::ending`]): the recovery replaced the
     /// detector, which may not have seen them. The probes of other hosts this starts are
-    /// answered in the next detector's rounds.
+    /// answered in the next detector's rounds. A finished recovery kept the quorum (its
+    /// attempt refuses to go on otherwise, `Error::Partitioned`), so the runtime may be asked
+    /// as the configuration says.
     fn end_failed(&self, failed: &[i32]) {
         if !self.config.end_declared || failed.is_empty() {
             return;
         }
-        let reacher = crate::detector::Reacher {
-            comm: &*self.comm,
-            me: self.me,
-            hosts: &self.hosts,
-            processes: &self.processes,
-            through_runtime: self.config.end_through_runtime,
-            probe_timeout: crate::detector::ending::probe_timeout(self.config.suspicion),
-        };
+        let reacher = crate::detector::Reacher::new(
+            &*self.comm,
+            self.me,
+            &self.hosts,
+            &self.processes,
+            (true, self.config.end_through_runtime),
+            self.config.suspicion,
+        );
         crate::detector::ending::lock(&self.ending).end_failed(&reacher, failed);
     }
 

@@ -14,9 +14,12 @@ use crate::key::Key;
 impl<F: Fabric> Store<F> {
     /// Starts the detector thread on the current windows and routes, and with localized
     /// recovery the repairer thread first. Fails with [`Error::Closed`] when the store has no
-    /// windows, or with the fabric's error when the detector's communicator cannot be made.
+    /// windows, with [`Error::RecoveryNeeded`] when a member failed while the detector's
+    /// communicator was made (a duplication that a death interrupts fails on every member:
+    /// seen at the end of a global recovery at 32 ranks over 2 hosts, a second victim killed
+    /// inside it), or with the fabric's other errors.
     pub(super) fn start_detector(&mut self) -> Result<()> {
-        let comm = Arc::new(self.comm.dup()?);
+        let comm = Arc::new(self.comm.dup().map_err(|e| self.failure(e))?);
         self.watch_comm = Some(comm.clone());
         let live_hosts: Vec<u32> =
             self.routes.live.iter().map(|&w| self.hosts[w as usize]).collect();

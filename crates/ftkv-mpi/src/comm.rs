@@ -195,6 +195,8 @@ impl Comm {
     /// woke: the root of the linear barrier it picks for small communicators
     /// (`docs/limits.md`, `tests/c/barrier_after_failure.c` in `ftkv-capi`).
     pub(crate) fn collective(&self, op: &'static str, call: impl FnOnce() -> c_int) -> Result<()> {
+        // A count that cannot be read counts as none: an error then reads as a failure if
+        // ULFM knows any failed member afterwards (the communicator is unusable either way).
         let known_before = self.failed_count().unwrap_or(0);
         let rc = call();
         match check(rc, op) {

@@ -38,7 +38,9 @@ mod rank;
 
 use faults::{HostKill, Moment, Stall, StallOutcome};
 use oracle::{judge_key, may_lose_keys, KeyVerdict, Owner};
-pub use rank::{failed_workers, finish, rank_main, recover, RankArgs};
+pub use rank::{
+    failed_workers, finish, meet, meet_joining_recoveries, rank_main, recover, RankArgs,
+};
 
 /// Campaign parameters.
 #[derive(Debug, Clone)]

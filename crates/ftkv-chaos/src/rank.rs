@@ -178,7 +178,7 @@ impl Writer {
     /// the rest to the final reads. Fails when the agreement fails or the store does not
     /// learn of the failures within 30 s.
     fn read_localized(&mut self, coordination: &Comm, workers: i32) -> Result<()> {
-        meet(coordination)?;
+        self.meet(coordination)?;
         let known = coordination.failed_ranks()?.len();
         let bound = Instant::now() + Duration::from_secs(30);
         while self.store.failed().len() < known {
@@ -192,7 +192,15 @@ impl Writer {
         if let Err(e) = read {
             ensure!(e.needs_recovery(), "reading on the localized store failed: {e}");
         }
-        meet(coordination)
+        self.meet(coordination)
+    }
+
+    /// [`meet`], recovering as [`Writer::recover`] does (writing lost own keys again).
+    fn meet(&mut self, coordination: &Comm) -> Result<()> {
+        meet_joining_recoveries(coordination, || match self.store.needs_recovery() {
+            true => self.recover(),
+            false => Ok(()),
+        })
     }
 
     /// Syncs the survivors at the end, recovering (and writing lost own keys again) as often as
@@ -208,11 +216,31 @@ impl Writer {
     }
 }
 
-/// A meeting point of the live members that a dead member does not break: an agreement.
-fn meet(coordination: &Comm) -> Result<()> {
+/// A meeting point of the live members that a dead member does not break (an agreement on
+/// `coordination`), during which this rank calls `join_recovery` every 200 µs: it must join
+/// every global recovery its store needs meanwhile (when `Store::needs_recovery` says so). A
+/// member whose call needed a recovery is inside it, and the recovery ends only once every
+/// survivor joined, so a rank that waited for the meeting without joining would hold both.
+/// Fails when the agreement or `join_recovery` fails.
+pub fn meet_joining_recoveries(
+    coordination: &Comm,
+    mut join_recovery: impl FnMut() -> Result<()>,
+) -> Result<()> {
     coordination.failed_ranks()?;
-    coordination.agree(1)?;
+    let mut agreement = coordination.start_agree(1)?;
+    while agreement.test()?.is_none() {
+        join_recovery()?;
+        std::thread::sleep(Duration::from_micros(200));
+    }
     Ok(())
+}
+
+/// [`meet_joining_recoveries`] for a `store` whose recoveries need nothing else of this rank.
+pub fn meet(coordination: &Comm, store: &mut Store) -> Result<()> {
+    meet_joining_recoveries(coordination, || match store.needs_recovery() {
+        true => recover(store).map(drop),
+        false => Ok(()),
+    })
 }
 
 /// Runs a global recovery, printing `recovering` before (the driver's cue for a kill during

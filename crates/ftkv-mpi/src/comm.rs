@@ -26,6 +26,48 @@ pub struct Agreed {
     pub unacknowledged_failures: bool,
 }
 
+/// An agreement begun by [`Comm::start_agree`]. Dropped before it completed, its request and
+/// flag are leaked: MPI still writes the outcome, and an agreement cannot be cancelled.
+pub struct PendingAgreement {
+    raw: ffi::MPI_Request,
+    /// The flag MPI writes the outcome into; `None` once the agreement completed.
+    value: Option<Box<c_int>>,
+    outcome: Option<Agreed>,
+    _inside: RwLockReadGuard<'static, ()>,
+}
+
+impl PendingAgreement {
+    /// Whether the agreement completed, making MPI progress: `Some` with the outcome as
+    /// [`Comm::agree`] gives it once it did, `None` while it runs. Fails with an error of no
+    /// failure class; after completion it keeps returning the same outcome.
+    pub fn test(&mut self) -> Result<Option<Agreed>> {
+        let Some(value) = &self.value else { return Ok(self.outcome) };
+        let mut flag: c_int = 0;
+        let mut status = ffi::MPI_Status::default();
+        // SAFETY: `self.raw` is the agreement's active request; out-pointers are valid.
+        let rc = unsafe { ffi::MPI_Test(&mut self.raw, &mut flag, &mut status) };
+        let agreed =
+            |unacknowledged_failures| Agreed { value: **value as u32, unacknowledged_failures };
+        let outcome = match check(rc, "MPIX_Comm_iagree") {
+            Ok(()) if flag == 0 => return Ok(None),
+            Ok(()) => agreed(false),
+            Err(MpiError::ProcFailed { .. }) => agreed(true),
+            Err(e) => return Err(e),
+        };
+        self.value = None;
+        self.outcome = Some(outcome);
+        Ok(Some(outcome))
+    }
+}
+
+impl Drop for PendingAgreement {
+    fn drop(&mut self) {
+        if let Some(value) = self.value.take() {
+            Box::leak(value);
+        }
+    }
+}
+
 /// Held shared by every thread of this process inside a fault-tolerant call (revoke, shrink,
 /// agree), and tried exclusively by [`Comm::progress_beside_fault_tolerant_calls`].
 static FAULT_TOLERANT_CALLS: RwLock<()> = RwLock::new(());
@@ -420,6 +462,24 @@ impl Comm {
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// Starts [`Comm::agree`] without waiting for it (`MPIX_Comm_iagree`): the caller polls
+    /// [`PendingAgreement::test`] and may do other MPI work meanwhile (a recovery of another
+    /// communicator). Until it completes, this thread counts as inside a fault-tolerant call
+    /// ([`Comm::progress_beside_fault_tolerant_calls`] does not progress beside it), since
+    /// Open MPI's agreement must not be progressed by two threads at once.
+    pub fn start_agree(&self, flag: u32) -> Result<PendingAgreement> {
+        let inside = inside_fault_tolerant_call();
+        let mut value = Box::new(flag as c_int);
+        // SAFETY: reading an immutable handle exported by the C shim.
+        let mut raw = unsafe { ffi::ftkv_request_null };
+        // SAFETY: `self.raw` is a valid communicator; `value` is heap memory that outlives the
+        // request (the pending agreement owns it and leaks it if dropped unfinished); `raw` a
+        // valid out-pointer.
+        let rc = unsafe { ffi::MPIX_Comm_iagree(self.raw, &mut *value, &mut raw) };
+        check(rc, "MPIX_Comm_iagree")?;
+        Ok(PendingAgreement { raw, value: Some(value), outcome: None, _inside: inside })
     }
 
     /// The ranks (in this communicator) that this process knows to have failed

@@ -184,6 +184,7 @@ extern "C" {
     pub fn MPIX_Comm_get_failed(comm: MPI_Comm, failed: *mut MPI_Group) -> c_int;
     pub fn MPIX_Comm_ack_failed(comm: MPI_Comm, num_to_ack: c_int, num_acked: *mut c_int) -> c_int;
     pub fn MPIX_Comm_agree(comm: MPI_Comm, flag: *mut c_int) -> c_int;
+    pub fn MPIX_Comm_iagree(comm: MPI_Comm, flag: *mut c_int, request: *mut MPI_Request) -> c_int;
 
     pub fn MPI_Win_allocate(
         size: MPI_Aint,

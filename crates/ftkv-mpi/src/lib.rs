@@ -23,7 +23,9 @@ mod runtime;
 pub mod sched;
 mod window;
 
-pub use comm::{beside_fault_tolerant_calls, Agreed, Comm, Status, ANY_SOURCE, ANY_TAG};
+pub use comm::{
+    beside_fault_tolerant_calls, Agreed, Comm, PendingAgreement, Status, ANY_SOURCE, ANY_TAG,
+};
 pub use error::{MpiError, Result};
 pub use hybrid::{HostScope, HostWindow};
 pub use request::{RecvRequest, SendRequest};

@@ -17,7 +17,8 @@ pub enum Event {
     /// This member sent the end to the process of `worker`, which the survivors declared
     /// failed (it may have been stopped, not dead): SIGKILL to `pid` on this host, or a
     /// request to the runtime for a process on another host.
-    EndedDeclared { worker: i32, pid: u32, reach: crate::fabric::Reach },
+    /// `cause` says how this member learned of the failure.
+    EndedDeclared { worker: i32, pid: u32, reach: crate::fabric::Reach, cause: Cause },
     /// Something failed that the store works around (a revoke, a free, a helper thread).
     Warning(String),
     /// A recovery step reached (only when `FTKV_TRACE` is set).
@@ -35,16 +36,16 @@ impl fmt::Display for Event {
             Event::EndingProcess(why) => {
                 write!(f, "ftkv: {why}; ending this process so the others recover")
             }
-            Event::EndedDeclared { worker, pid, reach } => match reach {
+            Event::EndedDeclared { worker, pid, reach, cause } => match reach {
                 crate::fabric::Reach::ThisHost => write!(
                     f,
-                    "ftkv: worker {worker} was declared failed; its process (pid {pid}) on this \
-                     host was killed"
+                    "ftkv: worker {worker} was declared failed ({cause}); its process (pid \
+                     {pid}) on this host was killed"
                 ),
                 crate::fabric::Reach::Runtime => write!(
                     f,
-                    "ftkv: worker {worker} was declared failed; the runtime was asked to kill \
-                     its process on its host"
+                    "ftkv: worker {worker} was declared failed ({cause}); the runtime was asked \
+                     to kill its process on its host"
                 ),
             },
             Event::Warning(what) => write!(f, "ftkv: {what}"),
@@ -57,6 +58,34 @@ impl fmt::Display for Event {
                  {step} ({:.1} s so far): every survivor must call recover",
                 waited.as_secs_f64()
             ),
+        }
+    }
+}
+
+/// How a member learned that a worker failed, as [`Event::EndedDeclared`] reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cause {
+    /// Open MPI's failed set (ULFM: its heartbeat detector, the runtime's report of a dead
+    /// process, or a connection its transport gave up on).
+    OpenMpi,
+    /// A failure notice from worker `from`, a member on this host.
+    Told { from: i32 },
+    /// Silent in the store's own heartbeat for longer than the suspicion bound.
+    Silent,
+    /// The error of one of the store's calls that named the worker (a ping or a transfer).
+    Call,
+    /// A recovery's agreement on the failed set.
+    Recovery,
+}
+
+impl fmt::Display for Cause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Cause::OpenMpi => write!(f, "in Open MPI's failed set"),
+            Cause::Told { from } => write!(f, "told by worker {from} on this host"),
+            Cause::Silent => write!(f, "silent in the store's heartbeat past the bound"),
+            Cause::Call => write!(f, "named by a store call's error"),
+            Cause::Recovery => write!(f, "agreed by a recovery"),
         }
     }
 }

@@ -30,7 +30,7 @@ use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use crate::events::{self, Event};
+use crate::events::{self, Cause, Event};
 use crate::fabric::{Ended, Fabric, ProcessTag, Reach};
 use crate::rt;
 
@@ -81,7 +81,7 @@ impl<'a, F> Reacher<'a, F> {
 pub(crate) struct Ending {
     done: Vec<i32>,
     listeners: HashMap<i32, SocketAddr>,
-    probing: Vec<(i32, Receiver<bool>)>,
+    probing: Vec<(i32, Cause, Receiver<bool>)>,
 }
 
 /// A new, empty record shared by a store and its detectors.
@@ -123,20 +123,20 @@ impl Ending {
     /// those on its host by pid at once; for those on another host it starts a probe of the
     /// host, and [`Ending::end_probed`] asks the runtime once the host completed the
     /// connection. An error is reported, not retried.
-    pub fn end_failed<F: Fabric>(&mut self, reacher: &Reacher<'_, F>, failed: &[i32]) {
-        for &worker in failed {
+    pub fn end_failed<F: Fabric>(&mut self, reacher: &Reacher<'_, F>, failed: &[(i32, Cause)]) {
+        for &(worker, cause) in failed {
             if worker == reacher.me || self.done.contains(&worker) {
                 continue;
             }
             match decide(reacher, worker, self.listeners.get(&worker).copied()) {
                 Decision::EndHere => {
                     self.done.push(worker);
-                    end(reacher, worker, Reach::ThisHost);
+                    end(reacher, worker, Reach::ThisHost, cause);
                 }
                 Decision::Probe(address) => {
                     self.done.push(worker);
                     let told = rt::probe_tcp(address, reacher.probe_timeout);
-                    self.probing.push((worker, told));
+                    self.probing.push((worker, cause, told));
                 }
                 Decision::Leave => {}
             }
@@ -155,17 +155,17 @@ impl Ending {
     /// [`Ending::end_failed`]. Probes still running are looked at next time.
     pub fn end_probed<F: Fabric>(&mut self, reacher: &Reacher<'_, F>) {
         let mut answered = Vec::new();
-        self.probing.retain(|(worker, told)| match told.try_recv() {
+        self.probing.retain(|(worker, cause, told)| match told.try_recv() {
             Ok(made) => {
-                answered.push((*worker, made));
+                answered.push((*worker, *cause, made));
                 false
             }
             Err(TryRecvError::Disconnected) => false,
             Err(TryRecvError::Empty) => true,
         });
-        for (worker, _) in answered.into_iter().filter(|&(_, frozen)| frozen) {
+        for (worker, cause, _) in answered.into_iter().filter(|&(_, _, frozen)| frozen) {
             if reacher.keeps_quorum && reacher.through_runtime {
-                end(reacher, worker, Reach::Runtime);
+                end(reacher, worker, Reach::Runtime, cause);
             } else {
                 self.done.retain(|&w| w != worker);
             }
@@ -191,10 +191,12 @@ fn decide<F>(reacher: &Reacher<'_, F>, worker: i32, listener: Option<SocketAddr>
     }
 }
 
-fn end<F: Fabric>(reacher: &Reacher<'_, F>, worker: i32, reach: Reach) {
+fn end<F: Fabric>(reacher: &Reacher<'_, F>, worker: i32, reach: Reach, cause: Cause) {
     let Some(tag) = reacher.processes.get(worker as usize) else { return };
     match reacher.comm.end_process(tag, reach) {
-        Ok(Ended::Sent) => events::emit(Event::EndedDeclared { worker, pid: tag.pid, reach }),
+        Ok(Ended::Sent) => {
+            events::emit(Event::EndedDeclared { worker, pid: tag.pid, reach, cause })
+        }
         Ok(Ended::Gone | Ended::Unsupported) => {}
         Err(e) => events::warn(format!(
             "worker {worker} was declared failed, but its process could not be ended: {e}"

@@ -2,14 +2,40 @@
 //! atomic bitmap), the alarm that sends a store to global recovery, the watchdog's counters of
 //! data-path calls per lane, and the clock's and the detector's last beats.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+use crate::events::Cause;
+
+/// A [`Cause`] as a nonzero number: the plain causes 1–4, a notice from worker `w` 5 + `w`.
+fn encode_cause(cause: Cause) -> u32 {
+    match cause {
+        Cause::OpenMpi => 1,
+        Cause::Silent => 2,
+        Cause::Call => 3,
+        Cause::Recovery => 4,
+        Cause::Told { from } => 5 + from.max(0) as u32,
+    }
+}
+
+fn decode_cause(code: u32) -> Option<Cause> {
+    match code {
+        0 => None,
+        1 => Some(Cause::OpenMpi),
+        2 => Some(Cause::Silent),
+        3 => Some(Cause::Call),
+        4 => Some(Cause::Recovery),
+        told => Some(Cause::Told { from: (told - 5) as i32 }),
+    }
+}
 
 /// What the detector publishes and the watchdog watches.
 #[derive(Debug)]
 pub(crate) struct Health {
     workers: usize,
     failed: Vec<AtomicU64>,
+    /// How each worker was first learned failed ([`encode_cause`]; 0: not marked).
+    causes: Box<[AtomicU32]>,
     /// Bumped whenever a worker is newly marked failed: the put path compares it with the
     /// generation its routes were computed for (one relaxed load per call).
     generation: AtomicU64,
@@ -41,6 +67,7 @@ impl Health {
         Health {
             workers,
             failed: (0..workers.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
+            causes: (0..workers).map(|_| AtomicU32::new(0)).collect(),
             generation: AtomicU64::new(0),
             alarm_on_failure,
             alarm: AtomicBool::new(false),
@@ -123,7 +150,17 @@ impl Health {
         word & (1 << (id % 64)) != 0
     }
 
-    pub fn mark_failed(&self, id: i32) {
+    /// How worker `id` was first learned failed (`None`: it is not marked).
+    pub fn cause(&self, id: i32) -> Option<Cause> {
+        decode_cause(self.causes.get(id as usize)?.load(Ordering::Acquire))
+    }
+
+    /// Marks worker `id` failed, learned of by `cause` (the first cause is kept).
+    pub fn mark_failed(&self, id: i32, cause: Cause) {
+        if let Some(slot) = self.causes.get(id as usize) {
+            let code = encode_cause(cause);
+            let _ = slot.compare_exchange(0, code, Ordering::AcqRel, Ordering::Acquire);
+        }
         let bit = 1 << (id % 64);
         let before = self.failed[id as usize / 64].fetch_or(bit, Ordering::AcqRel);
         if before & bit == 0 {

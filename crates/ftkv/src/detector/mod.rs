@@ -32,6 +32,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::events::Cause;
 use crate::fabric::{Fabric, FabricResult, ProcessTag};
 use crate::rt::{self, Thread};
 use sources::{FailureSource, Notices, Revocation, Told, UlfmFailedSet};
@@ -121,7 +122,11 @@ fn end_new_failures<F: Fabric>(watch: &Watch<F>, generation: u64) -> u64 {
     let now = watch.health.generation();
     if now != generation && watch.end_declared {
         let failed = watch.health.failed_workers(watch.health.workers());
-        ending::lock(&watch.ending).end_failed(&watch.reacher(&[]), &failed);
+        let caused: Vec<(i32, Cause)> = failed
+            .into_iter()
+            .map(|w| (w, watch.health.cause(w).unwrap_or(Cause::OpenMpi)))
+            .collect();
+        ending::lock(&watch.ending).end_failed(&watch.reacher(&[]), &caused);
     }
     now
 }
@@ -202,6 +207,7 @@ fn run<F: Fabric>(watch: Watch<F>, stop: &AtomicBool) {
         let mut ending = ending::lock(&watch.ending);
         if !silent.is_empty() || ending.is_probing() {
             let reacher = watch.reacher(&silent);
+            let silent: Vec<(i32, Cause)> = silent.iter().map(|&w| (w, Cause::Silent)).collect();
             ending.end_failed(&reacher, &silent);
             ending.end_probed(&reacher);
         }

@@ -15,13 +15,14 @@
 
 use super::health::DetectorStep;
 use super::Watch;
+use crate::events::Cause;
 use crate::fabric::Fabric;
 
 /// What one poll of a source found.
 pub(super) enum Found {
     Nothing,
-    /// These workers failed (some may be known already).
-    Failed(Vec<i32>),
+    /// These workers failed (some may be known already), each learned of by its cause.
+    Failed(Vec<(i32, Cause)>),
     /// A communicator of the store was revoked: every member goes to global recovery.
     Revoked,
 }
@@ -45,7 +46,9 @@ impl<F: Fabric> FailureSource<F> for UlfmFailedSet {
         }
         watch.health.enter_detector_step(DetectorStep::FailedRanks);
         match watch.comm.failed_ranks() {
-            Ok(ranks) => Found::Failed(ranks.iter().map(|&r| watch.live[r as usize]).collect()),
+            Ok(ranks) => Found::Failed(
+                ranks.iter().map(|&r| (watch.live[r as usize], Cause::OpenMpi)).collect(),
+            ),
             Err(e) => {
                 crate::events::warn(format!("detector: {e}"));
                 Found::Nothing
@@ -81,7 +84,10 @@ impl<F: Fabric> FailureSource<F> for Notices {
                     self.heartbeats_from.push(notice.source)
                 }
                 Ok(Some(notice)) => match decode_notice(&notice.data, watch.health.workers()) {
-                    Some(workers) => named.extend(workers.into_iter().filter(|&w| w != me)),
+                    Some(workers) => {
+                        let from = Cause::Told { from: watch.live[notice.source as usize] };
+                        named.extend(workers.into_iter().filter(|&w| w != me).map(|w| (w, from)))
+                    }
                     None => crate::events::warn(format!(
                         "detector: a failure notice of {} bytes names no worker",
                         notice.data.len()
@@ -130,7 +136,7 @@ impl Told {
     /// Notes workers a notice named: they are not told again.
     pub fn heard(&mut self, found: &Found) {
         if let Found::Failed(workers) = found {
-            self.known.extend(workers);
+            self.known.extend(workers.iter().map(|&(worker, _)| worker));
         }
     }
 
@@ -184,19 +190,19 @@ pub(super) fn act_on<F: Fabric>(watch: &Watch<F>, found: Found) {
 
 /// Fences newly failed `workers` out of this rank's slots, then publishes them: whoever sees
 /// a failure here (the store's calls, the alarm) sees it fenced on this rank.
-fn publish_failures<F: Fabric>(watch: &Watch<F>, workers: impl Iterator<Item = i32>) {
-    let newly: Vec<i32> = workers.filter(|&w| !watch.health.is_failed(w)).collect();
+fn publish_failures<F: Fabric>(watch: &Watch<F>, workers: impl Iterator<Item = (i32, Cause)>) {
+    let newly: Vec<(i32, Cause)> = workers.filter(|&(w, _)| !watch.health.is_failed(w)).collect();
     if newly.is_empty() {
         return;
     }
     let mut failed = watch.health.failed_workers(watch.health.workers());
-    failed.extend(&newly);
+    failed.extend(newly.iter().map(|&(worker, _)| worker));
     watch.health.enter_detector_step(DetectorStep::Fence);
     if let Err(e) = (watch.fence)(&failed) {
         crate::events::warn(format!("detector: fencing failed workers: {e}"));
     }
     tracing::debug!(failed = ?newly, "failure published");
-    newly.into_iter().for_each(|w| watch.health.mark_failed(w));
+    newly.into_iter().for_each(|(worker, cause)| watch.health.mark_failed(worker, cause));
 }
 
 /// Fences the failed workers when the failed set grew since `fenced` (a generation); returns
@@ -275,22 +281,22 @@ mod tests {
             let watch = watch(comm, health.clone());
             let mut told = Told::starting(&watch);
             if me == 0 {
-                health.mark_failed(2);
+                health.mark_failed(2, Cause::OpenMpi);
                 told.tell_neighbours(&watch);
                 told.tell_neighbours(&watch);
             }
             watch.comm.barrier().expect("barrier");
             let found = Notices::default().poll(&watch);
             told.heard(&found);
-            let named = match &found {
-                Found::Failed(workers) => workers.clone(),
+            let named: Vec<i32> = match &found {
+                Found::Failed(workers) => workers.iter().map(|&(worker, _)| worker).collect(),
                 _ => Vec::new(),
             };
             act_on(&watch, found);
             told.tell_neighbours(&watch);
             watch.comm.barrier().expect("barrier");
-            let passed_on = match Notices::default().poll(&watch) {
-                Found::Failed(workers) => workers,
+            let passed_on: Vec<i32> = match Notices::default().poll(&watch) {
+                Found::Failed(workers) => workers.into_iter().map(|(worker, _)| worker).collect(),
                 _ => Vec::new(),
             };
             (named, health.is_failed(2), passed_on)

@@ -360,7 +360,7 @@ impl<F: Fabric> Store<F> {
         for copy in route {
             let ping = comm.ping(copy.rank, self.config.watchdog);
             if let Err(e) = ping {
-                self.health.mark_failed(copy.worker);
+                self.health.mark_failed(copy.worker, crate::events::Cause::Call);
                 return Err(self.failure(e));
             }
         }
@@ -384,7 +384,7 @@ impl<F: Fabric> Store<F> {
             // failures are left to the detector, which publishes ULFM's failed set.
             if let FabricError::ProcFailed { peer: Some(rank), .. } = e {
                 if let Some(&worker) = self.routes.live.get(rank as usize) {
-                    self.health.mark_failed(worker);
+                    self.health.mark_failed(worker, crate::events::Cause::Call);
                 }
             }
             if self.config.recovery == Recovery::Global {

@@ -457,7 +457,7 @@ impl<F: Fabric> Follower<F> {
         }
         if let FabricError::ProcFailed { peer: Some(rank), .. } = e {
             if let Some(&worker) = current.live.get(rank as usize) {
-                self.parts.health.mark_failed(worker);
+                self.parts.health.mark_failed(worker, crate::events::Cause::Call);
             }
         }
         Error::RecoveryNeeded { failed: self.newly_failed(current) }

@@ -335,7 +335,9 @@ impl<F: Fabric> Store<F> {
             (true, self.config.end_through_runtime),
             self.config.suspicion,
         );
-        crate::detector::ending::lock(&self.ending).end_failed(&reacher, failed);
+        let cause = |w: i32| self.health.cause(w).unwrap_or(crate::events::Cause::Recovery);
+        let caused: Vec<_> = failed.iter().map(|&w| (w, cause(w))).collect();
+        crate::detector::ending::lock(&self.ending).end_failed(&reacher, &caused);
     }
 
     fn finish_recovery(

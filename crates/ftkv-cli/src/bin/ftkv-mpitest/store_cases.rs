@@ -228,7 +228,7 @@ fn localized(world: &Comm) -> Result<()> {
         Some(secs) => stay_idle(&mut store, secs.parse()?, copies)?,
         None => write_for(&mut store, env_usize("STORE_SECONDS", 3))?,
     };
-    meet(&coordination)?;
+    chaos::meet(&coordination, &mut store)?;
     while store.failed().len() < coordination.failed_ranks()?.len() {
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
@@ -246,7 +246,7 @@ fn localized(world: &Comm) -> Result<()> {
         repair_ms: repairs.iter().map(|r| r.duration.as_secs_f64() * 1e3).sum(),
     };
     ftkv_cli::rank_println!("{}", report_line("localized", &report));
-    meet(&coordination)?;
+    chaos::meet(&coordination, &mut store)?;
     chaos::recover(&mut store)?;
     chaos::finish(&mut store)?;
     report_all(&mut store, world.size())
@@ -281,7 +281,7 @@ fn fenced(world: &Comm) -> Result<()> {
     let after = checkpoint_seq(&mut store, victim)?;
     let report = FencedReport { before, after, own_seq: seq };
     ftkv_cli::rank_println!("{}", report_line("fenced", &report));
-    meet(&coordination)?;
+    chaos::meet(&coordination, &mut store)?;
     chaos::recover(&mut store)?;
     chaos::finish(&mut store)
 }
